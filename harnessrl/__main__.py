@@ -1,0 +1,3 @@
+from harnessrl.cli.main import main
+
+main()

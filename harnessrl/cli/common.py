@@ -1,0 +1,80 @@
+"""Helpers shared by the CLI groups: config options and running a gRPC service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+import uvicorn
+from fastapi import FastAPI
+
+from harnessrl import logs
+from harnessrl.config import ServiceSettings, load_section
+from harnessrl.rpc import RunningServer
+
+S = TypeVar("S", bound=ServiceSettings)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="TOML config file; the service reads its own [section].", exists=False),
+]
+HostOption = Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")]
+PortOption = Annotated[int | None, typer.Option(help="Port (0 picks a free one).")]
+
+
+def serve_grpc(
+    settings_cls: type[S],
+    section: str,
+    config: Path | None,
+    overrides: dict[str, object],
+    create: Callable[[S], Awaitable[RunningServer]],
+) -> None:
+    """Loads settings (errors name file and field, before anything starts), starts
+    the server, prints its address and serves until SIGTERM/SIGINT."""
+    settings = load_section(settings_cls, config, section, overrides)
+    logs.configure(settings.log_level)
+
+    async def run() -> None:
+        running = await create(settings)
+        typer.echo(f"{section} listening on {settings.host}:{running.port}", err=True)
+        await running.wait_for_signal()
+
+    asyncio.run(run())
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown (exit -15); this one
+    stops the same way and exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: setattr(self, "should_exit", True))
+        yield
+
+
+def serve_http(
+    app_factory: Callable[[S], FastAPI],
+    settings_cls: type[S],
+    section: str,
+    config: Path | None,
+    overrides: dict[str, object],
+) -> None:
+    """Loads settings, then serves the FastAPI app from ``app_factory`` until
+    SIGTERM/SIGINT, then drains in-flight requests and exits 0."""
+    settings = load_section(settings_cls, config, section, overrides)
+    logs.configure(settings.log_level)
+    config_ = uvicorn.Config(
+        app_factory(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    asyncio.run(_Server(config_).serve())

@@ -1,0 +1,18 @@
+"""``harnessrl gateway``: Rollout gateway: serve token-id generation over engines."""
+
+from __future__ import annotations
+
+import typer
+
+from harnessrl.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
+
+app = typer.Typer(help="Rollout gateway: serve token-id generation over engines.", no_args_is_help=True)
+
+
+@app.command()
+def serve(config: ConfigOption = None, host: HostOption = None, port: PortOption = None) -> None:
+    """Serve the gateway gRPC service until SIGTERM."""
+    from services.gateway.server import create_server
+    from services.gateway.settings import Settings
+
+    serve_grpc(Settings, "gateway", config, {"host": host, "port": port}, create_server)

@@ -1,0 +1,40 @@
+"""The ``harnessrl`` command: one sub-command group per noun."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from harnessrl.cli import bench, capture, dashboard, gateway, proxy, sandbox, tasks, train, trial
+from harnessrl.errors import HarnessError
+
+app = typer.Typer(
+    name="harnessrl",
+    help="Reinforcement learning for coding agents through their own, unmodified harnesses.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(proxy.app, name="proxy")
+app.add_typer(gateway.app, name="gateway")
+app.add_typer(sandbox.app, name="sandbox")
+app.add_typer(trial.app, name="trial")
+app.add_typer(capture.app, name="capture")
+app.add_typer(train.app, name="train")
+app.add_typer(dashboard.app, name="dashboard")
+app.add_typer(tasks.app, name="tasks")
+app.add_typer(bench.app, name="bench")
+
+
+def main() -> None:
+    """Entry point: HarnessError (bad config, bad input) is one clear line and exit 2."""
+    try:
+        app()
+    except HarnessError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

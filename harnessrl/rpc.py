@@ -1,0 +1,263 @@
+"""gRPC plumbing every service shares: asyncio servers with the standard
+health service, trace propagation, bearer-token auth, HarnessError mapping and
+graceful stop on SIGTERM; and client channels that carry the same."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+
+from harnessrl import telemetry
+from harnessrl.config import ServiceSettings
+from harnessrl.errors import HarnessError
+
+log = logging.getLogger(__name__)
+
+HEALTH_SERVICE = "grpc.health.v1.Health"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+# When set, every server appends each RPC method it serves to this file; the
+# test suite's contract check (tests/conftest.py) reads it to prove that every
+# RPC in the protos is exercised by some test.
+RECORD_ENV = "HARNESSRL_RPC_RECORD"
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Turns a HarnessError raised by a servicer into its gRPC status with the
+    error's message; logs anything else and answers INTERNAL."""
+
+    def __init__(self, service_name: str) -> None:
+        self._service_name = service_name
+        self._record = os.environ.get(RECORD_ENV)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        if self._record:
+            with open(self._record, "a") as f:  # noqa: ASYNC230 - test-only, a few bytes
+                f.write(f"{self._service_name} {method}\n")
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_stream(handler.stream_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, HarnessError):
+        log.info("rpc error", extra={"kv": {"method": method, "code": exc.grpc_code.name, "error": str(exc)}})
+        await context.abort(exc.grpc_code, str(exc))
+    log.exception("rpc failed", extra={"kv": {"method": method}})
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _wrap_unary(fn: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # noqa: BLE001 - mapped to a status, never swallowed
+            await _abort(context, e, method)
+
+    return wrapped
+
+
+def _wrap_stream(fn: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in fn(request, context):
+                yield item
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # noqa: BLE001 - mapped to a status, never swallowed
+            await _abort(context, e, method)
+
+    return wrapped
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` on every RPC but health checks."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}"
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        if details.method.startswith(f"/{HEALTH_SERVICE}/"):
+            return await continuation(details)
+        metadata = dict(details.invocation_metadata or ())
+        if metadata.get("authorization") == self._expected:
+            return await continuation(details)
+        return _deny_handler(await continuation(details))
+
+
+def _deny_handler(handler: Any) -> Any:
+    async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        yield  # pragma: no cover - makes this an async generator
+
+    if handler is None:
+        return None
+    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(deny_unary, **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(deny_unary, **kw)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
+
+
+class RunningServer:
+    """A started gRPC server with its bound port and health servicer."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        port: int,
+        health_servicer: health.aio.HealthServicer,
+        services: list[str],
+        grace: float,
+    ) -> None:
+        self.server = server
+        self.port = port
+        self.health = health_servicer
+        self.services = services
+        self.grace = grace
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Marks every service NOT_SERVING, then stops, letting in-flight RPCs finish."""
+        for name in ["", *self.services]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(self.grace if grace is None else grace)
+
+    async def wait_for_signal(self) -> None:
+        """Serves until SIGTERM or SIGINT, then stops gracefully."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        waiter = asyncio.ensure_future(self.server.wait_for_termination())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            log.warning("stopping", extra={"kv": {"grace_s": self.grace}})
+            await self.stop()
+        waiter.cancel()
+        stopper.cancel()
+
+
+async def start_server(
+    settings: ServiceSettings,
+    service_name: str,
+    register: Callable[[grpc.aio.Server], Iterable[str]],
+) -> RunningServer:
+    """Builds, binds and starts an asyncio gRPC server.
+
+    ``register`` adds the servicers and returns their full service names, which
+    the health service then reports SERVING.
+    """
+    telemetry.configure(service_name, settings.otlp_endpoint)
+    interceptors: list[grpc.aio.ServerInterceptor] = [aio_server_interceptor(tracer_provider=telemetry.provider())]
+    if settings.auth_token is not None:
+        interceptors.append(AuthInterceptor(settings.auth_token.get_secret_value()))
+    interceptors.append(ErrorMappingInterceptor(service_name))
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    services = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"could not bind {settings.host}:{settings.port}")
+    await server.start()
+    for name in ["", *services]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving", extra={"kv": {"service": service_name, "address": f"{settings.host}:{port}"}})
+    return RunningServer(server, port, health_servicer, services, settings.shutdown_grace_s)
+
+
+class _BearerInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamStreamClientInterceptor
+):
+    def __init__(self, token: str) -> None:
+        self._md = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._md)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+def connect(target: str, token: str | None = None) -> grpc.aio.Channel:
+    """An insecure asyncio channel that propagates the trace and, if given, the bearer token."""
+    interceptors: list[Any] = list(aio_client_interceptors(tracer_provider=telemetry.provider()))
+    if token:
+        interceptors.append(_BearerInterceptor(token))
+    return grpc.aio.insecure_channel(
+        target,
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+async def check_health(target: str, service: str = "", wait_s: float = 5.0) -> str:
+    """Returns the health status name (``SERVING``...) of ``service`` at ``target``."""
+    deadline = time.monotonic() + wait_s
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+            except grpc.aio.AioRpcError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)

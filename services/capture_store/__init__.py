@@ -1,0 +1,1 @@
+"""Capture store: durable token-level trajectories (Redis + S3, or embedded SQLite + files)."""

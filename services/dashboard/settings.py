@@ -1,0 +1,11 @@
+"""Settings of the dashboard (``[dashboard]`` in a config file, env prefix ``HARNESSRL_DASHBOARD_``)."""
+
+from __future__ import annotations
+
+from pydantic_settings import SettingsConfigDict
+
+from harnessrl.config import ServiceSettings
+
+
+class Settings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="HARNESSRL_DASHBOARD_", extra="forbid", validate_default=True)

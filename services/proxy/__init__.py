@@ -1,0 +1,1 @@
+"""Token-faithful proxy: the OpenAI / Anthropic / Responses front that unmodified harnesses talk to."""

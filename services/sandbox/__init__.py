@@ -1,0 +1,1 @@
+"""Sandbox service: runs Harbor-format trials with unmodified harnesses and reports rewards."""

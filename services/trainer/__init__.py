@@ -1,0 +1,1 @@
+"""Trainer: GRPO/GSPO/PPO on captured segments, async with bounded staleness."""

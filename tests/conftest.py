@@ -1,0 +1,59 @@
+"""Shared fixtures: real servers on 127.0.0.1 and free ports, and the RPC
+contract check (every RPC in the protos is served to some test)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harnessrl.localservers import RedisServer, S3Server
+from harnessrl.rpc import RECORD_ENV
+from tests.contract import check_rpc_coverage
+
+_RECORD = Path(tempfile.mkdtemp(prefix="hrl-rpc-")) / "rpcs.txt"
+os.environ[RECORD_ENV] = str(_RECORD)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A fresh redis-server per test (no shared state)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One SeaweedFS S3 server per session; tests take their own bucket via ``s3_bucket``."""
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=name)
+    return name
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails a full default run in which some RPC was never served."""
+    if not _is_full_default_run(session.config) or exitstatus not in (0, 1):
+        return
+    missing = check_rpc_coverage(_RECORD)
+    if missing:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"RPC contract: no test exercised {missing}", red=True)
+        session.exitstatus = 1
+
+
+def _is_full_default_run(config: pytest.Config) -> bool:
+    root = Path(str(config.rootpath))
+    selected = [Path(a.split("::")[0]).resolve() for a in config.args]
+    whole_suite = all(p in (root, root / "tests") for p in selected)
+    return whole_suite and not config.getoption("keyword") and os.environ.get("HARNESSRL_SKIP_CONTRACT") != "1"
