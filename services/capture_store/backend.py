@@ -94,6 +94,10 @@ class Backend(abc.ABC):
     def count_trials(self, run: str) -> int: ...
 
     @abc.abstractmethod
+    def runs_with_trial(self, trial: str) -> list[str]:
+        """Runs holding a trial of that id (operator tools; scans the index)."""
+
+    @abc.abstractmethod
     def delete_run(self, run: str) -> None:
         """Deletes every record and blob of ``run``; idempotent."""
 

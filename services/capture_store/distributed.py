@@ -146,6 +146,8 @@ class DistributedBackend(Backend):
                 self._s3.create_bucket(Bucket=self._bucket)
                 return
             raise ConfigError(f"s3 bucket {self._bucket!r} is not usable: {e}") from e
+        except botocore.exceptions.NoCredentialsError as e:
+            raise ConfigError("s3 credentials missing: set s3_access_key and s3_secret_key") from e
         except botocore.exceptions.BotoCoreError as e:
             raise Unavailable(f"s3 endpoint {self._endpoint} is not reachable: {e}") from e
 
@@ -211,6 +213,11 @@ class DistributedBackend(Backend):
 
     def count_trials(self, run: str) -> int:
         return int(self._redis.zcard(self.rkey(run, "trials")))
+
+    def runs_with_trial(self, trial: str) -> list[str]:
+        pattern = f"{self._prefix}:{{*}}:trial/{quote(trial, safe='')}"
+        runs = {name.decode().split("{", 1)[1].split("}", 1)[0] for name in self._redis.scan_iter(match=pattern)}
+        return sorted(runs)
 
     def delete_run(self, run: str) -> None:
         batch: list[bytes] = []

@@ -258,6 +258,10 @@ class EmbeddedBackend(Backend):
     def count_trials(self, run: str) -> int:
         return int(self._rconn().execute("SELECT COUNT(*) FROM trials WHERE run = ?", (run,)).fetchone()[0])
 
+    def runs_with_trial(self, trial: str) -> list[str]:
+        rows = self._rconn().execute("SELECT DISTINCT run FROM trials WHERE trial = ? ORDER BY run", (trial,))
+        return [str(r) for (r,) in rows]
+
     def delete_run(self, run: str) -> None:
         with self._write() as conn:
             for table in RUN_TABLES:
