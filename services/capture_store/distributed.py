@@ -134,10 +134,18 @@ class DistributedBackend(Backend):
         except redis.RedisError as e:
             raise Unavailable(f"redis at {_redact(self._url)} is not reachable: {e}") from e
         try:
-            if self._redis.config_get("appendonly").get("appendonly") != "yes":
-                log.warning("redis runs without appendonly: a Redis restart loses the capture index")
+            config = self._redis.config_get("append*")
         except redis.ResponseError:
-            pass  # CONFIG disabled (managed Redis)
+            config = {}  # CONFIG disabled (managed Redis): the operator vouches for durability
+        if config and config.get("appendonly") != "yes":
+            log.warning("redis runs without appendonly: a Redis restart loses the capture index")
+        elif config and config.get("appendfsync") != "always":
+            # Redis 7.0 may answer before writing its AOF buffer while a background
+            # fsync is slow: a crash then can lose an acknowledged append.
+            log.warning(
+                "redis appendfsync is %r, not 'always': a Redis crash can lose acknowledged appends",
+                config.get("appendfsync"),
+            )
         try:
             self._s3.head_bucket(Bucket=self._bucket)
         except botocore.exceptions.ClientError as e:

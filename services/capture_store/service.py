@@ -19,7 +19,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument, NotFound
+from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument, NotFound, Unavailable
 from harnessrl.v1 import capture_pb2, records_pb2
 from services.capture_store import assemble, codec, rules, validate
 from services.capture_store import records as rec
@@ -42,18 +42,17 @@ class CaptureService:
         self._wake = asyncio.Event()
         self._committer: asyncio.Task[None] | None = None
         self._ready_waiters: set[asyncio.Event] = set()
+        self._closing = False
 
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop(), name="capture-committer")
 
     async def close(self) -> None:
         """Commits what is pending, then closes the backend."""
+        self._closing = True
+        self._wake.set()
         if self._committer is not None:
-            while self._pending:
-                self._wake.set()
-                await asyncio.sleep(0.01)
-            self._committer.cancel()
-            await asyncio.gather(self._committer, return_exceptions=True)
+            await self._committer
         await asyncio.to_thread(self.backend.close)
 
     async def call(self, fn: Any, op: str) -> Any:
@@ -63,6 +62,8 @@ class CaptureService:
     # Appends -------------------------------------------------------------
     async def append(self, req: capture_pb2.AppendSegmentRequest) -> capture_pb2.AppendSegmentResponse:
         prepared = validate.prepare_append(req, self.settings)
+        if self._closing:
+            raise Unavailable("capture store is shutting down")
         future: asyncio.Future[rules.AppendOutcome] = asyncio.get_running_loop().create_future()
         self._pending.append((prepared, future))
         self._wake.set()
@@ -72,7 +73,7 @@ class CaptureService:
         return capture_pb2.AppendSegmentResponse(duplicate=outcome.duplicate, segment_tokens=outcome.segment_tokens)
 
     async def _commit_loop(self) -> None:
-        while True:
+        while not self._closing or self._pending:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:

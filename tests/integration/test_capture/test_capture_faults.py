@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import redis
 
 from harnessrl import arrays
 from harnessrl.localservers import RedisServer, S3Server, free_port
@@ -81,9 +82,9 @@ async def _check_exactly_once(target: str, acked: dict[str, list]) -> None:
             np.testing.assert_array_equal(arrays.unpack_f32(seg.response.logprobs), want_lp)
 
 
-def _distributed(redis: RedisServer, s3: S3Server, bucket: str, total_s: float = 60) -> Settings:
+def _distributed(redis_server: RedisServer, s3: S3Server, bucket: str, total_s: float = 60) -> Settings:
     return Settings(
-        backend="distributed", redis_url=redis.url, s3_endpoint=s3.endpoint, s3_bucket=bucket,
+        backend="distributed", redis_url=redis_server.url, s3_endpoint=s3.endpoint, s3_bucket=bucket,
         s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, auth_token=SERVICE_TOKEN,
         retry={"total_s": total_s, "max_s": 0.5}, shutdown_grace_s=0.5,
     )  # fmt: skip
@@ -93,17 +94,28 @@ async def _restart(server: RedisServer | S3Server, down_s: float) -> None:
     await asyncio.to_thread(server.kill)
     await asyncio.sleep(down_s)
     await asyncio.to_thread(server.start)
+    if isinstance(server, RedisServer):
+        _fsync_always(server)
+
+
+def _fsync_always(server: RedisServer) -> RedisServer:
+    """The durability a capture store's Redis needs: every write fsynced to the AOF
+    before the reply (appendonly alone fsyncs once a second)."""
+    with redis.Redis.from_url(server.url) as client:
+        client.config_set("appendfsync", "always")
+    return server
 
 
 async def test_redis_killed_and_restarted_mid_run(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with RedisServer(appendonly=True, dir=tmp_path) as redis:
-        running = await create_server(_distributed(redis, s3_server, s3_bucket))
+    with RedisServer(appendonly=True, dir=tmp_path) as redis_server:
+        _fsync_always(redis_server)
+        running = await create_server(_distributed(redis_server, s3_server, s3_bucket))
         target = f"127.0.0.1:{running.port}"
         try:
             with caplog.at_level(logging.WARNING, "services.capture_store"):
-                acked = await _run_with_fault(target, lambda: _restart(redis, 1.0))
+                acked = await _run_with_fault(target, lambda: _restart(redis_server, 1.0))
             await _check_exactly_once(target, acked)
         finally:
             await running.stop()
@@ -130,19 +142,19 @@ async def test_s3_killed_and_restarted_mid_run(
 async def test_outage_past_the_retry_budget_is_unavailable_and_leaves_nothing(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
-    with RedisServer(appendonly=True, dir=tmp_path) as redis:
-        running = await create_server(_distributed(redis, s3_server, s3_bucket, total_s=1.0))
+    with RedisServer(appendonly=True, dir=tmp_path) as redis_server:
+        running = await create_server(_distributed(redis_server, s3_server, s3_bucket, total_s=1.0))
         try:
             async with connect(f"127.0.0.1:{running.port}", SERVICE_TOKEN) as channel:
                 stub = capture_pb2_grpc.CaptureStoreStub(channel)
                 await stub.AppendSegment(append_request("r1", "t1", part=0))
-                await asyncio.to_thread(redis.kill)
+                await asyncio.to_thread(redis_server.kill)
                 second = append_request("r1", "t1", part=1)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await stub.AppendSegment(second)
                 assert info.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert "unavailable" in (info.value.details() or "")
-                await asyncio.to_thread(redis.start)
+                await asyncio.to_thread(redis_server.start)
                 req = capture_pb2.GetTrajectoryRequest(run_id="r1", trial_id="t1", include_tokens=True)
                 assert (await stub.GetTrajectory(req)).segments[0].num_turns == 1  # the failed part is absent
                 assert not (await stub.AppendSegment(second)).duplicate  # and goes in on retry
