@@ -150,6 +150,7 @@ class TrialOutcome(BaseModel):
     events: list[str] = Field(default_factory=list)
     verifier_summary: str = ""
     artifacts_dir: str = ""
+    task_id: str = ""
 
 
 class TrialRecord(BaseModel):

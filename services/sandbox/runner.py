@@ -123,9 +123,7 @@ class TrialRunner:
             await enter(TrialState.TEARDOWN)
             await self._timed(t, "teardown_s", self._teardown(t))
         t.flags["cancelled"] = t.flags.get("cancelled", False) or cancel.is_set()
-        outcome = self._outcome(t)
-        await self._finalize(t, outcome)
-        return outcome
+        return self._outcome(t)
 
     @staticmethod
     async def _timed(t: _Trial, field_name: str, work: Awaitable[None]) -> None:
@@ -332,20 +330,19 @@ class TrialRunner:
             events=t.events,
             verifier_summary=t.verifier_summary,
             artifacts_dir=str(t.artifacts),
+            task_id=t.task_id,
         )
         t.artifacts.mkdir(parents=True, exist_ok=True)
         (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))
         return outcome
 
-    async def _finalize(self, t: _Trial, outcome: TrialOutcome) -> None:
+    async def finalize(self, spec: TrialSpec, outcome: TrialOutcome) -> None:
+        """FinalizeTrajectory on the capture store (after the proxy's close, which
+        ``run`` already did). Called by whoever reports the trial done, and only
+        while it still owns the trial. Raises if the capture store refuses."""
         if self.capture is None:
             return
-        try:
-            await self.capture.finalize(t.spec, t.task_id, outcome)
-        except Exception as e:
-            log.exception("FinalizeTrajectory failed", extra={"kv": {"trial": t.spec.trial_id}})
-            outcome.error = "; ".join(filter(None, [outcome.error, f"FinalizeTrajectory failed: {e}"]))
-            raise
+        await self.capture.finalize(spec, outcome.task_id or spec.task_id, outcome)
 
     # -- helpers ---------------------------------------------------------------
     @staticmethod
