@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
+from services.sandbox.backends.base import ExecRequest, Limits, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.paths import TrialDirs
@@ -35,7 +35,9 @@ async def start(backend: LocalBackend, task_dir: Path, name: str = "t", **limits
 
 
 async def sh(backend: LocalBackend, sandbox: Sandbox, script: str, phase: Phase = Phase.AGENT, timeout: float = 20):
-    request = ExecRequest(argv=["/bin/bash", "-c", script], phase=phase, env={"PATH": "/usr/bin:/bin"}, timeout_s=timeout)
+    request = ExecRequest(
+        argv=["/bin/bash", "-c", script], phase=phase, env={"PATH": "/usr/bin:/bin"}, timeout_s=timeout
+    )
     return await backend.exec(sandbox, request)
 
 
@@ -109,7 +111,14 @@ async def test_layer_replays_dockerfile_and_is_cached(backend: LocalBackend, tmp
         assert str(box.paths.workdir) == "/srv/app"
         assert box.env["APP_HOME"] == "/srv/app" and box.env["MODE"] == "two words"
         result = await sh(backend, box, "cat built.txt uid.txt README.md /opt/lib/mod.py /opt/bundle/x.txt; pwd")
-        assert result.output.decode().split("\n")[:6] == ["hi two words", "0", "# repo", "X = 1", "from tar", "/srv/app"]
+        assert result.output.decode().split("\n")[:6] == [
+            "hi two words",
+            "0",
+            "# repo",
+            "X = 1",
+            "from tar",
+            "/srv/app",
+        ]
         denied = await sh(backend, box, "echo x > /opt/lib/mod.py")
         assert denied.exit_code != 0  # layer roots outside the workdir are read-only
         layers = list((backend.settings.cache_dir / "layers").glob("*-v1"))
@@ -129,7 +138,7 @@ async def test_layer_replays_dockerfile_and_is_cached(backend: LocalBackend, tmp
         ("FROM a\nCOPY --from=b /x /y\n", "COPY --from"),
         ("FROM a\nADD https://example.com/x /x\n", "URL"),
         ("FROM a\nONBUILD RUN x\n", "instruction ONBUILD"),
-        ("FROM a\nSHELL [\"/bin/bash\", \"-c\"]\n", "instruction SHELL"),
+        ('FROM a\nSHELL ["/bin/bash", "-c"]\n', "instruction SHELL"),
         ("FROM a\nRUN --mount=type=cache,target=/x true\n", "RUN flags"),
     ],
 )
@@ -158,7 +167,6 @@ async def test_agent_timeout_kills_the_hang(backend: LocalBackend, sandbox: Sand
 
 
 async def test_output_flood_is_bounded(backend: LocalBackend, tmp_path: Path) -> None:
-    backend.settings.__dict__["output_limit_bytes"] = 4096
     box = await start(backend, make_task(tmp_path / "tasks"))
     try:
         spec = box.spec.model_copy(update={"limits": box.spec.limits.model_copy(update={"output_limit_bytes": 4096})})

@@ -55,7 +55,7 @@ async def test_squash_leaves_one_commit_and_no_original_object(tmp_path: Path) -
     assert await integrity.squash_git_history(repo)
     assert git(repo, "rev-list", "--all").count("\n") == 1
     assert git(repo, "log", "--format=%s") == "base\n"
-    assert git(repo, "for-each-ref") .count("\n") == 1  # refs/heads/main only
+    assert git(repo, "for-each-ref").count("\n") == 1  # refs/heads/main only
     assert git(repo, "stash", "list") == ""
     assert not (repo / ".git" / "ORIG_HEAD").exists()
     assert not (repo / "calc.py.orig").exists()

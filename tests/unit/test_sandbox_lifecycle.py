@@ -103,5 +103,7 @@ def test_status_carries_reason_reward_and_tamper_events() -> None:
     assert not status.has_reward
     assert list(status.tamper_events) == ["restored x"]
     assert status.num_segments == 2
-    done = record.model_copy(update={"outcome": TrialOutcome(termination_reason=TerminationReason.COMPLETED, reward=0.0)})
+    done = record.model_copy(
+        update={"outcome": TrialOutcome(termination_reason=TerminationReason.COMPLETED, reward=0.0)}
+    )
     assert done.to_status().has_reward and done.to_status().reward == 0.0

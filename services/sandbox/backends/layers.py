@@ -193,7 +193,8 @@ class _Builder:
         if self.cwd != "/":
             self.add_root(self.cwd)
         mounts = [bwrap.Mount(self.layer.host_path(r), r, writable=True) for r in self.layer.roots]
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp", **self.layer.env}
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        env = {"PATH": path, "HOME": "/tmp", **self.args, **self.layer.env}  # ARGs are RUN's env, as in docker
         net = self.task.config.environment.network_mode
         inv = bwrap.build(
             self.settings,
