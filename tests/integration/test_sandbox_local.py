@@ -34,9 +34,9 @@ async def start(backend: LocalBackend, task_dir: Path, name: str = "t", **limits
     return await backend.start(spec)
 
 
-async def sh(backend: LocalBackend, sandbox: Sandbox, script: str, phase: Phase = Phase.AGENT, timeout: float = 20):
+async def sh(backend: LocalBackend, sandbox: Sandbox, script: str, phase: Phase = Phase.AGENT, limit_s: float = 20):
     request = ExecRequest(
-        argv=["/bin/bash", "-c", script], phase=phase, env={"PATH": "/usr/bin:/bin"}, timeout_s=timeout
+        argv=["/bin/bash", "-c", script], phase=phase, env={"PATH": "/usr/bin:/bin"}, timeout_s=limit_s
     )
     return await backend.exec(sandbox, request)
 
@@ -162,7 +162,7 @@ async def test_failing_run_and_host_writes_are_env_setup_errors(backend: LocalBa
 
 
 async def test_agent_timeout_kills_the_hang(backend: LocalBackend, sandbox: Sandbox) -> None:
-    result = await sh(backend, sandbox, "sleep 60 & sleep 60", timeout=0.5)
+    result = await sh(backend, sandbox, "sleep 60 & sleep 60", limit_s=0.5)
     assert result.timed_out and result.duration_s < 10
 
 
@@ -187,12 +187,12 @@ async def test_memory_limit_ooms_the_hog(backend: LocalBackend, sandbox: Sandbox
 async def test_fork_bomb_hits_the_pids_limit(backend: LocalBackend, sandbox: Sandbox) -> None:
     if not backend.capabilities.pids_limit:
         pytest.skip("no writable pids cgroup here")
-    result = await sh(backend, sandbox, "bomb() { bomb | bomb & }; bomb; sleep 2", timeout=5)
+    result = await sh(backend, sandbox, "bomb() { bomb | bomb & }; bomb; sleep 2", limit_s=5)
     assert result.pids_limit_hit
 
 
 async def test_disk_fill_is_stopped(backend: LocalBackend, sandbox: Sandbox) -> None:
     script = "for i in $(seq 1 100); do head -c 10000000 /dev/zero > /app/f$i || break; done; sleep 5"
-    result = await sh(backend, sandbox, script, timeout=20)
+    result = await sh(backend, sandbox, script, limit_s=20)
     assert result.disk_exceeded or b"File too large" in result.output
     assert result.duration_s < 15

@@ -44,6 +44,8 @@ python3 -m pytest -q -p no:cacheprovider tests/test_calc.py > /logs/verifier/pyt
 if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
 """
 
+TEST_CALC = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
 CONFTEST = """import pytest
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
