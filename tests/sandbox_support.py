@@ -3,10 +3,13 @@ and settings whose trial dirs, layer cache and artifacts live under it."""
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from pathlib import Path
 from typing import Any
 
+from services.sandbox.lifecycle import TrialRecord, TrialState
+from services.sandbox.queue.base import TrialQueue
 from services.sandbox.settings import IntegrityPolicy, Settings
 
 DEFAULT_TOML = """\
@@ -78,3 +81,15 @@ def settings_for(tmp: Path, integrity: IntegrityPolicy | None = None, **override
     if integrity is not None:
         fields["integrity"] = integrity
     return Settings(**fields)
+
+
+async def wait_for_state(queue: TrialQueue, trial_id: str, state: TrialState, timeout_s: float = 120) -> TrialRecord:
+    """Follows the queue's watch stream until the trial reaches ``state`` (or DONE)."""
+
+    async def follow() -> TrialRecord:
+        async for record in queue.watch("", [trial_id]):
+            if record.state == state or record.state == TrialState.DONE:
+                return record
+        raise AssertionError("watch ended")
+
+    return await asyncio.wait_for(follow(), timeout_s)

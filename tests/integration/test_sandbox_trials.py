@@ -14,7 +14,7 @@ from services.sandbox.factory import build_worker
 from services.sandbox.lifecycle import TerminationReason, TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
 from services.sandbox.settings import Settings
-from tests.sandbox_support import make_task, settings_for
+from tests.sandbox_support import make_task, settings_for, wait_for_state
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -80,13 +80,7 @@ async def run_all(settings: Settings, specs: list[TrialSpec]) -> dict[str, objec
     serving = asyncio.ensure_future(worker.run(stop))
     for spec in specs:
         await queue.submit(spec)
-    records = {}
-    deadline = asyncio.get_running_loop().time() + 240
-    for spec in specs:
-        while (record := await queue.get(spec.trial_id)).state != TrialState.DONE:
-            assert asyncio.get_running_loop().time() < deadline, f"{spec.trial_id} stuck in {record.state}"
-            await asyncio.sleep(0.1)
-        records[spec.trial_id] = record
+    records = {spec.trial_id: await wait_for_state(queue, spec.trial_id, TrialState.DONE) for spec in specs}
     stop.set()
     await serving
     return records
@@ -149,11 +143,9 @@ async def test_cancel_stops_a_running_trial(tmp_path: Path) -> None:
     await queue.submit(
         TrialSpec(trial_id="c", task_path=str(task), harness="shell", harness_options={"script": "sleep 60"})
     )
-    while (await queue.get("c")).state != TrialState.AGENT:
-        await asyncio.sleep(0.05)
+    assert (await wait_for_state(queue, "c", TrialState.AGENT)).state == TrialState.AGENT
     assert await queue.cancel("c")
-    while (record := await queue.get("c")).state != TrialState.DONE:
-        await asyncio.sleep(0.05)
+    record = await wait_for_state(queue, "c", TrialState.DONE)
     assert record.outcome is not None and record.outcome.termination_reason == R.CANCELLED
     assert record.outcome.timings.agent_s < 10 and record.outcome.reward is None
     stop.set()
