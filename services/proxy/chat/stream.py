@@ -46,7 +46,8 @@ class OutputStream:
         self._tools = tools
         self._phase: Literal["start", "reasoning", "content", "held"] = "start" if reasoning else "content"
         self._buf = ""  # text not yet classified or emitted
-        self.reasoning = ""
+        self.reasoning = ""  # reasoning text already sent
+        self._reasoning_raw = ""
         self._content = ""  # all content text (after reasoning)
         self._emitted = ""  # content text already sent as deltas
 
@@ -90,11 +91,12 @@ class OutputStream:
         return False
 
     def _emit_reasoning(self, text: str, out: list[Delta]) -> None:
-        if not self.reasoning:
-            text = text.lstrip()
-        if text:
-            self.reasoning += text
-            out.append(Delta("reasoning", text))
+        """Reasoning is sent stripped: trailing whitespace waits for more text."""
+        self._reasoning_raw += text
+        target = self._reasoning_raw.strip()
+        if len(target) > len(self.reasoning) and target.startswith(self.reasoning):
+            out.append(Delta("reasoning", target[len(self.reasoning) :]))
+            self.reasoning = target
 
     def _advance_content(self, out: list[Delta]) -> None:
         if self._parser.holds_everything(self._content):
