@@ -115,3 +115,81 @@ def test_mini_swe_agent(stack: Stack, dirs: tuple[Path, Path]) -> None:
     info = json.loads(traj.read_text())["info"]
     assert info["exit_status"] == "Submitted", info
     finish(stack, "mini-1", 3)
+
+
+CODEX_MAIN = [
+    {"content": "Looking.", "tool_calls": [{"name": "exec_command", "arguments": {"cmd": "ls -la"}}]},
+    {"reasoning": "Write it now.", "content": "Creating.", "tool_calls": [{"name": "exec_command", "arguments": {"cmd": "echo hello > hello.txt"}}]},
+    {"content": "Created hello.txt."},
+]
+
+
+@pytest.mark.parametrize("stack", [({"main": CODEX_MAIN, "*": [{"content": "Title"}]}, {"chunk_tokens": 3})], indirect=True)
+def test_codex(stack: Stack, dirs: tuple[Path, Path]) -> None:
+    home, work = dirs
+    base, token = stack.new_trial("codex-1", model=MODEL)
+    (home / ".codex").mkdir()
+    (home / ".codex/config.toml").write_text(
+        f'model = "{MODEL}"\nmodel_provider = "hrl"\n\n[model_providers.hrl]\nname = "hrl"\n'
+        f'base_url = "{base}"\nwire_api = "responses"\nenv_key = "HRL_API_KEY"\n'
+    )
+    cmd = [str(tool("npm/node_modules/.bin/codex")), "exec", "--skip-git-repo-check"]
+    p = run([*cmd, "--dangerously-bypass-approvals-and-sandbox", "Create hello.txt containing hello"], work, {"HOME": str(home), "HRL_API_KEY": token})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Created hello.txt." in p.stdout
+    assert (work / "hello.txt").read_text() == "hello\n"
+    finish(stack, "codex-1", 3)
+
+
+OPENCODE_MAIN = [
+    {"content": "Looking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la", "description": "List files"}}]},
+    {"content": "Creating.", "tool_calls": [{"name": "bash", "arguments": {"command": "echo hello > hello.txt", "description": "Write"}}]},
+    {"content": "Created hello.txt."},
+]
+
+
+@pytest.mark.parametrize("stack", [({"main": OPENCODE_MAIN, "*": [{"content": "Create hello"}]}, {"chunk_tokens": 3})], indirect=True)
+def test_opencode(stack: Stack, dirs: tuple[Path, Path]) -> None:
+    home, work = dirs
+    base, token = stack.new_trial("opencode-1", model=MODEL)
+    provider = {"npm": "@ai-sdk/openai-compatible", "name": "hrl", "options": {"baseURL": base, "apiKey": token}}
+    config = {
+        "autoupdate": False,
+        "share": "disabled",
+        "model": f"hrl/{MODEL}",
+        "provider": {"hrl": {**provider, "models": {MODEL: {"name": MODEL}}}},
+    }
+    env = {
+        "HOME": str(home),
+        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        **{f"XDG_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "DATA", "CACHE", "STATE")},
+    }
+    p = run([str(tool("npm/node_modules/.bin/opencode")), "run", "Create hello.txt containing hello"], work, env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (work / "hello.txt").read_text() == "hello\n"
+    summary, _ = finish(stack, "opencode-1", 3)
+    kinds = {t["name"]: t["kind"] for t in summary["threads"]}
+    assert kinds == {"main": "main", "side-1": "side"}, "the title call is its own labelled thread"
+
+
+OPENHANDS_MAIN = [
+    {"content": "Looking.", "tool_calls": [{"name": "terminal", "arguments": {"command": "ls -la"}}]},
+    {"content": "Creating.", "tool_calls": [{"name": "terminal", "arguments": {"command": "echo hello > hello.txt"}}]},
+    {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"message": "Created hello.txt"}}]},
+]
+
+
+@pytest.mark.parametrize("stack", [({"main": OPENHANDS_MAIN}, {})], indirect=True)
+def test_openhands_sdk(stack: Stack, dirs: tuple[Path, Path]) -> None:
+    home, work = dirs
+    base, token = stack.new_trial("openhands-1", model=MODEL)
+    driver = Path(__file__).parent / "drivers" / "openhands_driver.py"
+    cmd = [str(tool("openhands/bin/python")), str(driver), base, token, MODEL, str(work), "Create hello.txt containing hello"]
+    env = {"HOME": str(home), "OPENHANDS_SUPPRESS_BANNER": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    p = run(cmd, work, env)
+    assert p.returncode == 0 and "FINISHED" in p.stdout, p.stderr[-3000:]
+    assert (work / "hello.txt").read_text() == "hello\n"
+    finish(stack, "openhands-1", 3)
