@@ -87,7 +87,11 @@ class ModelCall:
             trial.max_turns_reached = True
             raise MaxTurnsReached(f"trial {trial.spec.trial_id} reached max_turns={trial.max_turns}")
         self.plan = plan = trial.capture.plan(self.conv)
-        window = await core.context_window()
+        try:
+            window = await core.context_window()
+        except Exception:
+            trial.engine_errors += 1
+            raise
         if plan.prompt_tokens >= window:
             trial.context_overflow = True
             raise ContextOverflow(plan.prompt_tokens, window)
