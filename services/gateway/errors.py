@@ -40,13 +40,20 @@ class ContextLengthExceeded(HarnessError):
     grpc_code = grpc.StatusCode.OUT_OF_RANGE
     http_status = 400
 
-    def __init__(self, prompt_tokens: int, context_window: int) -> None:
+    def __init__(self, prompt_tokens: int, context_window: int, detail: str = "") -> None:
         super().__init__(
             f"context_length_exceeded: the prompt has {prompt_tokens} tokens, the model's context window "
             f"is {context_window} tokens"
+            if not detail
+            else f"context_length_exceeded: {detail}"
         )
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window
+
+    @classmethod
+    def from_message(cls, detail: str) -> ContextLengthExceeded:
+        """From an engine's own message (vLLM's), when the counts are not known here."""
+        return cls(0, 0, detail)
 
 
 class EngineUnavailable(Unavailable):

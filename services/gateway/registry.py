@@ -33,7 +33,7 @@ def _local(settings: Settings, arg: str) -> list[Engine]:
 
 
 def _vllm(settings: Settings, arg: str) -> list[Engine]:
-    from services.gateway.vllm import VllmEngine
+    from services.gateway.vllm_pool import VllmEngine
 
     if not settings.vllm_urls:
         raise UnknownEngine("engine 'vllm' needs at least one server URL in the gateway's vllm_urls setting")
