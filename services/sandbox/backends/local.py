@@ -40,6 +40,8 @@ from services.sandbox.settings import Settings
 log = logging.getLogger(__name__)
 
 FORWARDER = Path(__file__).with_name("forwarder.py")
+# Where the forwarder and the proxy's socket appear in the agent phase (outside the read-only runtime dir).
+NET_DIR = PurePosixPath("/run/harnessrl-net")
 _PASSWD = "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/bash\n"
 _GROUP = "root:x:0:\nagent:x:1000:\n"
 
@@ -99,8 +101,8 @@ class LocalBackend(Backend):
         keep_alive = request.phase == Phase.AGENT and not self.integrity.kill_agent_processes
         argv = list(request.argv)
         if request.network == Network.PROXY_ONLY and spec.proxy_socket is not None:
-            sock = str(sandbox.paths.runtime / "proxy.sock")
-            argv = [self.cfg.python, str(sandbox.paths.runtime / "forwarder.py"), f"127.0.0.1:{request.proxy_port}"]
+            sock = str(NET_DIR / "proxy.sock")
+            argv = [self.cfg.python, str(NET_DIR / "forwarder.py"), f"127.0.0.1:{request.proxy_port}"]
             argv += [sock, "--", *request.argv]
         share_net = request.network == Network.PUBLIC or (
             request.phase == Phase.AGENT and not self.integrity.isolate_network
@@ -180,8 +182,8 @@ class LocalBackend(Backend):
             if not policy.protect_reward_files:
                 mounts.append(bwrap.Mount(dirs.verifier_logs, str(paths.verifier_logs), writable=True))
             if request.network == Network.PROXY_ONLY and sandbox.spec.proxy_socket is not None:
-                mounts.append(bwrap.Mount(FORWARDER, str(paths.runtime / "forwarder.py")))
-                mounts.append(bwrap.Mount(sandbox.spec.proxy_socket, str(paths.runtime / "proxy.sock"), writable=True))
+                mounts.append(bwrap.Mount(FORWARDER, str(NET_DIR / "forwarder.py")))
+                mounts.append(bwrap.Mount(sandbox.spec.proxy_socket, str(NET_DIR / "proxy.sock"), writable=True))
         elif phase == Phase.VERIFY:
             mounts.append(bwrap.Mount(dirs.agent_logs, str(paths.agent_logs)))
             mounts.append(bwrap.Mount(dirs.verifier_logs, str(paths.verifier_logs), writable=True))
