@@ -42,7 +42,7 @@ async def model_stack(engine: str | None, workdir: Path, model: str | None) -> A
     from services.capture_store.server import create_server as create_capture
     from services.capture_store.settings import Settings as CaptureSettings
 
-    capture = await create_capture(CaptureSettings(port=0, store_dir=workdir / "capture"))
+    capture = await create_capture(CaptureSettings.model_validate({"port": 0, "store_dir": workdir / "capture"}))
     stack: list[Any] = [capture]
     try:
         endpoints = Endpoints(capture_target=f"127.0.0.1:{capture.port}")
@@ -52,7 +52,7 @@ async def model_stack(engine: str | None, workdir: Path, model: str | None) -> A
             from services.proxy.server import start as start_proxy
             from services.proxy.settings import Settings as ProxySettings
 
-            gateway = await create_gateway(GatewaySettings(port=0, engine=engine))
+            gateway = await create_gateway(GatewaySettings.model_validate({"port": 0, "engine": engine}))
             stack.append(gateway)
             admin = secrets.token_urlsafe(16)
             proxy_fields: dict[str, Any] = {
@@ -64,7 +64,7 @@ async def model_stack(engine: str | None, workdir: Path, model: str | None) -> A
             }
             if model:
                 proxy_fields["served_model_names"] = [model]
-            proxy = await start_proxy(ProxySettings(**proxy_fields))
+            proxy = await start_proxy(ProxySettings.model_validate(proxy_fields))
             stack.append(proxy)
             endpoints.proxy_url, endpoints.proxy_uds, endpoints.admin_token = proxy.url, workdir / "proxy.sock", admin
         yield endpoints
