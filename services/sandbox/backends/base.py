@@ -199,3 +199,13 @@ def check_requirements(name: str, caps: Capabilities, integrity: IntegrityPolicy
     missing = [cap for cap, required in needed.items() if required and not getattr(caps, cap)]
     if missing:
         raise CapabilityError(f"backend {name!r} lacks capabilities {missing} that the integrity policy requires")
+
+
+def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:
+    """Unpacks a tar of sandbox path ``src`` (arcname = its name) so that it lands at ``dst``."""
+    import io
+    import tarfile
+
+    dst.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dst.parent if dst.name == src.name else dst, filter="data")
