@@ -1,7 +1,18 @@
-"""``harnessrl bench``."""
+"""``harnessrl bench``: benchmarks, each printing a table with a baseline measured in the same run."""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Annotated
 
 import typer
 
 app = typer.Typer(help="bench", no_args_is_help=True)
+
+
+@app.command()
+def sandbox(trials: Annotated[int, typer.Option(min=2, help="Trials per measurement.")] = 20) -> None:
+    """Local sandbox: overhead per trial (warm layer cache) and trials/minute at concurrency 1, 4, 16."""
+    from services.sandbox.bench import print_report, run_bench
+
+    print_report(*asyncio.run(run_bench(trials)))
