@@ -4,7 +4,11 @@ and settings whose trial dirs, layer cache and artifacts live under it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import textwrap
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +97,66 @@ async def wait_for_state(queue: TrialQueue, trial_id: str, state: TrialState, ti
         raise AssertionError("watch ended")
 
     return await asyncio.wait_for(follow(), timeout_s)
+
+
+@dataclass
+class ModelStack:
+    """Real capture store (embedded), gateway (scripted engine) and proxy (TCP + Unix socket)."""
+
+    capture: Any
+    gateway: Any
+    proxy: Any
+    admin_token: str
+    uds: Path
+    engine_log: Path
+
+    def sandbox_settings(self, tmp: Path, **overrides: Any) -> Settings:
+        return settings_for(
+            tmp,
+            proxy_url=self.proxy.url,
+            proxy_admin_token=self.admin_token,
+            proxy_uds_path=self.uds,
+            capture_target=f"127.0.0.1:{self.capture.port}",
+            **overrides,
+        )
+
+
+def write_script(tmp: Path, data: dict[str, Any]) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "script.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def model_stack(tmp: Path, threads: dict[str, list[dict[str, Any]]], **script: Any) -> AsyncIterator[ModelStack]:
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+    from services.gateway.server import create_server as create_gateway
+    from services.gateway.settings import Settings as GatewaySettings
+    from services.proxy.server import start as start_proxy
+    from services.proxy.settings import Settings as ProxySettings
+
+    script_path = write_script(tmp, {"context_window": 200_000, "threads": threads, **script})
+    log = tmp / "engine.jsonl"
+    capture = await create_capture(CaptureSettings.model_validate({"store_dir": tmp / "capture", "fsync": False}))
+    gateway = await create_gateway(
+        GatewaySettings.model_validate({"engine": f"scripted:{script_path}", "scripted_log_path": log})
+    )
+    uds = tmp / "proxy.sock"
+    proxy = await start_proxy(
+        ProxySettings.model_validate(
+            {
+                "gateway_target": f"127.0.0.1:{gateway.port}",
+                "capture_target": f"127.0.0.1:{capture.port}",
+                "admin_token": "admin-secret",
+                "uds_path": uds,
+            }
+        )
+    )
+    try:
+        yield ModelStack(capture, gateway, proxy, "admin-secret", uds, log)
+    finally:
+        await proxy.stop()
+        await gateway.stop(0)
+        await capture.stop(0)

@@ -243,9 +243,10 @@ class TrialRunner:
         t.flags["agent_timed_out"] = result.timed_out
         await self._close_proxy(t)
         try:
+            await self.backend.download(sandbox, sandbox.paths.agent_logs, t.artifacts / "agent")
             await asyncio.to_thread(t.harness.collect_logs, ctx, t.artifacts / "harness")
         except OSError as e:
-            t.events.append(f"collect_logs failed: {e}")
+            t.events.append(f"collecting the agent's logs failed: {e}")
 
     async def _close_proxy(self, t: _Trial) -> None:
         if not t.proxy_registered or self.proxy is None:
