@@ -33,16 +33,25 @@ TURNS = [
 ]
 AGENT = """set -e
 echo "$OPENAI_API_KEY" > /logs/agent/token
-call() {
-  curl -sSf "$OPENAI_BASE_URL/chat/completions" -H "Authorization: Bearer $OPENAI_API_KEY" \\
-    -H 'content-type: application/json' -d "$1"
-}
-TOOLS='[{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]'
-FIRST=$(call "{\\"model\\": \\"$HARNESSRL_MODEL\\", \\"tools\\": $TOOLS, \\"messages\\": [{\\"role\\": \\"user\\", \\"content\\": \\"go\\"}]}")
-echo "$FIRST" > /logs/agent/first.json
-CALL_ID=$(echo "$FIRST" | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["tool_calls"][0]["id"])')
-MSG=$(echo "$FIRST" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["message"]))')
-call "{\\"model\\": \\"$HARNESSRL_MODEL\\", \\"tools\\": $TOOLS, \\"messages\\": [{\\"role\\": \\"user\\", \\"content\\": \\"go\\"}, $MSG, {\\"role\\": \\"tool\\", \\"tool_call_id\\": \\"$CALL_ID\\", \\"content\\": \\"a.txt\\"}]}" > /logs/agent/second.json
+python3 - <<'PY'
+import json, os, urllib.request
+
+base, key, model = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["HARNESSRL_MODEL"]
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+def call(messages):
+    body = json.dumps({"model": model, "tools": tools, "messages": messages}).encode()
+    headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+    request = urllib.request.Request(f"{base}/chat/completions", data=body, headers=headers)
+    return json.load(urllib.request.urlopen(request, timeout=60))
+
+
+messages = [{"role": "user", "content": "go"}]
+message = call(messages)["choices"][0]["message"]
+messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt"}]
+json.dump(call(messages), open("/logs/agent/second.json", "w"))
+PY
 echo hello > hello.txt
 """
 
