@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -69,6 +70,7 @@ class _Trial:
     harness: HarnessAdapter | None = None
     sandbox: Sandbox | None = None
     relay: UnixRelay | None = None
+    relay_dir: Path | None = None
     proxy_trial: ProxyTrial | None = None
     proxy_registered: bool = False
     summary: ProxySummary = field(default_factory=ProxySummary)
@@ -178,7 +180,9 @@ class TrialRunner:
         trial = await self.proxy.register(t.spec, t.task_id)
         t.proxy_registered = True
         t.proxy_trial = trial
-        relay_path = t.dirs.root / "proxy.sock"
+        # Unix socket paths are limited to 108 bytes: a short private directory, not the trial dir.
+        t.relay_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hrl-"))
+        relay_path = t.relay_dir / "proxy.sock"
         if self.settings.proxy_uds_path is not None:
             t.relay = await UnixRelay(relay_path, uds=self.settings.proxy_uds_path).start()
         else:
@@ -307,6 +311,8 @@ class TrialRunner:
         await self._close_proxy(t)
         if t.relay is not None:
             await t.relay.stop()
+        if t.relay_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, t.relay_dir, True)
 
     def _outcome(self, t: _Trial) -> TrialOutcome:
         f = t.flags

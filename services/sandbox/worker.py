@@ -38,6 +38,12 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serves until ``stop`` is set, then lets running trials finish."""
         slots = asyncio.Semaphore(self.settings.concurrency)
+        try:
+            orphans = await self.runner.backend.cleanup_orphans()
+            if orphans:
+                log.warning("removed sandboxes of dead workers", extra={"kv": {"count": orphans}})
+        except Exception:
+            log.exception("orphan cleanup failed")
         reaper = asyncio.ensure_future(self._reap_forever(stop))
         try:
             while not stop.is_set():

@@ -183,6 +183,11 @@ class Backend(abc.ABC):
         """Keeps a host copy of the workspace as it was before the agent (generic version)."""
         await self.download(sandbox, sandbox.paths.workdir, sandbox.spec.dirs.root / "pristine")
 
+    async def cleanup_orphans(self) -> int:
+        """Removes what dead workers left behind (safe while other workers run);
+        returns how many sandboxes it removed. Workers call it at start."""
+        return 0
+
     @abc.abstractmethod
     async def stop(self, sandbox: Sandbox) -> None:
         """Kills whatever is left and releases every resource. Idempotent."""

@@ -196,9 +196,12 @@ class DockerBackend(Backend):
             pass
 
     async def cleanup_orphans(self) -> int:
-        """Removes every container this service labelled (a crashed worker's)."""
+        """Removes labelled containers that stopped (exited or never started); a
+        running one may belong to a live worker on another host."""
         containers = await asyncio.to_thread(
-            self.client.containers.list, all=True, filters={"label": f"{LABEL_MANAGED}=true"}
+            self.client.containers.list,
+            all=True,
+            filters={"label": f"{LABEL_MANAGED}=true", "status": ["exited", "created", "dead"]},
         )
         for container in containers:
             await asyncio.to_thread(container.remove, force=True)

@@ -251,7 +251,10 @@ class KubernetesBackend(Backend):
                 pass
 
     async def cleanup_orphans(self) -> int:
+        """Deletes finished pods (a dead worker's pod ends Failed at its activeDeadlineSeconds)."""
         pods = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, label_selector=orphan_selector())
-        for pod in pods.items:
+        done = [p for p in pods.items if p.status and p.status.phase in ("Failed", "Succeeded")]
+        for pod in done:
             await asyncio.to_thread(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace)
-        return len(pods.items)
+            await asyncio.to_thread(self.net.delete_namespaced_network_policy, pod.metadata.name, self.namespace)
+        return len(done)

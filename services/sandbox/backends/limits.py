@@ -72,6 +72,21 @@ class PhaseCgroup:
         group.paths = [p for p in (group.memory, group.pids) if p is not None]
         return group
 
+    @classmethod
+    def existing(cls, support: CgroupSupport, prefix: str) -> list[PhaseCgroup]:
+        """Cgroups this service created whose name starts with ``prefix``."""
+        by_name: dict[str, PhaseCgroup] = {}
+        for controller, base in (("memory", support.memory), ("pids", support.pids)):
+            root = base / "harnessrl" if base is not None else None
+            if root is None or not root.is_dir():
+                continue
+            for path in root.iterdir():
+                if path.is_dir() and path.name.startswith(prefix):
+                    group = by_name.setdefault(path.name, cls(name=path.name))
+                    setattr(group, controller, path)
+                    group.paths.append(path)
+        return list(by_name.values())
+
     def procs_files(self) -> list[str]:
         return [str(p / "cgroup.procs") for p in self.paths]
 
@@ -103,8 +118,14 @@ class PhaseCgroup:
                     return True
         return False
 
-    async def kill_all(self, timeout_s: float = 10.0) -> int:
-        """SIGKILLs every process in the cgroups until none is left; returns how many it killed."""
+    async def kill_all(self, timeout_s: float = 10.0, settle_s: float = 0.2) -> int:
+        """SIGKILLs every process in the cgroups until none is left; returns how many it
+        killed. Processes of a pid namespace whose init just exited are already being
+        killed by the kernel: they get ``settle_s`` to go before they count as leftovers."""
+        for _ in range(int(settle_s / 0.005)):
+            if not self.pids_alive():
+                return 0
+            await asyncio.sleep(0.005)
         killed: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while True:

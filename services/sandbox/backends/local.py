@@ -12,12 +12,14 @@ it) and cgroups (memory, pids; swept empty before exec returns).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import logging
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from services.sandbox import integrity
 from services.sandbox.backends import bwrap
@@ -53,6 +55,8 @@ class _Handle:
     cgroups: list[PhaseCgroup] = field(default_factory=list)
     counter: itertools.count[int] = field(default_factory=itertools.count)
     stopped: bool = False
+    # Held (flock) while this process owns the trial dir; a dead worker's lock is free.
+    owner: IO[str] | None = None
 
 
 class LocalBackend(Backend):
@@ -84,18 +88,19 @@ class LocalBackend(Backend):
     async def start(self, spec: SandboxSpec) -> Sandbox:
         layer = await self.layers.get(spec.task, squash_git=self.integrity.squash_git_history)
         dirs = spec.dirs.create()
+        owner = _own(dirs.root / OWNER_FILE)
         await _copy_tree(layer.host_path(layer.workdir), dirs.workspace)
         etc = dirs.runtime / "etc"
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "passwd").write_text(_PASSWD)
         (etc / "group").write_text(_GROUP)
         paths = SandboxPaths.for_workdir(layer.workdir)
-        return Sandbox(spec=spec, paths=paths, env=dict(layer.env), handle=_Handle(layer=layer))
+        return Sandbox(spec=spec, paths=paths, env=dict(layer.env), handle=_Handle(layer=layer, owner=owner))
 
     async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
         handle = _handle(sandbox)
         spec, limits = sandbox.spec, sandbox.spec.limits
-        name = f"{spec.trial_id}-{request.phase}-{next(handle.counter)}"
+        name = f"{spec.dirs.root.name}-{request.phase}-{next(handle.counter)}"
         cgroup = PhaseCgroup.create(self.cgroup_support, name, limits.memory_mb, limits.pids)
         handle.cgroups.append(cgroup)
         keep_alive = request.phase == Phase.AGENT and not self.integrity.kill_agent_processes
@@ -259,6 +264,46 @@ class LocalBackend(Backend):
         handle.cgroups.clear()
         if not self.settings.keep_trial_dirs:
             await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
+        if handle.owner is not None:
+            handle.owner.close()
+
+    async def cleanup_orphans(self) -> int:
+        """Removes trial dirs whose worker died (their owner lock is free) and kills
+        whatever still runs in their cgroups. Safe while other workers run."""
+        removed = 0
+        for trial_dir in await asyncio.to_thread(_orphans, self.settings.work_dir):
+            for group in PhaseCgroup.existing(self.cgroup_support, prefix=f"{trial_dir.name}-"):
+                await group.kill_all(settle_s=0)
+                group.remove()
+            await asyncio.to_thread(shutil.rmtree, trial_dir, True)
+            removed += 1
+        return removed
+
+
+OWNER_FILE = ".owner"
+
+
+def _own(path: Path) -> IO[str]:
+    handle = open(path, "a")
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return handle
+
+
+def _orphans(work_dir: Path) -> list[Path]:
+    found: list[Path] = []
+    if not work_dir.is_dir():
+        return found
+    for trial_dir in work_dir.iterdir():
+        lock = trial_dir / OWNER_FILE
+        if not lock.exists():
+            continue
+        with open(lock, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live worker owns it
+            found.append(trial_dir)
+    return found
 
 
 def _handle(sandbox: Sandbox) -> _Handle:
