@@ -159,6 +159,7 @@ async def test_a_worker_killed_mid_trial_loses_its_lease_and_the_trial_is_retrie
             done = await wait_done(stub, "k1")
             assert done.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED, done.error
             assert done.reward == 1.0 and done.attempt == 2 and done.worker == "survivor"
+            assert not any((tmp_path / "trials").iterdir()), "the survivor removed the dead worker's sandbox"
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -196,3 +196,29 @@ async def test_disk_fill_is_stopped(backend: LocalBackend, sandbox: Sandbox) -> 
     result = await sh(backend, sandbox, script, limit_s=20)
     assert result.disk_exceeded or b"File too large" in result.output
     assert result.duration_s < 15
+
+
+async def test_orphans_of_dead_workers_are_removed_live_ones_kept(backend: LocalBackend, sandbox: Sandbox) -> None:
+    import asyncio
+
+    from services.sandbox.backends.limits import PhaseCgroup
+
+    orphan = backend.settings.work_dir / "dead-trial-1234"
+    orphan.mkdir(parents=True)
+    (orphan / ".owner").touch()
+    group = PhaseCgroup.create(backend.cgroup_support, f"{orphan.name}-agent-0", 64, 16)
+    joins = "".join(f"echo $$ > {p}; " for p in group.procs_files())
+    leftover = await asyncio.create_subprocess_exec("/bin/sh", "-c", f"{joins}exec sleep 300")
+    try:
+        for _ in range(200):
+            if not group.paths or leftover.pid in group.pids_alive():
+                break
+            await asyncio.sleep(0.01)
+        assert await backend.cleanup_orphans() == 1
+        assert not orphan.exists() and sandbox.spec.dirs.root.exists()
+        if group.paths:
+            assert await asyncio.wait_for(leftover.wait(), 5) == -9
+    finally:
+        if leftover.returncode is None:
+            leftover.kill()
+            await leftover.wait()
