@@ -85,9 +85,7 @@ class _Blocks:
         out = self.close()
         self.index += 1
         self.kind = kind
-        out.append(
-            sse({"type": "content_block_start", "index": self.index, "content_block": block}, "content_block_start")
-        )
+        out.append(sse({"type": "content_block_start", "index": self.index, "content_block": block}, "content_block_start"))
         return out
 
     def delta(self, delta: dict[str, Any]) -> bytes:

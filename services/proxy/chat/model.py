@@ -46,9 +46,7 @@ class ChatModel:
             choice = overrides[model_dir.name]
         template = resolve_template(model_dir, choice, tokenizer.special_tokens)
         renderer = Renderer(template, tokenizer)
-        model = cls(
-            model_dir, names or [model_dir.name], tokenizer, template, renderer, get_parser(parser_name), reasoning
-        )
+        model = cls(model_dir, names or [model_dir.name], tokenizer, template, renderer, get_parser(parser_name), reasoning)
         model.preflight()
         return model
 

@@ -85,19 +85,11 @@ class FakeCaptureStore(capture_pb2_grpc.CaptureStoreServicer):
                 if seg.parts[0] == request:
                     return capture_pb2.AppendSegmentResponse(duplicate=True)
                 raise FailedPrecondition(f"segment {key} part 0 exists with other content")
-            if not request.prompt_ids or (not request.task_id and not request.trial_id):
+            if not request.prompt_ids or not request.task_id and not request.trial_id:
                 raise InvalidArgument("part 0 needs prompt_ids")
             seg = StoredSegment(
-                k.run_id,
-                k.trial_id,
-                k.thread,
-                k.segment_index,
-                request.thread_kind,
-                request.trainable,
-                unpack_i32(request.prompt_ids).tolist(),
-                request.task_id,
-                request.group_id,
-                request.chat_template_sha256,
+                k.run_id, k.trial_id, k.thread, k.segment_index, request.thread_kind, request.trainable,
+                unpack_i32(request.prompt_ids).tolist(), request.task_id, request.group_id, request.chat_template_sha256,
             )
             self.segments[key] = seg
         else:

@@ -130,7 +130,9 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
             while j < len(ids) and mask[j]:
                 j += 1
             context = seg["prompt_ids"] + ids[:i]
-            match = [k for k, g in enumerate(gens) if g["prompt_ids"] == context and g["sampled_ids"] == ids[i:j]]
+            match = [
+                k for k, g in enumerate(gens) if g["prompt_ids"] == context and g["sampled_ids"] == ids[i:j]
+            ]
             assert len(match) == 1, f"{seg['thread']}#{seg['segment_index']}: sampled run at {i} not in engine log"
             g = gens[match[0]]
             assert g["thread"] == seg["thread"]

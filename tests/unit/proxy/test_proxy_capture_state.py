@@ -217,9 +217,7 @@ def test_concurrent_calls_on_one_segment_never_share_it(harness: Harness) -> Non
     harness.check_invariants()
 
 
-def test_truncated_turn_without_eos_gets_the_template_end_of_turn_as_context(
-    harness: Harness, renderer: Renderer
-) -> None:
+def test_truncated_turn_without_eos_gets_the_template_end_of_turn_as_context(harness: Harness, renderer: Renderer) -> None:
     u = Message("user", "go")
     a1, _ = harness.call(conv(u), eos=False)
     _, p2 = harness.call(conv(u, a1, Message("tool", "r", tool_call_id="call_1")))
@@ -262,9 +260,7 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
         msgs.append(last)
         if op == "reserialise" and last.tool_calls:
             c = last.tool_calls[0]
-            msgs[-1] = Message(
-                "assistant", "", (ToolCall(c.id, c.name.upper(), json.dumps(json.loads(c.arguments), indent=2)),)
-            )
+            msgs[-1] = Message("assistant", "", (ToolCall(c.id, c.name.upper(), json.dumps(json.loads(c.arguments), indent=2)),))
         if last.tool_calls:
             msgs.append(Message("tool", f"result {rng.random()}", tool_call_id=last.tool_calls[0].id))
         if op == "user" or not last.tool_calls:
