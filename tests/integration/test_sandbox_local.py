@@ -4,12 +4,12 @@ resource limits. Real bwrap, real cgroups, real processes."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from services.sandbox.backends.base import ExecRequest, Limits, Phase, Sandbox, SandboxSpec
+from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.paths import TrialDirs
@@ -222,3 +222,47 @@ async def test_orphans_of_dead_workers_are_removed_live_ones_kept(backend: Local
         if leftover.returncode is None:
             leftover.kill()
             await leftover.wait()
+
+
+@pytest.fixture
+def host_server() -> Iterator[int]:
+    """Something on the host's network the sandbox must (or may) not reach."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.mark.parametrize(("mode", "reachable"), [("public", True), ("no-network", False)])
+async def test_setup_network_follows_the_task(
+    backend: LocalBackend, tmp_path: Path, host_server: int, mode: str, reachable: bool
+) -> None:
+    toml = f'[environment]\nnetwork_mode = "{mode}"\n'
+    probe = (
+        f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{host_server}/ && echo up > net.txt || echo down > net.txt"
+    )
+    task = make_task(tmp_path / "tasks", toml=toml, dockerfile=f"FROM x\nWORKDIR /app\nRUN {probe}\n")
+    box = await start(backend, task)
+    try:
+        assert (box.spec.dirs.workspace / "net.txt").read_text() == ("up\n" if reachable else "down\n")
+    finally:
+        await backend.stop(box)
+
+
+@pytest.mark.parametrize(("network", "reachable"), [(Network.PUBLIC, True), (Network.NONE, False)])
+async def test_verify_network_follows_the_request(
+    backend: LocalBackend, sandbox: Sandbox, host_server: int, network: Network, reachable: bool
+) -> None:
+    probe = f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{host_server}/ && echo up || echo down"
+    request = ExecRequest(
+        argv=["/bin/bash", "-c", probe],
+        phase=Phase.VERIFY,
+        timeout_s=20,
+        network=network,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    result = await backend.exec(sandbox, request)
+    assert result.output.decode().strip() == ("up" if reachable else "down")
