@@ -180,7 +180,11 @@ class TrialRunner:
         trial = await self.proxy.register(t.spec, t.task_id)
         t.proxy_registered = True
         t.proxy_trial = trial
-        # Unix socket paths are limited to 108 bytes: a short private directory, not the trial dir.
+        if self.settings.proxy_uds_path is not None and self.settings.local.host_uid is None:
+            # The proxy's own socket is bound into the sandbox as it is.
+            return self.settings.proxy_uds_path
+        # No socket of the proxy's (or a sandbox uid that may not connect to it): a
+        # per-trial relay. Unix socket paths are limited to 108 bytes: a short private dir.
         t.relay_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hrl-"))
         relay_path = t.relay_dir / "proxy.sock"
         if self.settings.proxy_uds_path is not None:

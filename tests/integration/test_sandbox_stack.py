@@ -56,8 +56,10 @@ echo hello > hello.txt
 """
 
 
-def runner_for(stack: ModelStack, tmp: Path) -> TrialRunner:
+def runner_for(stack: ModelStack, tmp: Path, via_proxy_socket: bool = True) -> TrialRunner:
     settings = stack.sandbox_settings(tmp)
+    if not via_proxy_socket:  # the worker relays to the proxy's TCP port instead
+        settings = settings.model_copy(update={"proxy_uds_path": None})
     proxy = ProxyAdmin(stack.proxy.url, stack.admin_token)
     return TrialRunner(
         settings, LocalBackend(settings), proxy=proxy, capture=CaptureFinalizer(settings.capture_target or "", None)
@@ -78,10 +80,11 @@ def spec(task: Path, script: str) -> TrialSpec:
     )
 
 
-async def test_trial_through_the_proxy_is_captured_and_finalized(tmp_path: Path) -> None:
+@pytest.mark.parametrize("via_proxy_socket", [True, False])
+async def test_trial_through_the_proxy_is_captured_and_finalized(tmp_path: Path, via_proxy_socket: bool) -> None:
     task = make_task(tmp_path / "tasks")
     async with model_stack(tmp_path / "stack", {"main": TURNS, "*": TURNS}) as stack:
-        runner = runner_for(stack, tmp_path)
+        runner = runner_for(stack, tmp_path, via_proxy_socket)
         trial = spec(task, AGENT)
         outcome = await runner.run(trial)
         assert outcome.termination_reason == TerminationReason.COMPLETED, outcome.error
