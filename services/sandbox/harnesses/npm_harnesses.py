@@ -57,6 +57,9 @@ class ClaudeCode(_NpmHarness):
             **self.xdg_env(ctx),
             "ANTHROPIC_BASE_URL": ctx.proxy_root or "",
             "ANTHROPIC_API_KEY": ctx.token or "",
+            # Side calls (titles, summaries) use the "small fast" model: the policy too.
+            "ANTHROPIC_SMALL_FAST_MODEL": _model(ctx),
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": _model(ctx),
             "DISABLE_TELEMETRY": "1",
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_ERROR_REPORTING": "1",
