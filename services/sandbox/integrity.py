@@ -53,6 +53,24 @@ async def _git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
     return out
 
 
+async def squash_all_git(root: Path) -> int:
+    """Squashes every repository under ``root`` (nested ones first, so a vendored
+    repo's history does not survive inside the top one). Returns how many."""
+    repos = await asyncio.to_thread(_git_roots, root)
+    for repo in sorted(repos, key=lambda p: len(p.parts), reverse=True):
+        await squash_git_history(repo)
+    return len(repos)
+
+
+def _git_roots(root: Path) -> list[Path]:
+    found = []
+    for current, dirs, files in os.walk(root):
+        if ".git" in dirs or ".git" in files:
+            found.append(Path(current))
+        dirs[:] = [d for d in dirs if d != ".git"]
+    return found
+
+
 async def squash_git_history(repo: Path) -> bool:
     """Replaces ``repo/.git`` with a fresh repository whose only commit holds the
     files the original index tracked. Nothing of the old history survives: no

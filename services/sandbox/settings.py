@@ -23,9 +23,15 @@ DEFAULT_PROTECTED = (
     "*.pth",
     "test_*.py",
     "*_test.py",
+    # Modules that would shadow the test runner (``python -m pytest`` puts the cwd first on sys.path).
+    "pytest.py",
+    "py.py",
+    "pluggy.py",
+    "unittest.py",
+    "nose.py",
 )
 # Directories whose every file is protected the same way.
-DEFAULT_PROTECTED_DIRS = ("tests", "test")
+DEFAULT_PROTECTED_DIRS = ("tests", "test", "pytest", "_pytest", "pluggy", "unittest")
 
 
 class IntegrityPolicy(BaseModel):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
+from services.sandbox.backends.layers import LAYER_FORMAT
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.paths import TrialDirs
@@ -121,7 +122,7 @@ async def test_layer_replays_dockerfile_and_is_cached(backend: LocalBackend, tmp
         ]
         denied = await sh(backend, box, "echo x > /opt/lib/mod.py")
         assert denied.exit_code != 0  # layer roots outside the workdir are read-only
-        layers = list((backend.settings.cache_dir / "layers").glob("*-v1"))
+        layers = list((backend.settings.cache_dir / "layers").glob(f"*-v{LAYER_FORMAT}"))
         assert len(layers) == 1
         stamp = (layers[0] / "layer.json").stat().st_mtime_ns
         box2 = await start(backend, task_dir, name="t2")

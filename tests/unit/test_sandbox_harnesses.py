@@ -117,3 +117,19 @@ def test_missing_install_is_a_setup_error(monkeypatch: pytest.MonkeyPatch, tmp_p
     for name in ("claude-code", "opencode", "codex", "mini-swe-agent", "openhands-sdk"):
         with pytest.raises(EnvSetupError, match="scripts/setup"):
             get_harness(name).check_installed()
+
+
+def test_collect_logs_never_follows_the_agents_symlinks(ctx: AgentContext, tmp_path: Path) -> None:
+    secret = tmp_path / "host-secret"
+    secret.mkdir()
+    (secret / "key").write_text("do not copy")
+    (ctx.home / ".claude").mkdir()
+    (ctx.home / ".claude" / "projects").symlink_to(secret)
+    dest = tmp_path / "artifacts"
+    get_harness("claude-code").collect_logs(ctx, dest)
+    assert not (dest / ".claude" / "projects" / "key").exists()
+    (ctx.home / ".claude" / "projects").unlink()
+    (ctx.home / ".claude" / "projects").mkdir()
+    (ctx.home / ".claude" / "projects" / "s.jsonl").write_text("{}\n")
+    get_harness("claude-code").collect_logs(ctx, dest)
+    assert (dest / ".claude" / "projects" / "s.jsonl").read_text() == "{}\n"

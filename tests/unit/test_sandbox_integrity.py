@@ -68,6 +68,24 @@ async def test_squash_leaves_one_commit_and_no_original_object(tmp_path: Path) -
     assert (repo / "calc.py").read_text() == BUG
 
 
+async def test_nested_repositories_are_squashed_too(tmp_path: Path) -> None:
+    outer = tmp_path / "ws"
+    outer.mkdir()
+    (outer / "main.py").write_text("print(1)\n")
+    (outer / "vendor").mkdir()
+    nested = repo_with_a_leaky_history(outer / "vendor")
+    git(outer, "init", "-q", "-b", "main")
+    assert await integrity.squash_all_git(outer) == 2
+    assert await integrity.squash_all_git(tmp_path / "nothing-here") == 0
+    for repo in (outer, nested):
+        contents = "".join(
+            git(repo, "cat-file", "-p", line.split()[0])
+            for line in git(repo, "cat-file", "--batch-all-objects", "--batch-check").splitlines()
+        )
+        assert "THE-FIX" not in contents
+    assert git(nested, "rev-list", "--all").count("\n") == 1
+
+
 async def test_squash_without_git_is_a_no_op(tmp_path: Path) -> None:
     assert not await integrity.squash_git_history(tmp_path)
 

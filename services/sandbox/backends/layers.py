@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 DEFAULT_WORKDIR = "/app"
-LAYER_FORMAT = "1"
+LAYER_FORMAT = "2"
 
 
 @dataclass
@@ -88,7 +88,7 @@ class LayerCache:
                     builder = _Builder(task, build_dir, self.settings)
                     await asyncio.wait_for(builder.build(), timeout_s or task.config.environment.build_timeout_sec)
                     if squash_git:
-                        await integrity.squash_git_history(builder.layer.host_path(builder.layer.workdir))
+                        await integrity.squash_all_git(builder.layer.host_path(builder.layer.workdir))
                     builder.layer.save()
                     build_dir.rename(final)
                 except TimeoutError as e:

@@ -77,8 +77,12 @@ class HarnessAdapter(abc.ABC):
 
     def collect_logs(self, ctx: AgentContext, dest: Path) -> None:
         """Copies the harness's own logs (session files, trajectories) from its HOME into ``dest``."""
+        home = ctx.home.resolve()
         for rel in self.log_paths():
             src = ctx.home / rel
+            # The agent owns HOME: a symlinked path could point at any host file.
+            if not src.resolve().is_relative_to(home) or any(p.is_symlink() for p in (src, *src.parents)):
+                continue
             if src.is_dir():
                 shutil.copytree(src, dest / rel, symlinks=True, dirs_exist_ok=True)
             elif src.is_file():
