@@ -105,6 +105,13 @@ def test_tasks_validate(tmp_path: Path) -> None:
     assert "not a directory" in report["nope"]["reasons"][0]
 
 
-def test_worker_needs_a_shared_queue(tmp_path: Path) -> None:
+def test_worker_needs_a_shared_queue_and_a_valid_config(tmp_path: Path) -> None:
     out = cli(tmp_path, "sandbox", "worker", timeout=60)
     assert out.returncode == 2 and "redis://" in out.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[sandbox]\nconcurrency = 0\n")
+    out = cli(tmp_path, "sandbox", "worker", "-c", str(bad), "--queue-url", "redis://127.0.0.1:1/0", timeout=60)
+    assert out.returncode == 2 and str(bad) in out.stderr and "concurrency" in out.stderr
+    bad.write_text("[sandbox.integrity]\nsquash_git_history = 'maybe'\n")
+    out = cli(tmp_path, "sandbox", "worker", "-c", str(bad), "--queue-url", "redis://127.0.0.1:1/0", timeout=60)
+    assert out.returncode == 2 and "integrity.squash_git_history" in out.stderr
