@@ -154,13 +154,20 @@ class DockerBackend(Backend):
             )
         argv, user = exec_argv(request)
         started = time.monotonic()
-        code, raw = await asyncio.to_thread(
-            container.exec_run,  # type: ignore[attr-defined]
-            argv,
-            user=user,
-            environment=request.env,
-            workdir=request.cwd or str(sandbox.paths.workdir),
-        )
+        bridge = self.client.networks.get("bridge") if request.network == Network.PUBLIC else None
+        if bridge is not None:
+            await asyncio.to_thread(bridge.connect, container)
+        try:
+            code, raw = await asyncio.to_thread(
+                container.exec_run,  # type: ignore[attr-defined]
+                argv,
+                user=user,
+                environment=request.env,
+                workdir=request.cwd or str(sandbox.paths.workdir),
+            )
+        finally:
+            if bridge is not None:
+                await asyncio.to_thread(bridge.disconnect, container)
         sink = BoundedOutput(sandbox.spec.limits.output_limit_bytes)
         sink.feed(raw or b"")
         if request.phase == Phase.AGENT and self.integrity.kill_agent_processes:

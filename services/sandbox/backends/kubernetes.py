@@ -170,6 +170,7 @@ class KubernetesBackend(Backend):
         )
         await asyncio.to_thread(self.net.create_namespaced_network_policy, self.namespace, policy)
         await asyncio.to_thread(self.core.create_namespaced_pod, self.namespace, manifest)
+        await self._wait_running(manifest["metadata"]["name"], spec.task.config.environment.build_timeout_sec)
         workdir = spec.task.config.environment.workdir or "/app"
         return Sandbox(
             spec=spec,
@@ -177,6 +178,16 @@ class KubernetesBackend(Backend):
             env=dict(spec.task.config.environment.env),
             handle=manifest["metadata"]["name"],
         )
+
+    async def _wait_running(self, pod: str, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            status = (await asyncio.to_thread(self.core.read_namespaced_pod, pod, self.namespace)).status
+            if status.phase == "Running":
+                return
+            if status.phase in ("Failed", "Succeeded") or asyncio.get_running_loop().time() > deadline:
+                raise EnvSetupError(f"pod {pod} did not start: phase {status.phase}, {status.message or ''}")
+            await asyncio.sleep(1)
 
     def _run(self, pod: str, argv: list[str], timeout_s: float) -> tuple[int, str]:
         """One exec in the pod: (exit code, stdout+stderr text)."""
