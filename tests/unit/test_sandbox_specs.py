@@ -42,7 +42,7 @@ def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> Sandb
 def test_docker_container_spec(tmp_path: Path) -> None:
     spec = sandbox_spec(tmp_path, proxy_socket=tmp_path / "proxy.sock", ro_mounts=(Path("/opt/tools"),))
     kw = container_spec(spec, image_tag(spec), "/app")
-    assert kw["image"].startswith("harnessrl-env:") and kw["network_mode"] == "none"
+    assert kw["image"].startswith("harnessrl-env:") and kw["network"] == "harnessrl-Trial_42.x"
     assert kw["labels"] == {LABEL_MANAGED: "true", "io.harnessrl.trial": "Trial_42.x"}
     assert kw["mem_limit"] == "1024m" and kw["memswap_limit"] == "1024m" and kw["pids_limit"] == 128
     assert kw["nano_cpus"] == 1_500_000_000 and kw["storage_opt"] == {"size": "512m"}

@@ -2,7 +2,8 @@
 ``environment/Dockerfile`` once per environment hash (the engine's build cache
 does the rest) or pulled from ``[environment] docker_image``.
 
-The container starts with no network and the proxy's Unix socket bound in;
+The container starts on its own internal network (no route out) with the
+proxy's Unix socket bound in;
 the agent phase runs as uid 1000 with every capability dropped behind the same
 in-sandbox forwarder as the local backend; tests are copied in only for
 verify, into a /logs/verifier recreated by root. No Docker engine runs on the
@@ -44,6 +45,10 @@ def image_tag(spec: SandboxSpec) -> str:
     return spec.task.config.environment.docker_image or f"harnessrl-env:{spec.task.environment_hash()[:24]}"
 
 
+def network_name(spec: SandboxSpec) -> str:
+    return f"harnessrl-{spec.trial_id}"[:63]
+
+
 def container_spec(spec: SandboxSpec, image: str, workdir: str) -> dict[str, Any]:
     """Keyword arguments of ``client.containers.create`` for one trial."""
     limits = spec.limits
@@ -60,7 +65,8 @@ def container_spec(spec: SandboxSpec, image: str, workdir: str) -> dict[str, Any
         "detach": True,
         "working_dir": workdir,
         "labels": {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id},
-        "network_mode": "none",
+        # A per-trial internal network: no route out; the verify phase may join "bridge".
+        "network": network_name(spec),
         "mem_limit": f"{limits.memory_mb}m",
         "memswap_limit": f"{limits.memory_mb}m",
         "pids_limit": limits.pids,
@@ -135,6 +141,8 @@ class DockerBackend(Backend):
         workdir = spec.task.config.environment.workdir or inspect["Config"].get("WorkingDir") or "/app"
         env = dict(e.split("=", 1) for e in inspect["Config"].get("Env") or [])
         env |= spec.task.config.environment.env
+        labels = {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id}
+        await asyncio.to_thread(self.client.networks.create, network_name(spec), internal=True, labels=labels)
         container = await asyncio.to_thread(self.client.containers.create, **container_spec(spec, image, workdir))
         await asyncio.to_thread(container.start)
         sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=container)
@@ -199,6 +207,11 @@ class DockerBackend(Backend):
     async def stop(self, sandbox: Sandbox) -> None:
         try:
             await asyncio.to_thread(sandbox.handle.remove, force=True)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        try:
+            network = await asyncio.to_thread(self.client.networks.get, network_name(sandbox.spec))
+            await asyncio.to_thread(network.remove)
         except Exception:  # noqa: BLE001 - already gone
             pass
 
