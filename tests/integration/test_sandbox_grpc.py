@@ -22,7 +22,7 @@ from harnessrl.v1 import records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.server import SandboxServer, create_sandbox_server
 from tests.sandbox_support import make_task, settings_for
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,6 +37,17 @@ async def server(tmp_path: Path) -> AsyncIterator[SandboxServer]:
 async def stub(server: SandboxServer) -> AsyncIterator[sandbox_pb2_grpc.SandboxStub]:
     async with connect(f"127.0.0.1:{server.port}") as channel:
         yield sandbox_pb2_grpc.SandboxStub(channel)
+
+
+@pytest.fixture
+async def front(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[sandbox_pb2_grpc.SandboxStub]:
+    """The gRPC front over a Redis queue, with no worker (runs no trial, needs no bwrap)."""
+    running = await create_sandbox_server(settings_for(tmp_path, queue_url=redis_server.url))
+    try:
+        async with connect(f"127.0.0.1:{running.port}") as channel:
+            yield sandbox_pb2_grpc.SandboxStub(channel)
+    finally:
+        await running.stop(0)
 
 
 def spec(
@@ -54,6 +65,7 @@ async def wait_done(stub: sandbox_pb2_grpc.SandboxStub, trial_id: str) -> sandbo
     raise AssertionError("watch ended before the trial finished")
 
 
+@needs_bwrap
 async def test_submit_watch_get_over_grpc(stub: sandbox_pb2_grpc.SandboxStub, tmp_path: Path) -> None:
     task = make_task(tmp_path / "tasks")
     first = await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec(task, "g1")))
@@ -74,6 +86,7 @@ async def test_submit_watch_get_over_grpc(stub: sandbox_pb2_grpc.SandboxStub, tm
     assert g2.has_reward and g2.reward == 0.0
 
 
+@needs_bwrap
 async def test_cancel_over_grpc(stub: sandbox_pb2_grpc.SandboxStub, tmp_path: Path) -> None:
     task = make_task(tmp_path / "tasks")
     await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec(task, "c1", script="sleep 60")))
@@ -97,18 +110,19 @@ async def test_cancel_over_grpc(stub: sandbox_pb2_grpc.SandboxStub, tmp_path: Pa
     ],
 )
 async def test_malformed_submissions_are_refused(
-    stub: sandbox_pb2_grpc.SandboxStub, tmp_path: Path, mutate, code: grpc.StatusCode, fragment: str
+    front: sandbox_pb2_grpc.SandboxStub, tmp_path: Path, mutate, code: grpc.StatusCode, fragment: str
 ) -> None:
     task = make_task(tmp_path / "tasks")
-    await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec(task, "dup")))
+    await front.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec(task, "dup")))
     bad = spec(task, "dup")
     mutate(bad)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=bad))
+        await front.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=bad))
     assert info.value.code() == code and fragment in (info.value.details() or "")
 
 
-async def test_unknown_and_empty_ids(stub: sandbox_pb2_grpc.SandboxStub) -> None:
+async def test_unknown_and_empty_ids(front: sandbox_pb2_grpc.SandboxStub) -> None:
+    stub = front
     for call, request, code in [
         (stub.GetTrial, sandbox_pb2.GetTrialRequest(trial_id="nope"), grpc.StatusCode.NOT_FOUND),
         (stub.GetTrial, sandbox_pb2.GetTrialRequest(), grpc.StatusCode.INVALID_ARGUMENT),
@@ -136,6 +150,7 @@ def _worker(tmp: Path, redis_url: str, name: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@needs_bwrap
 async def test_a_worker_killed_mid_trial_loses_its_lease_and_the_trial_is_retried(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

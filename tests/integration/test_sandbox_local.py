@@ -160,6 +160,10 @@ async def test_failing_run_and_host_writes_are_env_setup_errors(backend: LocalBa
         await start(backend, make_task(tmp_path / "c", dockerfile="FROM x\nCOPY missing.txt /app/\n"))
     with pytest.raises(EnvSetupError, match="outside the build context"):
         await start(backend, make_task(tmp_path / "d", dockerfile="FROM x\nCOPY ../task.toml /app/\n"))
+    prebuilt = make_task(tmp_path / "e", toml='[environment]\ndocker_image = "python:3.12"\n')
+    (prebuilt / "environment" / "Dockerfile").unlink()
+    with pytest.raises(EnvSetupError, match="cannot pull images, use the docker backend"):
+        await start(backend, prebuilt)
 
 
 async def test_agent_timeout_kills_the_hang(backend: LocalBackend, sandbox: Sandbox) -> None:
