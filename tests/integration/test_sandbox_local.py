@@ -271,3 +271,17 @@ async def test_verify_network_follows_the_request(
     )
     result = await backend.exec(sandbox, request)
     assert result.output.decode().strip() == ("up" if reachable else "down")
+
+
+async def test_cpu_quota_from_the_task(backend: LocalBackend) -> None:
+    from services.sandbox.backends.limits import PhaseCgroup
+
+    if backend.cgroup_support.cpu is None:
+        pytest.skip("no writable cpu cgroup here")
+    group = PhaseCgroup.create(backend.cgroup_support, "cpu-quota-test", 64, 16, cpus=0.5)
+    try:
+        assert group.cpu is not None
+        assert (group.cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert str(group.cpu / "cgroup.procs") in group.procs_files()
+    finally:
+        group.remove()

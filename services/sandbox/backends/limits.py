@@ -40,10 +40,11 @@ def _own_cgroup(controller: str) -> Path | None:
 class CgroupSupport:
     memory: Path | None
     pids: Path | None
+    cpu: Path | None = None
 
     @classmethod
     def detect(cls) -> CgroupSupport:
-        return cls(memory=_own_cgroup("memory"), pids=_own_cgroup("pids"))
+        return cls(memory=_own_cgroup("memory"), pids=_own_cgroup("pids"), cpu=_own_cgroup("cpu"))
 
 
 @dataclass
@@ -53,10 +54,13 @@ class PhaseCgroup:
     name: str
     memory: Path | None = None
     pids: Path | None = None
+    cpu: Path | None = None
     paths: list[Path] = field(default_factory=list)
 
     @classmethod
-    def create(cls, support: CgroupSupport, name: str, memory_mb: int, pids: int) -> PhaseCgroup:
+    def create(
+        cls, support: CgroupSupport, name: str, memory_mb: int, pids: int, cpus: float | None = None
+    ) -> PhaseCgroup:
         group = cls(name=name)
         if support.memory is not None:
             group.memory = _mkdir(support.memory / "harnessrl" / name)
@@ -69,14 +73,19 @@ class PhaseCgroup:
         if support.pids is not None:
             group.pids = _mkdir(support.pids / "harnessrl" / name)
             (group.pids / "pids.max").write_text(str(pids))
-        group.paths = [p for p in (group.memory, group.pids) if p is not None]
+        if support.cpu is not None and cpus:
+            group.cpu = _mkdir(support.cpu / "harnessrl" / name)
+            period = 100_000
+            (group.cpu / "cpu.cfs_period_us").write_text(str(period))
+            (group.cpu / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * period))))
+        group.paths = [p for p in (group.memory, group.pids, group.cpu) if p is not None]
         return group
 
     @classmethod
     def existing(cls, support: CgroupSupport, prefix: str) -> list[PhaseCgroup]:
         """Cgroups this service created whose name starts with ``prefix``."""
         by_name: dict[str, PhaseCgroup] = {}
-        for controller, base in (("memory", support.memory), ("pids", support.pids)):
+        for controller, base in (("memory", support.memory), ("pids", support.pids), ("cpu", support.cpu)):
             root = base / "harnessrl" if base is not None else None
             if root is None or not root.is_dir():
                 continue

@@ -101,7 +101,7 @@ class LocalBackend(Backend):
         handle = _handle(sandbox)
         spec, limits = sandbox.spec, sandbox.spec.limits
         name = f"{spec.dirs.root.name}-{request.phase}-{next(handle.counter)}"
-        cgroup = PhaseCgroup.create(self.cgroup_support, name, limits.memory_mb, limits.pids)
+        cgroup = PhaseCgroup.create(self.cgroup_support, name, limits.memory_mb, limits.pids, limits.cpus)
         handle.cgroups.append(cgroup)
         keep_alive = request.phase == Phase.AGENT and not self.integrity.kill_agent_processes
         argv = list(request.argv)
