@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -29,7 +30,7 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("bad")
     path = script(tmp, THREADS, context_window=1024, chunk_tokens=1, chunk_delay_s=0.01)
-    s = Stack(tmp, path, max_body_bytes=64 * 1024)
+    s = Stack(tmp, path, max_body_bytes=64 * 1024, capture_retries=30)
     yield s
     s.stop()
 
@@ -186,27 +187,32 @@ def test_unix_socket_serves_the_same_app(stack: Stack) -> None:
     assert stack.close_trial("uds")["num_turns"] == 1
 
 
-def test_capture_store_blips_are_retried_and_stored_once(stack: Stack) -> None:
+def test_capture_store_restart_is_retried_and_stored_once(stack: Stack) -> None:
     base, token = stack.new_trial("blip")
-    stack.fake_store.fail_next = 2
-    r = post(base, token, chat())
-    assert r.status_code == 200
+    stack.run(stack.stop_store())
+    try:
+        assert post(base, token, chat()).status_code == 200, "the harness is not held up by the store"
+    finally:
+        stack.run(stack.start_store())
     summary = stack.close_trial("blip")
     assert summary["capture_error"] is None and summary["parts_appended"] == 2
     [segment] = stack.export("blip")
     assert segment["closed"] and segment["num_turns"] == 1
+    check_faithful([segment], stack.engine_log(), "blip")
 
 
-def test_capture_store_down_fails_close_loudly(stack: Stack) -> None:
-    base, token = stack.new_trial("store-down")
-    stack.fake_store.fail_next = 1000
+def test_capture_store_down_fails_close_loudly(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, script(tmp_path, THREADS), capture_retries=2)
     try:
+        base, token = stack.new_trial("store-down")
+        stack.run(stack.stop_store())
         assert post(base, token, chat()).status_code == 200
         r = stack.admin("POST", "/trials/store-down/close")
+        assert r.status_code == 503 and "not durable" in r.json()["error"]["message"]
+        assert httpx.get(f"{stack.url}/healthz").status_code == 200
     finally:
-        stack.fake_store.fail_next = 0
-    assert r.status_code == 503 and "not durable" in r.json()["error"]["message"]
-    assert httpx.get(f"{stack.url}/healthz").status_code == 200
+        stack.run(stack.start_store())
+        stack.stop()
 
 
 def test_max_turns(stack: Stack) -> None:
