@@ -49,7 +49,6 @@ class Settings(ServiceSettings):
     max_trials: int = Field(10_000, ge=1, description="Open trials this proxy serves at once.")
     trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
     main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")
-    max_open_segments: int = Field(8, ge=1, le=1024, description="Open segments per thread (parallel sub-agents).")
     render_check: bool = Field(
         False, description="Also render every extended turn from scratch and compare (tests; costs O(context))."
     )

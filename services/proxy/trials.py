@@ -119,7 +119,6 @@ class ProxyCore:
             self.model.renderer,
             trainable_kinds=s.trainable_thread_kinds,
             main_requires_tools=s.main_requires_tools,
-            max_open_segments=s.max_open_segments,
             render_check=s.render_check,
         )
         trial = Trial(spec, secrets.token_urlsafe(32), capture, self.capture.writer(spec.trial_id))

@@ -58,6 +58,8 @@ class Harness:
             key = (p.thread.name, p.segment_index)
             if p.part_index == 0:
                 assert key not in segs and p.prompt is not None
+                # a thread's segments are sequential: no gap, the previous one closed first
+                assert p.segment_index == 0 or segs[(p.thread.name, p.segment_index - 1)]["closed"]
                 segs[key] = {"prompt": ids(p.prompt), "ids": [], "mask": [], "closed": False, "parts": 1}
                 seg = segs[key]
             else:
@@ -189,7 +191,7 @@ def test_threads_by_system_prompt(harness: Harness) -> None:
     harness.check_invariants()
 
 
-def test_parallel_conversations_in_one_thread_keep_their_own_segments(harness: Harness) -> None:
+def test_parallel_conversations_under_one_system_prompt_are_separate_threads(harness: Harness) -> None:
     ua, ub = Message("user", "agent A"), Message("user", "agent B")
     sys = "sub-agent prompt"
     harness.call(conv(Message("user", "main")))
@@ -198,6 +200,18 @@ def test_parallel_conversations_in_one_thread_keep_their_own_segments(harness: H
     _, pa = harness.call(conv(ua, a1, Message("tool", "x", tool_call_id="call_2"), system=sys))
     _, pb = harness.call(conv(ub, b1, Message("tool", "y", tool_call_id="call_3"), system=sys))
     assert pa.extends is not None and pb.extends is not None
+    assert (pa.thread.name, pb.thread.name) == ("subagent-1", "subagent-2")
+    # a retry of A's first request rewrites A's thread, not B's
+    _, retry = harness.call(conv(ua, system=sys))
+    assert retry.thread.name == "subagent-1" and retry.extends is None
+    harness.check_invariants()
+
+
+def test_each_side_request_is_its_own_thread_and_segments_stay_sequential(harness: Harness) -> None:
+    for i in range(10):
+        harness.call(conv(Message("user", f"title for {i}"), system="", tools=()), with_tool=False)
+    harness.parts += harness.capture.close_all()
+    assert len(harness.capture.threads) == 10
     harness.check_invariants()
 
 
