@@ -16,9 +16,9 @@ per second one proxy process serves, each against a baseline in the same run.
 from __future__ import annotations
 
 import copy
-import os
 import gc
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -35,7 +35,12 @@ from services.proxy.openai.models import ChatRequest, to_conversation
 from services.proxy.protocol import parse
 
 BASH = Tool("bash", "Run a shell command", {"type": "object", "properties": {"command": {"type": "string"}}})
-_TOOLS_JSON = [{"type": "function", "function": {"name": BASH.name, "description": BASH.description, "parameters": BASH.parameters}}]
+_TOOLS_JSON = [
+    {
+        "type": "function",
+        "function": {"name": BASH.name, "description": BASH.description, "parameters": BASH.parameters},
+    }
+]
 
 
 @dataclass
@@ -107,7 +112,10 @@ class _Session:
     def naive(self) -> float:
         """What a proxy without state does each turn: render and tokenize everything."""
         t0 = time.perf_counter()
-        msgs = [{"role": "system", "content": "You are a coding agent."}, *(message_for_template(m) for m in self.messages)]
+        msgs = [
+            {"role": "system", "content": "You are a coding agent."},
+            *(message_for_template(m) for m in self.messages),
+        ]
         text = self.model.template.render(msgs, _TOOLS_JSON, add_generation_prompt=True)
         self.model.tokenizer.encode(text)
         return time.perf_counter() - t0
@@ -161,11 +169,12 @@ def measure_overhead(model: ChatModel, sizes: tuple[int, ...], turns: int) -> li
 
 def run(quick: bool = False) -> tuple[list[OverheadRow], list[Any]]:
     """Both halves of the benchmark (``quick``: fewer turns, for a smoke run)."""
+    from harnessrl.config import load_section
     from services.proxy.app import load_model
     from services.proxy.bench_load import measure_load
     from services.proxy.settings import Settings
 
-    model = load_model(Settings())
+    model = load_model(load_section(Settings, None, "proxy"))
     overhead = measure_overhead(model, (1_000, 32_000, 200_000), 10 if quick else 50)
     prompt_msgs = [
         {"role": "system", "content": "You are a coding agent. " * 40},

@@ -210,7 +210,9 @@ async def _direct(port: int, sessions: int, turns: int, prompt: np.ndarray, tag:
                 if t % EPISODE == 0:
                     ids = prompt
                 request = gateway_pb2.GenerateRequest(
-                    request_id=f"{tag}-{i}-{t}", trial_id=f"{tag}-{i}-{t // EPISODE}", thread="main",
+                    request_id=f"{tag}-{i}-{t}",
+                    trial_id=f"{tag}-{i}-{t // EPISODE}",
+                    thread="main",
                     prompt_ids=ids.tobytes(),
                     sampling=gateway_pb2.SamplingParams(temperature=1.0, max_tokens=4096, stop_token_ids=[2]),
                 )

@@ -21,14 +21,20 @@ class Settings(ServiceSettings):
     admin_token: SecretStr | None = Field(
         None, description="Bearer token of the admin API (/admin/...); unset refuses every admin call."
     )
-    uds_path: Path | None = Field(None, description="Also serve the same app on this Unix socket (sandboxes without network).")
+    uds_path: Path | None = Field(
+        None, description="Also serve the same app on this Unix socket (sandboxes without network)."
+    )
 
-    model_dir: Path = Field(default_factory=default_model_dir, description="HF folder of the served model (tokenizer, template).")
+    model_dir: Path = Field(
+        default_factory=default_model_dir, description="HF folder of the served model (tokenizer, template)."
+    )
     served_model_names: list[str] = Field(
         default_factory=list, description="Model names harnesses may ask for; empty: the model folder's name."
     )
     chat_template: str = Field(
-        "auto", description="'auto' (own template if it renders tools, else a per-model override), 'model', a builtin, or a .jinja path."
+        "auto",
+        description="'auto' (own template if it renders tools, else a per-model override), 'model', "
+        "a builtin, or a .jinja path.",
     )
     template_overrides: dict[str, str] = Field(
         default_factory=lambda: {"SmolLM2-135M-Instruct": "hermes-chatml"},

@@ -169,9 +169,13 @@ class ProxyCore:
     def check_model(self, trial: Trial, name: str) -> None:
         allowed = {trial.spec.model} | set(self.model.names) if trial.spec.model else set(self.model.names)
         if name not in allowed:
-            raise ModelNotFound(f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}")
+            raise ModelNotFound(
+                f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}"
+            )
 
-    def append_request(self, trial: Trial, part: Part, finish: str, usage: records_pb2.Usage | None) -> capture_pb2.AppendSegmentRequest:
+    def append_request(
+        self, trial: Trial, part: Part, finish: str, usage: records_pb2.Usage | None
+    ) -> capture_pb2.AppendSegmentRequest:
         spec = trial.spec
         return append_request(
             spec.run_id,

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-
 import numpy as np
 
 from harnessrl.arrays import F32, I32, U8
@@ -117,7 +116,7 @@ class Stack:
 
         try:
             trajectory = self.run(get())
-        except Exception as e:  # noqa: BLE001 - a trial the store never saw has no segments
+        except Exception as e:
             if "NOT_FOUND" in str(e):
                 return []
             raise
@@ -157,9 +156,7 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
             while j < len(ids) and mask[j]:
                 j += 1
             context = seg["prompt_ids"] + ids[:i]
-            match = [
-                k for k, g in enumerate(gens) if g["prompt_ids"] == context and g["sampled_ids"] == ids[i:j]
-            ]
+            match = [k for k, g in enumerate(gens) if g["prompt_ids"] == context and g["sampled_ids"] == ids[i:j]]
             assert len(match) == 1, f"{seg['thread']}#{seg['segment_index']}: sampled run at {i} not in engine log"
             g = gens[match[0]]
             assert g["thread"] == seg["thread"]

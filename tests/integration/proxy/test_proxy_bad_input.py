@@ -18,7 +18,10 @@ from tests.integration.proxy.stack import ADMIN, MODEL, Stack, check_faithful, s
 SUB_SYSTEM = "You are a sub-agent."
 LONG = "word " * 300
 THREADS = {
-    "main": [{"content": "Hi.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, {"content": "Done."}],
+    "main": [
+        {"content": "Hi.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+        {"content": "Done."},
+    ],
     "side-1": [{"raw": 'Sure. <tool_call>\n{"name": "bash", "arguments": {"command": \n</tool_call>'}],
     "subagent-1": [{"content": LONG}],
     "*": [{"content": "Title"}],
@@ -35,7 +38,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s.stop()
 
 
-def post(url: str, token: str | None, body: Any, raw: bytes | None = None, path: str = "/chat/completions") -> httpx.Response:
+def post(
+    url: str, token: str | None, body: Any, raw: bytes | None = None, path: str = "/chat/completions"
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     content = raw if raw is not None else json.dumps(body).encode()
     return httpx.post(url + path, content=content, headers={**headers, "content-type": "application/json"}, timeout=30)
@@ -78,7 +83,12 @@ def test_admin_api(stack: Stack) -> None:
     assert first.status_code == again.status_code == 201 and first.json() == again.json(), "idempotent"
     assert first.json()["base_path"] == "/trials/adm-1/v1"
     assert stack.admin("POST", "/trials", json={**body, "task_id": "other"}).status_code == 409
-    for broken in ({"trial_id": "x"}, {**body, "trial_id": "has space"}, {**body, "max_turns": -1}, {**body, "extra": 1}):
+    for broken in (
+        {"trial_id": "x"},
+        {**body, "trial_id": "has space"},
+        {**body, "max_turns": -1},
+        {**body, "extra": 1},
+    ):
         r = stack.admin("POST", "/trials", json=broken)
         assert r.status_code == 400 and "invalid request" in r.json()["error"]["message"], r.text
     assert stack.admin("POST", "/trials", content=b"{not json").status_code == 400
@@ -117,10 +127,14 @@ def test_malformed_requests_get_clear_4xx(stack: Stack, raw: bytes, status: int,
 
 def test_anthropic_malformed_request_has_anthropic_shape(stack: Stack) -> None:
     base, token = stack.new_trial("bad-anthropic")
-    r = httpx.post(f"{base}/messages", json={"model": MODEL, "messages": [{"role": "user"}]}, headers={"x-api-key": token})
+    r = httpx.post(
+        f"{base}/messages", json={"model": MODEL, "messages": [{"role": "user"}]}, headers={"x-api-key": token}
+    )
     assert r.status_code == 400
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(f"{base}/messages", json={"model": MODEL, "max_tokens": 0, "messages": []}, headers={"x-api-key": token})
+    r = httpx.post(
+        f"{base}/messages", json={"model": MODEL, "max_tokens": 0, "messages": []}, headers={"x-api-key": token}
+    )
     assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
 
 
@@ -132,7 +146,9 @@ def test_context_overflow_is_the_error_each_sdk_understands(stack: Stack) -> Non
     assert oe.value.code == "context_length_exceeded" and "maximum context length is 1024" in str(oe.value)
     with pytest.raises(anthropic.BadRequestError) as ae:
         anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=token, max_retries=0).messages.create(
-            model=MODEL, max_tokens=10, messages=big  # type: ignore[arg-type]
+            model=MODEL,
+            max_tokens=10,
+            messages=big,  # type: ignore[arg-type]
         )
     assert "prompt is too long" in str(ae.value)
     summary = stack.close_trial("overflow")
@@ -156,7 +172,12 @@ def test_client_gone_mid_stream_records_no_half_turn(stack: Stack) -> None:
     base, token = stack.new_trial("gone")
     main = {"model": MODEL, "tools": TOOLS, "messages": [{"role": "user", "content": "main"}]}
     assert post(base, token, main).status_code == 200
-    body = {"model": MODEL, "stream": True, "tools": TOOLS, "messages": [{"role": "system", "content": SUB_SYSTEM}, {"role": "user", "content": "x"}]}
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "tools": TOOLS,
+        "messages": [{"role": "system", "content": SUB_SYSTEM}, {"role": "user", "content": "x"}],
+    }
     with httpx.stream("POST", f"{base}/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}) as r:
         assert r.status_code == 200
         seen = 0

@@ -128,7 +128,7 @@ def test_first_turn_renders_prompt_and_later_turns_extend(harness: Harness, rend
 
 def test_reserialised_arguments_and_renamed_tools_still_extend(harness: Harness) -> None:
     u = Message("user", "go")
-    a1, _ = harness.call(conv(u))
+    _a1, _ = harness.call(conv(u))
     # Claude Code echoes the call with other whitespace and another tool name.
     echoed = Message("assistant", "", (ToolCall("call_1", "Bash", '{\n  "command":"echo 1"\n}'),))
     _, p2 = harness.call(conv(u, echoed, Message("tool", "1", tool_call_id="call_1")))
@@ -138,7 +138,7 @@ def test_reserialised_arguments_and_renamed_tools_still_extend(harness: Harness)
 
 def test_text_only_turn_is_recognised_by_text(harness: Harness) -> None:
     u = Message("user", "hi")
-    a1, _ = harness.call(conv(u), with_tool=False)
+    _a1, _ = harness.call(conv(u), with_tool=False)
     _, p2 = harness.call(conv(u, Message("assistant", "  text 1\n"), Message("user", "and?")))
     assert p2.extends is not None
     harness.check_invariants()
@@ -231,7 +231,9 @@ def test_concurrent_calls_on_one_segment_never_share_it(harness: Harness) -> Non
     harness.check_invariants()
 
 
-def test_truncated_turn_without_eos_gets_the_template_end_of_turn_as_context(harness: Harness, renderer: Renderer) -> None:
+def test_truncated_turn_without_eos_gets_the_template_end_of_turn_as_context(
+    harness: Harness, renderer: Renderer
+) -> None:
     u = Message("user", "go")
     a1, _ = harness.call(conv(u), eos=False)
     _, p2 = harness.call(conv(u, a1, Message("tool", "r", tool_call_id="call_1")))
@@ -274,7 +276,9 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
         msgs.append(last)
         if op == "reserialise" and last.tool_calls:
             c = last.tool_calls[0]
-            msgs[-1] = Message("assistant", "", (ToolCall(c.id, c.name.upper(), json.dumps(json.loads(c.arguments), indent=2)),))
+            msgs[-1] = Message(
+                "assistant", "", (ToolCall(c.id, c.name.upper(), json.dumps(json.loads(c.arguments), indent=2)),)
+            )
         if last.tool_calls:
             msgs.append(Message("tool", f"result {rng.random()}", tool_call_id=last.tool_calls[0].id))
         if op == "user" or not last.tool_calls:
