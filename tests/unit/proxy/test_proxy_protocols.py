@@ -148,5 +148,5 @@ def test_responses_items_form_assistant_turns() -> None:
 
 @pytest.mark.parametrize("raw", [b"[]", b"null", b"{", b"\xff", b"   "])
 def test_parse_refuses_what_is_not_a_json_object(raw: bytes) -> None:
-    with pytest.raises(BadRequest, match="invalid request|empty"):
+    with pytest.raises(BadRequest, match=r"invalid request|empty"):
         parse(ChatRequest, raw)

@@ -21,7 +21,10 @@ TOOLS = (
 
 
 def test_hermes_parses_calls_and_keeps_content() -> None:
-    text = 'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n<tool_call>{"name": "edit", "arguments": "{\\"line\\": 3}"}</tool_call>'
+    text = (
+        'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
+        '<tool_call>{"name": "edit", "arguments": "{\\"line\\": 3}"}</tool_call>'
+    )
     r = HermesParser().parse(text, TOOLS)
     assert r.content == "Let me look." and not r.malformed
     assert [(c.name, c.arguments) for c in r.calls] == [("bash", {"command": "ls"}), ("edit", {"line": 3})]
@@ -101,7 +104,8 @@ def test_preflight_catches_a_parser_that_cannot_read_the_template(tmp_path, toke
 OUTPUTS = [
     "Plain answer.",
     "  leading and trailing spaces  \n",
-    '<think>\nPlan it.\n</think>\n\nI will run it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>',
+    "<think>\nPlan it.\n</think>\n\nI will run it.\n"
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>',
     '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>',
     'Sure. <tool_call>\n{"name": "bash", "arguments": {"command": \n</tool_call>',
     "<think>unterminated reasoning",
