@@ -46,6 +46,9 @@ class Settings(ServiceSettings):
     temperature: float | None = Field(1.0, ge=0, le=5, description="Sampling temperature; None honours the request's.")
     top_p: float | None = Field(1.0, gt=0, le=1, description="Top-p; None honours the request's.")
     top_k: int | None = Field(0, ge=0, description="Top-k (0 off); None honours the request's.")
+    return_routed_experts: bool = Field(
+        False, description="Ask the engine for MoE routes (R3) and capture them with every sampled token."
+    )
     default_max_tokens: int = Field(4096, ge=1, description="max_tokens when the request names none.")
     context_window: int | None = Field(
         None, ge=16, description="Context window; unset asks the gateway (GatewayHealth.context_window)."

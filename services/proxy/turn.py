@@ -103,6 +103,7 @@ class ModelCall:
             top_k=int(_pick(s.top_k, self.params.top_k, 0)),
             max_tokens=max_tokens,
             stop_token_ids=core.model.tokenizer.stop_ids,
+            return_routed_experts=s.return_routed_experts,
         )
         request = gateway_pb2.GenerateRequest(
             request_id=self.request_id,

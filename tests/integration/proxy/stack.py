@@ -61,15 +61,15 @@ class Stack:
         self.gateway = await create_gateway(GatewaySettings(engine=engine, scripted_log_path=self.log_path))
         self.store_port = free_port()
         await self.start_store()
-        settings = ProxySettings(
-            gateway_target=f"127.0.0.1:{self.gateway.port}",
-            capture_target=f"127.0.0.1:{self.store_port}",
-            capture_token=CAPTURE_TOKEN,
-            admin_token=ADMIN,
-            uds_path=self.tmp / "proxy.sock",
-            render_check=True,
-            **proxy_settings,
-        )
+        base: dict[str, Any] = {
+            "gateway_target": f"127.0.0.1:{self.gateway.port}",
+            "capture_target": f"127.0.0.1:{self.store_port}",
+            "capture_token": CAPTURE_TOKEN,
+            "admin_token": ADMIN,
+            "uds_path": self.tmp / "proxy.sock",
+            "render_check": True,
+        }
+        settings = ProxySettings(**{**base, **proxy_settings})
         self.proxy: RunningProxy = await start_proxy(settings)
 
     @property
