@@ -90,10 +90,13 @@ class ProxyCore:
     def __init__(self, settings: Settings, model: ChatModel) -> None:
         self.settings = settings
         self.model = model
+        # Client spans only when this process exports traces: they are the largest
+        # fixed cost of a turn otherwise (see bench proxy).
+        tracing = settings.otlp_endpoint is not None
         token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
-        self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s)
+        self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
         ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None
-        self.capture = CaptureClient(settings.capture_target, ctoken, settings.capture_retries)
+        self.capture = CaptureClient(settings.capture_target, ctoken, settings.capture_retries, tracing)
         self.trials: dict[str, Trial] = {}
         self._by_token: dict[str, Trial] = {}
         self._window = settings.context_window
