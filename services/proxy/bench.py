@@ -5,7 +5,7 @@ per second one proxy process serves, each against a baseline in the same run.
    work for one model call (parse the request, match the history, render and
    tokenize only the new messages, commit the capture), side by side with a
    naive proxy that re-renders and re-tokenizes the whole conversation every
-   turn. Targets: <= 1 ms median, 200k/1k <= 1.5.
+   turn, in CPU time of the thread. Targets: <= 1 ms median, 200k/1k <= 1.5.
 2. Throughput at 1, 64 and 384 concurrent sessions: multi-turn tool loops
    over HTTP through a proxy process (gateway with the scripted engine and the
    capture store in their own processes), versus the same sessions calling the
@@ -41,6 +41,12 @@ _TOOLS_JSON = [
         "function": {"name": BASH.name, "description": BASH.description, "parameters": BASH.parameters},
     }
 ]
+
+
+def _clock() -> float:
+    """CPU time of this thread: the work a turn costs, not the time other
+    processes on a shared machine held the core."""
+    return time.thread_time()
 
 
 @dataclass
@@ -96,14 +102,14 @@ class _Session:
         args = json.dumps({"command": f"cat file_{self.n}.py"})
         sampled = _sampled(self.model, f'Reading.\n<tool_call>\n{{"name": "bash", "arguments": {args}}}\n</tool_call>')
         turn = OurTurn(f"t{self.n}", (cid,), "Reading.", SampledIds(sampled.ids, True))
-        t0 = time.perf_counter()
+        t0 = _clock()
         if body is not None:
             conv = to_conversation(parse(ChatRequest, body))
         else:
             conv = Conversation("You are a coding agent.", tuple(self.messages), (BASH,))
         plan = self.capture.plan(conv)
         self.capture.commit(plan, sampled, turn)
-        elapsed = time.perf_counter() - t0
+        elapsed = _clock() - t0
         self.tokens = plan.prompt_tokens + sampled.num_tokens
         self.messages.append(Message("assistant", "Reading.", (ToolCall(cid, "bash", args),)))
         self.messages.append(Message("tool", self.tool_output, tool_call_id=cid))
@@ -111,14 +117,14 @@ class _Session:
 
     def naive(self) -> float:
         """What a proxy without state does each turn: render and tokenize everything."""
-        t0 = time.perf_counter()
+        t0 = _clock()
         msgs = [
             {"role": "system", "content": "You are a coding agent."},
             *(message_for_template(m) for m in self.messages),
         ]
         text = self.model.template.render(msgs, _TOOLS_JSON, add_generation_prompt=True)
         self.model.tokenizer.encode(text)
-        return time.perf_counter() - t0
+        return _clock() - t0
 
 
 def _grown(model: ChatModel, size: int) -> _Session:
@@ -128,6 +134,8 @@ def _grown(model: ChatModel, size: int) -> _Session:
     while s.tokens < size:
         s.turn()
     s.tool_output = "\n".join(f"    line {i}: ok" for i in range(40))
+    last = s.messages[-1]
+    s.messages[-1] = last._replace(content=s.tool_output)  # the next turn's new message: a typical tool output
     return s
 
 
@@ -191,7 +199,7 @@ def print_tables(overhead: list[OverheadRow], load: list[Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    t = Table(title="Per-turn proxy overhead (ms) vs naive full re-tokenization")
+    t = Table(title="Per-turn proxy overhead (CPU ms) vs naive full re-tokenization")
     for col in ("context tokens", "capture core median", "request median", "request p99", "naive median", "naive p99"):
         t.add_column(col, justify="right")
     for r in overhead:
