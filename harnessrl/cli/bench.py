@@ -16,3 +16,11 @@ def sandbox(trials: Annotated[int, typer.Option(min=2, help="Trials per measurem
     from services.sandbox.bench import print_report, run_bench
 
     print_report(*asyncio.run(run_bench(trials)))
+
+
+@app.command()
+def proxy(quick: bool = typer.Option(False, help="Fewer turns: a smoke run, not a measurement.")) -> None:
+    """Per-turn proxy overhead vs naive re-tokenization; throughput through the proxy vs straight to the engine."""
+    from services.proxy.bench import print_tables, run
+
+    print_tables(*run(quick))

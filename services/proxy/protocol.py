@@ -70,7 +70,13 @@ def parse(model: type[M], raw: bytes) -> M:
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        return model.model_validate_json(raw)
+        data = orjson.loads(raw)  # several times faster than pydantic's own JSON path on big bodies
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"invalid request: body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise BadRequest(f"invalid request: expected a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
     except ValidationError as e:
         problems = []
         for err in e.errors()[:8]:

@@ -50,7 +50,9 @@ class RunningProxy:
 
 async def start(settings: Settings, model: ChatModel | None = None) -> RunningProxy:
     app = create_app(settings, model)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio disables Nagle (TCP_NODELAY) only on sockets that
+    # do, and without it every response waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host, settings.port))
     port = int(sock.getsockname()[1])

@@ -21,14 +21,20 @@ class Settings(ServiceSettings):
     admin_token: SecretStr | None = Field(
         None, description="Bearer token of the admin API (/admin/...); unset refuses every admin call."
     )
-    uds_path: Path | None = Field(None, description="Also serve the same app on this Unix socket (sandboxes without network).")
+    uds_path: Path | None = Field(
+        None, description="Also serve the same app on this Unix socket (sandboxes without network)."
+    )
 
-    model_dir: Path = Field(default_factory=default_model_dir, description="HF folder of the served model (tokenizer, template).")
+    model_dir: Path = Field(
+        default_factory=default_model_dir, description="HF folder of the served model (tokenizer, template)."
+    )
     served_model_names: list[str] = Field(
         default_factory=list, description="Model names harnesses may ask for; empty: the model folder's name."
     )
     chat_template: str = Field(
-        "auto", description="'auto' (own template if it renders tools, else a per-model override), 'model', a builtin, or a .jinja path."
+        "auto",
+        description="'auto' (own template if it renders tools, else a per-model override), 'model', "
+        "a builtin, or a .jinja path.",
     )
     template_overrides: dict[str, str] = Field(
         default_factory=lambda: {"SmolLM2-135M-Instruct": "hermes-chatml"},
@@ -40,6 +46,9 @@ class Settings(ServiceSettings):
     temperature: float | None = Field(1.0, ge=0, le=5, description="Sampling temperature; None honours the request's.")
     top_p: float | None = Field(1.0, gt=0, le=1, description="Top-p; None honours the request's.")
     top_k: int | None = Field(0, ge=0, description="Top-k (0 off); None honours the request's.")
+    return_routed_experts: bool = Field(
+        False, description="Ask the engine for MoE routes (R3) and capture them with every sampled token."
+    )
     default_max_tokens: int = Field(4096, ge=1, description="max_tokens when the request names none.")
     context_window: int | None = Field(
         None, ge=16, description="Context window; unset asks the gateway (GatewayHealth.context_window)."
@@ -49,7 +58,6 @@ class Settings(ServiceSettings):
     max_trials: int = Field(10_000, ge=1, description="Open trials this proxy serves at once.")
     trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
     main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")
-    max_open_segments: int = Field(8, ge=1, le=1024, description="Open segments per thread (parallel sub-agents).")
     render_check: bool = Field(
         False, description="Also render every extended turn from scratch and compare (tests; costs O(context))."
     )

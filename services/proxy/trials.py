@@ -90,10 +90,13 @@ class ProxyCore:
     def __init__(self, settings: Settings, model: ChatModel) -> None:
         self.settings = settings
         self.model = model
+        # Client spans only when this process exports traces: they are the largest
+        # fixed cost of a turn otherwise (see bench proxy).
+        tracing = settings.otlp_endpoint is not None
         token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
-        self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s)
+        self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
         ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None
-        self.capture = CaptureClient(settings.capture_target, ctoken, settings.capture_retries)
+        self.capture = CaptureClient(settings.capture_target, ctoken, settings.capture_retries, tracing)
         self.trials: dict[str, Trial] = {}
         self._by_token: dict[str, Trial] = {}
         self._window = settings.context_window
@@ -119,7 +122,6 @@ class ProxyCore:
             self.model.renderer,
             trainable_kinds=s.trainable_thread_kinds,
             main_requires_tools=s.main_requires_tools,
-            max_open_segments=s.max_open_segments,
             render_check=s.render_check,
         )
         trial = Trial(spec, secrets.token_urlsafe(32), capture, self.capture.writer(spec.trial_id))
@@ -170,9 +172,13 @@ class ProxyCore:
     def check_model(self, trial: Trial, name: str) -> None:
         allowed = {trial.spec.model} | set(self.model.names) if trial.spec.model else set(self.model.names)
         if name not in allowed:
-            raise ModelNotFound(f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}")
+            raise ModelNotFound(
+                f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}"
+            )
 
-    def append_request(self, trial: Trial, part: Part, finish: str, usage: records_pb2.Usage | None) -> capture_pb2.AppendSegmentRequest:
+    def append_request(
+        self, trial: Trial, part: Part, finish: str, usage: records_pb2.Usage | None
+    ) -> capture_pb2.AppendSegmentRequest:
         spec = trial.spec
         return append_request(
             spec.run_id,

@@ -103,6 +103,7 @@ class ModelCall:
             top_k=int(_pick(s.top_k, self.params.top_k, 0)),
             max_tokens=max_tokens,
             stop_token_ids=core.model.tokenizer.stop_ids,
+            return_routed_experts=s.return_routed_experts,
         )
         request = gateway_pb2.GenerateRequest(
             request_id=self.request_id,
@@ -197,12 +198,16 @@ class ModelCall:
             await self._chunks.aclose()  # type: ignore[attr-defined]
         await self.core.engine.abort(self.request_id)
 
-    def _commit(self, sampled: Sampled, calls: list[ToolCallOut], content: str, finish: str, usage: records_pb2.Usage) -> None:
+    def _commit(
+        self, sampled: Sampled, calls: list[ToolCallOut], content: str, finish: str, usage: records_pb2.Usage
+    ) -> None:
         assert self.plan is not None
         trial = self.trial
         if trial.closed:
             raise TrialNotFound(f"trial {trial.spec.trial_id} was closed during the call")
-        turn = OurTurn(self.turn_id, tuple(c.id for c in calls), content, SampledIds(sampled.ids, sampled.ended_with_eos))
+        turn = OurTurn(
+            self.turn_id, tuple(c.id for c in calls), content, SampledIds(sampled.ids, sampled.ended_with_eos)
+        )
         parts = trial.capture.commit(self.plan, sampled, turn)
         trial.turns += 1
         for part in parts:
@@ -226,7 +231,12 @@ def _routes(msg: records_pb2.RoutedExperts) -> np.ndarray:
 
 
 def _sampled(
-    ids: list[bytes], logprobs: list[bytes], versions: list[bytes], routes: list[np.ndarray], finish: str, stop_ids: list[int]
+    ids: list[bytes],
+    logprobs: list[bytes],
+    versions: list[bytes],
+    routes: list[np.ndarray],
+    finish: str,
+    stop_ids: list[int],
 ) -> Sampled:
     all_ids = b"".join(ids)
     arr = np.frombuffer(all_ids, I32)

@@ -29,7 +29,9 @@ def tool(rel: str) -> Path:
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
     base = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
-    return subprocess.run(cmd, cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd, cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.fixture
@@ -52,8 +54,17 @@ def finish(stack: Stack, trial: str, min_turns: int) -> tuple[dict[str, Any], li
 
 
 CLAUDE_MAIN = [
-    {"content": "I'll look first.", "tool_calls": [{"name": "Bash", "arguments": {"command": "ls -la", "description": "List files"}}]},
-    {"reasoning": "Now write it.", "content": "Creating the file.", "tool_calls": [{"name": "Bash", "arguments": {"command": "echo hello > hello.txt", "description": "Create hello.txt"}}]},
+    {
+        "content": "I'll look first.",
+        "tool_calls": [{"name": "Bash", "arguments": {"command": "ls -la", "description": "List files"}}],
+    },
+    {
+        "reasoning": "Now write it.",
+        "content": "Creating the file.",
+        "tool_calls": [
+            {"name": "Bash", "arguments": {"command": "echo hello > hello.txt", "description": "Create hello.txt"}}
+        ],
+    },
     {"content": "Created hello.txt containing hello."},
 ]
 
@@ -66,7 +77,9 @@ def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
     s.stop()
 
 
-@pytest.mark.parametrize("stack", [({"main": CLAUDE_MAIN, "*": [{"content": "Title"}]}, {"chunk_tokens": 4})], indirect=True)
+@pytest.mark.parametrize(
+    "stack", [({"main": CLAUDE_MAIN, "*": [{"content": "Title"}]}, {"chunk_tokens": 4})], indirect=True
+)
 def test_claude_code(stack: Stack, dirs: tuple[Path, Path]) -> None:
     home, work = dirs
     base, token = stack.new_trial("claude-1", model=MODEL)
@@ -78,7 +91,13 @@ def test_claude_code(stack: Stack, dirs: tuple[Path, Path]) -> None:
         "DISABLE_TELEMETRY": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
-    cmd = [str(tool("npm/node_modules/.bin/claude")), "-p", "Create hello.txt containing hello", "--output-format", "json"]
+    cmd = [
+        str(tool("npm/node_modules/.bin/claude")),
+        "-p",
+        "Create hello.txt containing hello",
+        "--output-format",
+        "json",
+    ]
     p = run([*cmd, "--model", MODEL, "--allowedTools", "Bash"], work, env)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(p.stdout)
@@ -91,7 +110,10 @@ def test_claude_code(stack: Stack, dirs: tuple[Path, Path]) -> None:
 MINI_MAIN = [
     {"content": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]},
     {"content": "Creating it.", "tool_calls": [{"name": "bash", "arguments": {"command": "echo hello > hello.txt"}}]},
-    {"content": "Submitting.", "tool_calls": [{"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}]},
+    {
+        "content": "Submitting.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}],
+    },
 ]
 
 
@@ -119,12 +141,18 @@ def test_mini_swe_agent(stack: Stack, dirs: tuple[Path, Path]) -> None:
 
 CODEX_MAIN = [
     {"content": "Looking.", "tool_calls": [{"name": "exec_command", "arguments": {"cmd": "ls -la"}}]},
-    {"reasoning": "Write it now.", "content": "Creating.", "tool_calls": [{"name": "exec_command", "arguments": {"cmd": "echo hello > hello.txt"}}]},
+    {
+        "reasoning": "Write it now.",
+        "content": "Creating.",
+        "tool_calls": [{"name": "exec_command", "arguments": {"cmd": "echo hello > hello.txt"}}],
+    },
     {"content": "Created hello.txt."},
 ]
 
 
-@pytest.mark.parametrize("stack", [({"main": CODEX_MAIN, "*": [{"content": "Title"}]}, {"chunk_tokens": 3})], indirect=True)
+@pytest.mark.parametrize(
+    "stack", [({"main": CODEX_MAIN, "*": [{"content": "Title"}]}, {"chunk_tokens": 3})], indirect=True
+)
 def test_codex(stack: Stack, dirs: tuple[Path, Path]) -> None:
     home, work = dirs
     base, token = stack.new_trial("codex-1", model=MODEL)
@@ -134,7 +162,11 @@ def test_codex(stack: Stack, dirs: tuple[Path, Path]) -> None:
         f'base_url = "{base}"\nwire_api = "responses"\nenv_key = "HRL_API_KEY"\n'
     )
     cmd = [str(tool("npm/node_modules/.bin/codex")), "exec", "--skip-git-repo-check"]
-    p = run([*cmd, "--dangerously-bypass-approvals-and-sandbox", "Create hello.txt containing hello"], work, {"HOME": str(home), "HRL_API_KEY": token})
+    p = run(
+        [*cmd, "--dangerously-bypass-approvals-and-sandbox", "Create hello.txt containing hello"],
+        work,
+        {"HOME": str(home), "HRL_API_KEY": token},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Created hello.txt." in p.stdout
     assert (work / "hello.txt").read_text() == "hello\n"
@@ -142,13 +174,21 @@ def test_codex(stack: Stack, dirs: tuple[Path, Path]) -> None:
 
 
 OPENCODE_MAIN = [
-    {"content": "Looking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la", "description": "List files"}}]},
-    {"content": "Creating.", "tool_calls": [{"name": "bash", "arguments": {"command": "echo hello > hello.txt", "description": "Write"}}]},
+    {
+        "content": "Looking.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la", "description": "List files"}}],
+    },
+    {
+        "content": "Creating.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": "echo hello > hello.txt", "description": "Write"}}],
+    },
     {"content": "Created hello.txt."},
 ]
 
 
-@pytest.mark.parametrize("stack", [({"main": OPENCODE_MAIN, "*": [{"content": "Create hello"}]}, {"chunk_tokens": 3})], indirect=True)
+@pytest.mark.parametrize(
+    "stack", [({"main": OPENCODE_MAIN, "*": [{"content": "Create hello"}]}, {"chunk_tokens": 3})], indirect=True
+)
 def test_opencode(stack: Stack, dirs: tuple[Path, Path]) -> None:
     home, work = dirs
     base, token = stack.new_trial("opencode-1", model=MODEL)
@@ -187,7 +227,15 @@ def test_openhands_sdk(stack: Stack, dirs: tuple[Path, Path]) -> None:
     home, work = dirs
     base, token = stack.new_trial("openhands-1", model=MODEL)
     driver = Path(__file__).parent / "drivers" / "openhands_driver.py"
-    cmd = [str(tool("openhands/bin/python")), str(driver), base, token, MODEL, str(work), "Create hello.txt containing hello"]
+    cmd = [
+        str(tool("openhands/bin/python")),
+        str(driver),
+        base,
+        token,
+        MODEL,
+        str(work),
+        "Create hello.txt containing hello",
+    ]
     env = {"HOME": str(home), "OPENHANDS_SUPPRESS_BANNER": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     p = run(cmd, work, env)
     assert p.returncode == 0 and "FINISHED" in p.stdout, p.stderr[-3000:]

@@ -85,7 +85,9 @@ class _Blocks:
         out = self.close()
         self.index += 1
         self.kind = kind
-        out.append(sse({"type": "content_block_start", "index": self.index, "content_block": block}, "content_block_start"))
+        out.append(
+            sse({"type": "content_block_start", "index": self.index, "content_block": block}, "content_block_start")
+        )
         return out
 
     def delta(self, delta: dict[str, Any]) -> bytes:
@@ -99,7 +101,7 @@ class _Blocks:
 
 
 async def _stream(call: ModelCall, model: str) -> AsyncIterator[bytes]:
-    start = {
+    start: dict[str, Any] = {
         "id": f"msg_{call.turn_id}",
         "type": "message",
         "role": "assistant",

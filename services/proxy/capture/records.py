@@ -16,7 +16,9 @@ def part_tokens(part: Part) -> records_pb2.TokenArrays:
     n_ctx = len(part.context) // 4
     s = part.sampled
     if s is None:
-        return make_tokens(np.frombuffer(part.context, I32), np.zeros(n_ctx, U8), np.zeros(n_ctx, F32), np.full(n_ctx, -1, I32))
+        return make_tokens(
+            np.frombuffer(part.context, I32), np.zeros(n_ctx, U8), np.zeros(n_ctx, F32), np.full(n_ctx, -1, I32)
+        )
     ids = np.frombuffer(part.context + s.ids, I32)
     mask = np.concatenate([np.zeros(n_ctx, U8), np.ones(s.num_tokens, U8)])
     lps = np.concatenate([np.zeros(n_ctx, F32), np.frombuffer(s.logprobs, F32)])
@@ -28,10 +30,20 @@ def part_tokens(part: Part) -> records_pb2.TokenArrays:
 
 
 def append_request(
-    run_id: str, trial_id: str, task_id: str, group_id: str, model: str, template_sha: str, part: Part, finish: str, usage: records_pb2.Usage
+    run_id: str,
+    trial_id: str,
+    task_id: str,
+    group_id: str,
+    model: str,
+    template_sha: str,
+    part: Part,
+    finish: str,
+    usage: records_pb2.Usage,
 ) -> capture_pb2.AppendSegmentRequest:
     req = capture_pb2.AppendSegmentRequest(
-        key=records_pb2.SegmentKey(run_id=run_id, trial_id=trial_id, thread=part.thread.name, segment_index=part.segment_index),
+        key=records_pb2.SegmentKey(
+            run_id=run_id, trial_id=trial_id, thread=part.thread.name, segment_index=part.segment_index
+        ),
         part_index=part.part_index,
         thread_kind=part.thread.kind,
         trainable=part.thread.trainable,

@@ -20,12 +20,14 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
    the segment it rewrites is closed. A sampled turn is committed to exactly
    one segment, once.
 4. Threads are keyed by the leading system prompt: a request whose system
-   prompt is not the main thread's belongs to another, labelled thread.
+   prompt is not the main thread's belongs to another, labelled thread; other
+   conversations under one system prompt (parallel sub-agents, repeated title
+   requests) are told apart by their first message, each its own thread. A
+   thread is one conversation: its segments are sequential, one open at a time.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,9 +76,10 @@ def recognises(m: Message, turn: OurTurn) -> bool:
         return False
     if m.turn_ref:
         return m.turn_ref == turn.turn_id
-    if turn.call_ids:
-        return tuple(c.id for c in m.tool_calls) == turn.call_ids
-    return not m.tool_calls and m.content.strip() == turn.text.strip()
+    calls, ids = m.tool_calls, turn.call_ids
+    if ids:
+        return len(calls) == len(ids) and all(c.id == i for c, i in zip(calls, ids, strict=True))
+    return not calls and m.content.strip() == turn.text.strip()
 
 
 class OurTurns:
@@ -115,27 +118,32 @@ class Segment:
     tools: tuple[Tool, ...]
     context: bytearray  # int32 LE: what the engine saw last + what it sampled
     history: list[Entry]  # the messages the context covers, our turns resolved
-    ours_at: list[int]  # positions of OurTurn entries in history
+    # The harness's own messages of the last call (``history`` minus the turn sampled
+    # since): what the next request most likely starts with, byte for byte.
+    last_messages: tuple[Message, ...] = ()
     parts: int = 0
     version: int = 0
     closed: bool = False
-    last_used: int = 0
 
     def extended_by(self, conv: Conversation) -> bool:
-        """Does ``conv`` continue this segment (same tools, history as its prefix)?"""
+        """Does ``conv`` continue this segment (same tools, history as its prefix)?
+
+        Runs on every call over the whole history. Fast path: harnesses resend
+        the previous request's messages unchanged, so one C-level tuple compare
+        covers them and only the turn sampled since is checked in Python."""
         h, msgs = self.history, conv.messages
         if self.closed or len(msgs) < len(h) or conv.tools != self.tools:
             return False
-        start = 0
-        for pos in self.ours_at:
-            if list(msgs[start:pos]) != h[start:pos]:
+        k = len(self.last_messages)
+        start = k if msgs[:k] == self.last_messages else 0
+        for i in range(start, len(h)):
+            m, e = msgs[i], h[i]
+            if e.__class__ is OurTurn:
+                if not recognises(m, e):  # type: ignore[arg-type]
+                    return False
+            elif m != e:
                 return False
-            turn = h[pos]
-            assert isinstance(turn, OurTurn)
-            if not recognises(msgs[pos], turn):
-                return False
-            start = pos + 1
-        return list(msgs[start : len(h)]) == h[start:]
+        return True
 
 
 @dataclass(eq=False)
@@ -144,11 +152,15 @@ class Thread:
     kind: str  # main | subagent | side
     trainable: bool
     system: str
+    root: Message | None  # first message of the conversation this thread carries
     segments: list[Segment] = field(default_factory=list)
     calls: int = 0
 
-    def open_segments(self) -> list[Segment]:
-        return sorted((s for s in self.segments if not s.closed), key=lambda s: -s.last_used)
+    @property
+    def current(self) -> Segment | None:
+        """The one open segment (segments of a thread are sequential)."""
+        seg = self.segments[-1] if self.segments else None
+        return seg if seg is not None and not seg.closed else None
 
 
 @dataclass
@@ -162,8 +174,6 @@ class Plan:
     base_version: int
     delta: bytes  # int32 LE context ids appended to ``extends``; empty for a new segment
     history: list[Entry]
-    ours_at: list[int]
-    rewrites: list[Segment]
 
     @property
     def prompt_tokens(self) -> int:
@@ -192,33 +202,32 @@ class TrialCapture:
         *,
         trainable_kinds: Sequence[str] = ("main", "subagent"),
         main_requires_tools: bool = True,
-        max_open_segments: int = 8,
         render_check: bool = False,
     ) -> None:
         self.renderer = renderer
         self.threads: dict[str, Thread] = {}
-        self._by_system: dict[str, Thread] = {}
+        self._by_system: dict[str, list[Thread]] = {}
         self._ours = OurTurns()
         self._trainable = set(trainable_kinds)
         self._main_requires_tools = main_requires_tools
-        self._max_open = max_open_segments
         self._render_check = render_check
-        self._clock = itertools.count(1)
         self._counts = {"subagent": 0, "side": 0}
         self.render_mismatches = 0
 
     # -- planning -------------------------------------------------------------
 
     def plan(self, conv: Conversation) -> Plan:
-        thread = self._thread_for(conv)
-        seg = next((s for s in thread.open_segments() if s.extended_by(conv)), None)
-        if seg is not None:
-            plan = self._plan_extension(thread, seg, conv)
-            if plan is not None:
-                return plan
-        history, ours_at = self._resolve(conv.messages)
+        same_system = self._by_system.get(conv.system, [])
+        for thread in same_system:
+            seg = thread.current
+            if seg is not None and seg.extended_by(conv):
+                plan = self._plan_extension(thread, seg, conv)
+                if plan is not None:
+                    return plan
+        thread = self._rewritten(conv, same_system) or self._new_thread(conv)
+        history = [self._ours.find(m) or m for m in conv.messages]
         prompt = self.renderer.full(conv, _sampled_list(history))
-        return Plan(thread, conv, prompt, None, 0, b"", history, ours_at, self._rewritten(thread, conv))
+        return Plan(thread, conv, prompt, None, 0, b"", history)
 
     def _plan_extension(self, thread: Thread, seg: Segment, conv: Conversation) -> Plan | None:
         new = conv.messages[len(seg.history) :]
@@ -228,72 +237,63 @@ class TrialCapture:
         assert isinstance(last, OurTurn)
         delta = self.renderer.extension(last.sampled, new).tobytes()
         history = [*seg.history, *new]
-        prompt = bytes(seg.context) + delta
+        prompt = b"".join((seg.context, delta))  # one copy of the context
         if self._render_check:
             full = self.renderer.full(conv, _sampled_list(history))
             if full != prompt:
                 self.render_mismatches += 1
                 log.warning("incremental render differs from full render", extra=kv(thread=thread.name))
                 return None
-        return Plan(thread, conv, prompt, seg, seg.version, delta, history, list(seg.ours_at), [])
+        return Plan(thread, conv, prompt, seg, seg.version, delta, history)
 
-    def _resolve(self, messages: Sequence[Message]) -> tuple[list[Entry], list[int]]:
-        history: list[Entry] = []
-        ours_at: list[int] = []
-        for m in messages:
-            turn = self._ours.find(m)
-            if turn is not None:
-                ours_at.append(len(history))
-            history.append(turn or m)
-        return history, ours_at
-
-    def _rewritten(self, thread: Thread, conv: Conversation) -> list[Segment]:
-        """The open segments a non-extending request replaces: those with the same
-        first message, and on the main thread (one conversation) the latest one."""
-        open_ = thread.open_segments()
+    def _rewritten(self, conv: Conversation, same_system: list[Thread]) -> Thread | None:
+        """The thread a non-extending request rewrites: the one holding the same
+        conversation (same first message: an injected reminder, a retry), else the
+        main thread (one conversation whatever its first message: compaction).
+        Otherwise it is another conversation: a new thread (a parallel sub-agent,
+        another title request)."""
         first = conv.messages[0] if conv.messages else None
-        same_root = [s for s in open_ if s.history and s.history[0] == first]
-        if same_root or thread.kind != MAIN:
-            return same_root
-        return open_[:1]
+        same_root = [t for t in same_system if t.root == first]
+        if same_root:
+            return same_root[-1]
+        return next((t for t in same_system if t.kind == MAIN), None)
 
-    def _thread_for(self, conv: Conversation) -> Thread:
-        thread = self._by_system.get(conv.system)
-        if thread is not None:
-            return thread
+    def _new_thread(self, conv: Conversation) -> Thread:
         if MAIN not in self.threads and (conv.tools or not self._main_requires_tools):
             name = kind = MAIN
         else:
             kind = "subagent" if conv.tools else "side"
             self._counts[kind] += 1
             name = f"{kind}-{self._counts[kind]}"
-        thread = Thread(name, kind, kind in self._trainable, conv.system)
+        root = conv.messages[0] if conv.messages else None
+        thread = Thread(name, kind, kind in self._trainable, conv.system, root)
         self.threads[name] = thread
-        self._by_system[conv.system] = thread
+        self._by_system.setdefault(conv.system, []).append(thread)
         return thread
 
     # -- committing -----------------------------------------------------------
 
     def commit(self, plan: Plan, sampled: Sampled, turn: OurTurn) -> list[Part]:
-        """Records a finished call; returns the parts to append, in order."""
+        """Records a finished call; returns the parts to append, in order. A call
+        that does not extend the thread's open segment (as planned, and still open
+        and unchanged) closes it and opens the next one."""
         thread, parts = plan.thread, []
         seg = plan.extends
-        if seg is not None and not seg.closed and seg.version == plan.base_version:
+        if seg is not None and seg is thread.current and seg.version == plan.base_version:
             parts.append(Part(thread, seg.index, seg.parts, None, plan.delta, sampled, False))
             seg.context += plan.delta
         else:
-            parts.extend(self._close(thread, s) for s in plan.rewrites if not s.closed)
-            seg = Segment(len(thread.segments), plan.conv.tools, bytearray(plan.prompt), [], [])
+            if thread.current is not None:
+                parts.append(self._close(thread, thread.current))
+            seg = Segment(len(thread.segments), plan.conv.tools, bytearray(plan.prompt), [])
             thread.segments.append(seg)
-            seg.last_used = next(self._clock)
             parts.append(Part(thread, seg.index, 0, plan.prompt, b"", sampled, False))
-            parts.extend(self._close(thread, s) for s in thread.open_segments()[self._max_open :])
         seg.context += sampled.ids
         seg.history = [*plan.history, turn]
-        seg.ours_at = [*plan.ours_at, len(plan.history)]
+        seg.last_messages = plan.conv.messages
         seg.parts += 1
         seg.version += 1
-        seg.last_used = next(self._clock)
+        thread.root = plan.conv.messages[0] if plan.conv.messages else None
         thread.calls += 1
         self._ours.add(turn)
         return parts

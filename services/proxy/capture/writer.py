@@ -74,8 +74,8 @@ class TrialWriter:
 
 
 class CaptureClient:
-    def __init__(self, target: str, token: str | None, retries: int) -> None:
-        self._channel = connect(target, token)
+    def __init__(self, target: str, token: str | None, retries: int, tracing: bool = True) -> None:
+        self._channel = connect(target, token, tracing=tracing)
         self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
         self._retries = retries
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool, tool_for_template
@@ -46,7 +47,9 @@ class ChatModel:
             choice = overrides[model_dir.name]
         template = resolve_template(model_dir, choice, tokenizer.special_tokens)
         renderer = Renderer(template, tokenizer)
-        model = cls(model_dir, names or [model_dir.name], tokenizer, template, renderer, get_parser(parser_name), reasoning)
+        model = cls(
+            model_dir, names or [model_dir.name], tokenizer, template, renderer, get_parser(parser_name), reasoning
+        )
         model.preflight()
         return model
 
@@ -54,7 +57,10 @@ class ChatModel:
         """Catches a template/parser mismatch at startup, not after a day of training:
         the parser must read back the tool call the template writes."""
         call = {"id": "p1", "type": "function", "function": {"name": PROBE_TOOL.name, "arguments": PROBE_ARGS}}
-        messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
         tools = [tool_for_template(PROBE_TOOL)]
         rendered = self.template.render(messages, tools, add_generation_prompt=False)
         prefix = self.template.render(messages[:1], tools, add_generation_prompt=True)

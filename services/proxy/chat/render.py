@@ -53,10 +53,12 @@ class Renderer:
         self._window_prefix = window
         self._tail = window[window.index(_PH.format(0)) + len(_PH.format(0)) :]
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
         try:
             return self.template.render(messages, tools, add_generation_prompt)
-        except Exception as e:  # noqa: BLE001 - any template failure is the request's problem, reported clearly
+        except Exception as e:
             raise RenderError(f"chat template {self.template.name!r} cannot render this conversation: {e}") from e
 
     def tail(self, ended_with_eos: bool) -> str:

@@ -38,10 +38,11 @@ class Tokenizer:
             if text is not None:
                 self.special_tokens[key] = text
         eos = self.special_tokens.get("eos_token")
-        if eos is None or self._tok.token_to_id(eos) is None:
+        eos_id = self._tok.token_to_id(eos) if eos is not None else None
+        if eos is None or eos_id is None:
             raise ConfigError(f"{model_dir}: tokenizer_config.json names no usable eos_token")
         self.eos_text = eos
-        self.eos_id = int(self._tok.token_to_id(eos))
+        self.eos_id = int(eos_id)
         stop = {self.eos_id}
         gen = _read_json(model_dir / "generation_config.json").get("eos_token_id")
         stop.update(gen if isinstance(gen, list) else [gen] if isinstance(gen, int) else [])

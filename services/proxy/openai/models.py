@@ -94,6 +94,8 @@ def to_conversation(req: ChatRequest) -> Conversation:
             )
         )
     tools = tuple(
-        Tool(t.function.name, t.function.description, t.function.parameters) for t in req.tools or () if t.type == "function"
+        Tool(t.function.name, t.function.description, t.function.parameters)
+        for t in req.tools or ()
+        if t.type == "function"
     )
     return Conversation(system, tuple(out), tools, protocol="openai")

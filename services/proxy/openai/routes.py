@@ -55,7 +55,9 @@ def _usage(done: Done) -> dict[str, Any]:
 
 
 def _tool_calls(done: Done) -> list[dict[str, Any]]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in done.calls]
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in done.calls
+    ]
 
 
 def completion(done: Done, model: str) -> dict[str, Any]:
@@ -75,7 +77,12 @@ def completion(done: Done, model: str) -> dict[str, Any]:
 
 
 async def _stream(call: ModelCall, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    base = {"id": f"chatcmpl-{call.turn_id}", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    base = {
+        "id": f"chatcmpl-{call.turn_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})

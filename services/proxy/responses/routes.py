@@ -41,8 +41,22 @@ def _call_item(c: ToolCallOut, custom: set[str], status: str = "completed") -> d
     if c.name in custom:
         value = json.loads(c.arguments).get("input", c.arguments)
         text = value if isinstance(value, str) else json.dumps(value)
-        return {"type": "custom_tool_call", "id": f"ctc_{c.id}", "call_id": c.id, "name": c.name, "input": text, "status": status}
-    return {"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name, "arguments": c.arguments, "status": status}
+        return {
+            "type": "custom_tool_call",
+            "id": f"ctc_{c.id}",
+            "call_id": c.id,
+            "name": c.name,
+            "input": text,
+            "status": status,
+        }
+    return {
+        "type": "function_call",
+        "id": f"fc_{c.id}",
+        "call_id": c.id,
+        "name": c.name,
+        "arguments": c.arguments,
+        "status": status,
+    }
 
 
 def _reasoning_item(turn: str, text: str) -> dict[str, Any]:
@@ -61,7 +75,9 @@ def _items(done: Done, custom: set[str]) -> list[dict[str, Any]]:
     return items + [_call_item(c, custom) for c in done.calls]
 
 
-def response_object(turn: str, model: str, status: str, output: list[dict[str, Any]], done: Done | None) -> dict[str, Any]:
+def response_object(
+    turn: str, model: str, status: str, output: list[dict[str, Any]], done: Done | None
+) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "id": f"resp_{turn}",
         "object": "response",
@@ -107,16 +123,38 @@ class _Stream:
     def _close(self) -> list[bytes]:
         turn, idx, out = self.call.turn_id, len(self.output), []
         if self.open == "reasoning":
-            part = {"type": "summary_text", "text": self.buffer}
+            part: dict[str, Any] = {"type": "summary_text", "text": self.buffer}
             item_id = f"rs_{turn}"
-            out.append(self.ev("response.reasoning_summary_text.done", item_id=item_id, output_index=idx, summary_index=0, text=self.buffer))
-            out.append(self.ev("response.reasoning_summary_part.done", item_id=item_id, output_index=idx, summary_index=0, part=part))
+            out.append(
+                self.ev(
+                    "response.reasoning_summary_text.done",
+                    item_id=item_id,
+                    output_index=idx,
+                    summary_index=0,
+                    text=self.buffer,
+                )
+            )
+            out.append(
+                self.ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=item_id,
+                    output_index=idx,
+                    summary_index=0,
+                    part=part,
+                )
+            )
             item = _reasoning_item(turn, self.buffer)
         elif self.open == "text":
             part = {"type": "output_text", "text": self.buffer, "annotations": []}
             item_id = f"msg_{turn}"
-            out.append(self.ev("response.output_text.done", item_id=item_id, output_index=idx, content_index=0, text=self.buffer))
-            out.append(self.ev("response.content_part.done", item_id=item_id, output_index=idx, content_index=0, part=part))
+            out.append(
+                self.ev(
+                    "response.output_text.done", item_id=item_id, output_index=idx, content_index=0, text=self.buffer
+                )
+            )
+            out.append(
+                self.ev("response.content_part.done", item_id=item_id, output_index=idx, content_index=0, part=part)
+            )
             item = _message_item(turn, self.buffer)
         else:
             return out
@@ -128,14 +166,27 @@ class _Stream:
     def _open(self, kind: str) -> list[bytes]:
         out = self._close()
         turn, idx = self.call.turn_id, len(self.output)
+        part: dict[str, Any]
         if kind == "reasoning":
             out.append(self._added({"type": "reasoning", "id": f"rs_{turn}", "summary": []}))
             part = {"type": "summary_text", "text": ""}
-            out.append(self.ev("response.reasoning_summary_part.added", item_id=f"rs_{turn}", output_index=idx, summary_index=0, part=part))
+            out.append(
+                self.ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=f"rs_{turn}",
+                    output_index=idx,
+                    summary_index=0,
+                    part=part,
+                )
+            )
         else:
             out.append(self._added(_message_item(turn, "", "in_progress")))
             part = {"type": "output_text", "text": "", "annotations": []}
-            out.append(self.ev("response.content_part.added", item_id=f"msg_{turn}", output_index=idx, content_index=0, part=part))
+            out.append(
+                self.ev(
+                    "response.content_part.added", item_id=f"msg_{turn}", output_index=idx, content_index=0, part=part
+                )
+            )
         self.open = kind
         return out
 
@@ -160,25 +211,62 @@ class _Stream:
                 self.buffer += event.text
                 idx = len(self.output)
                 if event.kind == "reasoning":
-                    yield self.ev("response.reasoning_summary_text.delta", item_id=f"rs_{turn}", output_index=idx, summary_index=0, delta=event.text)
+                    yield self.ev(
+                        "response.reasoning_summary_text.delta",
+                        item_id=f"rs_{turn}",
+                        output_index=idx,
+                        summary_index=0,
+                        delta=event.text,
+                    )
                 else:
-                    yield self.ev("response.output_text.delta", item_id=f"msg_{turn}", output_index=idx, content_index=0, delta=event.text)
+                    yield self.ev(
+                        "response.output_text.delta",
+                        item_id=f"msg_{turn}",
+                        output_index=idx,
+                        content_index=0,
+                        delta=event.text,
+                    )
         except Exception as e:  # noqa: BLE001 - the status line is gone; the SDK reads response.failed
             body = error_body(e, "openai")["error"]
             failed = response_object(turn, self.model, "failed", self.output, None)
-            failed["error"] = {"code": "context_length_exceeded" if isinstance(e, ContextOverflow) else body["code"] or "server_error", "message": body["message"]}
+            failed["error"] = {
+                "code": "context_length_exceeded" if isinstance(e, ContextOverflow) else body["code"] or "server_error",
+                "message": body["message"],
+            }
             yield self.ev("response.failed", response=failed)
 
     def _call(self, c: ToolCallOut) -> list[bytes]:
         idx = len(self.output)
         item = _call_item(c, self.custom)
-        out = [self._added({**_call_item(c, self.custom, "in_progress"), "arguments": ""} if item["type"] == "function_call" else {**item, "input": "", "status": "in_progress"})]
+        out = [
+            self._added(
+                {**_call_item(c, self.custom, "in_progress"), "arguments": ""}
+                if item["type"] == "function_call"
+                else {**item, "input": "", "status": "in_progress"}
+            )
+        ]
         if item["type"] == "function_call":
-            out.append(self.ev("response.function_call_arguments.delta", item_id=item["id"], output_index=idx, delta=c.arguments))
-            out.append(self.ev("response.function_call_arguments.done", item_id=item["id"], output_index=idx, arguments=c.arguments))
+            out.append(
+                self.ev(
+                    "response.function_call_arguments.delta", item_id=item["id"], output_index=idx, delta=c.arguments
+                )
+            )
+            out.append(
+                self.ev(
+                    "response.function_call_arguments.done", item_id=item["id"], output_index=idx, arguments=c.arguments
+                )
+            )
         else:
-            out.append(self.ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=idx, delta=item["input"]))
-            out.append(self.ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=idx, input=item["input"]))
+            out.append(
+                self.ev(
+                    "response.custom_tool_call_input.delta", item_id=item["id"], output_index=idx, delta=item["input"]
+                )
+            )
+            out.append(
+                self.ev(
+                    "response.custom_tool_call_input.done", item_id=item["id"], output_index=idx, input=item["input"]
+                )
+            )
         out.append(self.ev("response.output_item.done", output_index=idx, item=item))
         self.output.append(item)
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -17,7 +18,10 @@ from tests.integration.proxy.stack import ADMIN, MODEL, Stack, check_faithful, s
 SUB_SYSTEM = "You are a sub-agent."
 LONG = "word " * 300
 THREADS = {
-    "main": [{"content": "Hi.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, {"content": "Done."}],
+    "main": [
+        {"content": "Hi.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+        {"content": "Done."},
+    ],
     "side-1": [{"raw": 'Sure. <tool_call>\n{"name": "bash", "arguments": {"command": \n</tool_call>'}],
     "subagent-1": [{"content": LONG}],
     "*": [{"content": "Title"}],
@@ -29,12 +33,14 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("bad")
     path = script(tmp, THREADS, context_window=1024, chunk_tokens=1, chunk_delay_s=0.01)
-    s = Stack(tmp, path, max_body_bytes=64 * 1024)
+    s = Stack(tmp, path, max_body_bytes=64 * 1024, capture_retries=30)
     yield s
     s.stop()
 
 
-def post(url: str, token: str | None, body: Any, raw: bytes | None = None, path: str = "/chat/completions") -> httpx.Response:
+def post(
+    url: str, token: str | None, body: Any, raw: bytes | None = None, path: str = "/chat/completions"
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     content = raw if raw is not None else json.dumps(body).encode()
     return httpx.post(url + path, content=content, headers={**headers, "content-type": "application/json"}, timeout=30)
@@ -77,7 +83,12 @@ def test_admin_api(stack: Stack) -> None:
     assert first.status_code == again.status_code == 201 and first.json() == again.json(), "idempotent"
     assert first.json()["base_path"] == "/trials/adm-1/v1"
     assert stack.admin("POST", "/trials", json={**body, "task_id": "other"}).status_code == 409
-    for broken in ({"trial_id": "x"}, {**body, "trial_id": "has space"}, {**body, "max_turns": -1}, {**body, "extra": 1}):
+    for broken in (
+        {"trial_id": "x"},
+        {**body, "trial_id": "has space"},
+        {**body, "max_turns": -1},
+        {**body, "extra": 1},
+    ):
         r = stack.admin("POST", "/trials", json=broken)
         assert r.status_code == 400 and "invalid request" in r.json()["error"]["message"], r.text
     assert stack.admin("POST", "/trials", content=b"{not json").status_code == 400
@@ -116,10 +127,14 @@ def test_malformed_requests_get_clear_4xx(stack: Stack, raw: bytes, status: int,
 
 def test_anthropic_malformed_request_has_anthropic_shape(stack: Stack) -> None:
     base, token = stack.new_trial("bad-anthropic")
-    r = httpx.post(f"{base}/messages", json={"model": MODEL, "messages": [{"role": "user"}]}, headers={"x-api-key": token})
+    r = httpx.post(
+        f"{base}/messages", json={"model": MODEL, "messages": [{"role": "user"}]}, headers={"x-api-key": token}
+    )
     assert r.status_code == 400
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(f"{base}/messages", json={"model": MODEL, "max_tokens": 0, "messages": []}, headers={"x-api-key": token})
+    r = httpx.post(
+        f"{base}/messages", json={"model": MODEL, "max_tokens": 0, "messages": []}, headers={"x-api-key": token}
+    )
     assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
 
 
@@ -131,7 +146,9 @@ def test_context_overflow_is_the_error_each_sdk_understands(stack: Stack) -> Non
     assert oe.value.code == "context_length_exceeded" and "maximum context length is 1024" in str(oe.value)
     with pytest.raises(anthropic.BadRequestError) as ae:
         anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=token, max_retries=0).messages.create(
-            model=MODEL, max_tokens=10, messages=big  # type: ignore[arg-type]
+            model=MODEL,
+            max_tokens=10,
+            messages=big,  # type: ignore[arg-type]
         )
     assert "prompt is too long" in str(ae.value)
     summary = stack.close_trial("overflow")
@@ -155,7 +172,12 @@ def test_client_gone_mid_stream_records_no_half_turn(stack: Stack) -> None:
     base, token = stack.new_trial("gone")
     main = {"model": MODEL, "tools": TOOLS, "messages": [{"role": "user", "content": "main"}]}
     assert post(base, token, main).status_code == 200
-    body = {"model": MODEL, "stream": True, "tools": TOOLS, "messages": [{"role": "system", "content": SUB_SYSTEM}, {"role": "user", "content": "x"}]}
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "tools": TOOLS,
+        "messages": [{"role": "system", "content": SUB_SYSTEM}, {"role": "user", "content": "x"}],
+    }
     with httpx.stream("POST", f"{base}/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}) as r:
         assert r.status_code == 200
         seen = 0
@@ -186,27 +208,32 @@ def test_unix_socket_serves_the_same_app(stack: Stack) -> None:
     assert stack.close_trial("uds")["num_turns"] == 1
 
 
-def test_capture_store_blips_are_retried_and_stored_once(stack: Stack) -> None:
+def test_capture_store_restart_is_retried_and_stored_once(stack: Stack) -> None:
     base, token = stack.new_trial("blip")
-    stack.fake_store.fail_next = 2
-    r = post(base, token, chat())
-    assert r.status_code == 200
+    stack.run(stack.stop_store())
+    try:
+        assert post(base, token, chat()).status_code == 200, "the harness is not held up by the store"
+    finally:
+        stack.run(stack.start_store())
     summary = stack.close_trial("blip")
     assert summary["capture_error"] is None and summary["parts_appended"] == 2
     [segment] = stack.export("blip")
     assert segment["closed"] and segment["num_turns"] == 1
+    check_faithful([segment], stack.engine_log(), "blip")
 
 
-def test_capture_store_down_fails_close_loudly(stack: Stack) -> None:
-    base, token = stack.new_trial("store-down")
-    stack.fake_store.fail_next = 1000
+def test_capture_store_down_fails_close_loudly(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, script(tmp_path, THREADS), capture_retries=2)
     try:
+        base, token = stack.new_trial("store-down")
+        stack.run(stack.stop_store())
         assert post(base, token, chat()).status_code == 200
         r = stack.admin("POST", "/trials/store-down/close")
+        assert r.status_code == 503 and "not durable" in r.json()["error"]["message"]
+        assert httpx.get(f"{stack.url}/healthz").status_code == 200
     finally:
-        stack.fake_store.fail_next = 0
-    assert r.status_code == 503 and "not durable" in r.json()["error"]["message"]
-    assert httpx.get(f"{stack.url}/healthz").status_code == 200
+        stack.run(stack.start_store())
+        stack.stop()
 
 
 def test_max_turns(stack: Stack) -> None:

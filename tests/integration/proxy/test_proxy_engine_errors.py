@@ -22,7 +22,9 @@ def test_engine_down_is_retryable_for_both_sdks(tmp_path: Path) -> None:
         base, token = stack.new_trial("down")
         stack.run(stack.gateway.stop(0))
         with pytest.raises(openai.InternalServerError) as oe:
-            openai.OpenAI(base_url=base, api_key=token, max_retries=1).chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]
+            openai.OpenAI(base_url=base, api_key=token, max_retries=1).chat.completions.create(
+                model=MODEL, messages=MSG
+            )  # type: ignore[arg-type]
         assert oe.value.status_code == 503 and oe.value.response.headers["x-should-retry"] == "true"
         client = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=token, max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as ae:

@@ -19,10 +19,17 @@ BASH = {
     "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
 }
 MAIN = [
-    {"reasoning": "I should list files.", "content": "Listing.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+    {
+        "reasoning": "I should list files.",
+        "content": "Listing.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}],
+    },
     {"content": "Done: a.txt"},
 ]
-SYSTEM = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}, {"type": "text", "text": "Be brief."}]
+SYSTEM = [
+    {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+    {"type": "text", "text": "Be brief."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +97,9 @@ def test_streaming_event_stream_with_beta_query(stack: Stack) -> None:
     assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
     assert final.content[2].input == {"command": "ls"} and final.stop_reason == "tool_use"  # type: ignore[union-attr]
     msgs.append({"role": "assistant", "content": echo(final.content)})
-    msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": final.content[2].id, "content": "a.txt"}]})  # type: ignore[union-attr]
+    msgs.append(
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": final.content[2].id, "content": "a.txt"}]}
+    )  # type: ignore[union-attr]
     with c.messages.stream(model=MODEL, max_tokens=100, system=SYSTEM, messages=msgs, tools=[BASH]) as s:  # type: ignore[arg-type]
         text = "".join(s.text_stream)
     assert text == "Done: a.txt"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -72,16 +71,24 @@ def test_streaming_with_usage_is_incremental(stack: Stack) -> None:
     messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "List files."}]
     chunks = list(
         c.chat.completions.create(
-            model=MODEL, messages=messages, tools=[BASH], stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+            model=MODEL,
+            messages=messages,
+            tools=[BASH],
+            stream=True,
+            stream_options={"include_usage": True},  # type: ignore[arg-type]
         )
     )
     text = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
     assert "".join(text) == "Let me look." and len(text) > 1, "text arrives in several deltas"
     calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or ()]
     assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [("bash", {"command": "ls -la"})]  # type: ignore[union-attr, arg-type]
-    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == [
+        "tool_calls"
+    ]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
-    messages.append({"role": "assistant", "content": "Let me look.", "tool_calls": [calls[0].model_dump(exclude={"index"})]})  # type: ignore[dict-item]
+    messages.append(
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [calls[0].model_dump(exclude={"index"})]}
+    )  # type: ignore[dict-item]
     messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "a.txt"})  # type: ignore[dict-item]
     stream = c.chat.completions.create(model=MODEL, messages=messages, tools=[BASH], stream=True)  # type: ignore[arg-type]
     reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in stream if ch.choices)
@@ -115,7 +122,9 @@ def test_responses_api_streaming_and_not(stack: Stack) -> None:
     assert fc.name == "bash" and json.loads(fc.arguments) == {"command": "ls -la"}  # type: ignore[union-attr]
     items += [o.model_dump(exclude_none=True) for o in r1.output]
     items.append({"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt"})  # type: ignore[union-attr]
-    events = list(c.responses.create(model=MODEL, instructions="You are an agent.", input=items, tools=tools, stream=True))  # type: ignore[arg-type]
+    events = list(
+        c.responses.create(model=MODEL, instructions="You are an agent.", input=items, tools=tools, stream=True)
+    )  # type: ignore[arg-type]
     types = [e.type for e in events]
     assert types[0] == "response.created" and types[-1] == "response.completed"
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]  # type: ignore[union-attr]

@@ -58,6 +58,8 @@ class Harness:
             key = (p.thread.name, p.segment_index)
             if p.part_index == 0:
                 assert key not in segs and p.prompt is not None
+                # a thread's segments are sequential: no gap, the previous one closed first
+                assert p.segment_index == 0 or segs[(p.thread.name, p.segment_index - 1)]["closed"]
                 segs[key] = {"prompt": ids(p.prompt), "ids": [], "mask": [], "closed": False, "parts": 1}
                 seg = segs[key]
             else:
@@ -126,7 +128,7 @@ def test_first_turn_renders_prompt_and_later_turns_extend(harness: Harness, rend
 
 def test_reserialised_arguments_and_renamed_tools_still_extend(harness: Harness) -> None:
     u = Message("user", "go")
-    a1, _ = harness.call(conv(u))
+    _a1, _ = harness.call(conv(u))
     # Claude Code echoes the call with other whitespace and another tool name.
     echoed = Message("assistant", "", (ToolCall("call_1", "Bash", '{\n  "command":"echo 1"\n}'),))
     _, p2 = harness.call(conv(u, echoed, Message("tool", "1", tool_call_id="call_1")))
@@ -136,7 +138,7 @@ def test_reserialised_arguments_and_renamed_tools_still_extend(harness: Harness)
 
 def test_text_only_turn_is_recognised_by_text(harness: Harness) -> None:
     u = Message("user", "hi")
-    a1, _ = harness.call(conv(u), with_tool=False)
+    _a1, _ = harness.call(conv(u), with_tool=False)
     _, p2 = harness.call(conv(u, Message("assistant", "  text 1\n"), Message("user", "and?")))
     assert p2.extends is not None
     harness.check_invariants()
@@ -189,7 +191,7 @@ def test_threads_by_system_prompt(harness: Harness) -> None:
     harness.check_invariants()
 
 
-def test_parallel_conversations_in_one_thread_keep_their_own_segments(harness: Harness) -> None:
+def test_parallel_conversations_under_one_system_prompt_are_separate_threads(harness: Harness) -> None:
     ua, ub = Message("user", "agent A"), Message("user", "agent B")
     sys = "sub-agent prompt"
     harness.call(conv(Message("user", "main")))
@@ -198,6 +200,18 @@ def test_parallel_conversations_in_one_thread_keep_their_own_segments(harness: H
     _, pa = harness.call(conv(ua, a1, Message("tool", "x", tool_call_id="call_2"), system=sys))
     _, pb = harness.call(conv(ub, b1, Message("tool", "y", tool_call_id="call_3"), system=sys))
     assert pa.extends is not None and pb.extends is not None
+    assert (pa.thread.name, pb.thread.name) == ("subagent-1", "subagent-2")
+    # a retry of A's first request rewrites A's thread, not B's
+    _, retry = harness.call(conv(ua, system=sys))
+    assert retry.thread.name == "subagent-1" and retry.extends is None
+    harness.check_invariants()
+
+
+def test_each_side_request_is_its_own_thread_and_segments_stay_sequential(harness: Harness) -> None:
+    for i in range(10):
+        harness.call(conv(Message("user", f"title for {i}"), system="", tools=()), with_tool=False)
+    harness.parts += harness.capture.close_all()
+    assert len(harness.capture.threads) == 10
     harness.check_invariants()
 
 
@@ -217,7 +231,9 @@ def test_concurrent_calls_on_one_segment_never_share_it(harness: Harness) -> Non
     harness.check_invariants()
 
 
-def test_truncated_turn_without_eos_gets_the_template_end_of_turn_as_context(harness: Harness, renderer: Renderer) -> None:
+def test_truncated_turn_without_eos_gets_the_template_end_of_turn_as_context(
+    harness: Harness, renderer: Renderer
+) -> None:
     u = Message("user", "go")
     a1, _ = harness.call(conv(u), eos=False)
     _, p2 = harness.call(conv(u, a1, Message("tool", "r", tool_call_id="call_1")))
@@ -260,7 +276,9 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
         msgs.append(last)
         if op == "reserialise" and last.tool_calls:
             c = last.tool_calls[0]
-            msgs[-1] = Message("assistant", "", (ToolCall(c.id, c.name.upper(), json.dumps(json.loads(c.arguments), indent=2)),))
+            msgs[-1] = Message(
+                "assistant", "", (ToolCall(c.id, c.name.upper(), json.dumps(json.loads(c.arguments), indent=2)),)
+            )
         if last.tool_calls:
             msgs.append(Message("tool", f"result {rng.random()}", tool_call_id=last.tool_calls[0].id))
         if op == "user" or not last.tool_calls:
