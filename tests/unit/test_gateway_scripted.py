@@ -206,7 +206,7 @@ async def test_abort_ends_with_abort_and_logs_partial(tmp_path: Path) -> None:
     assert received[-1].finish_reason == "abort"
     assert not await eng.abort("ab")
     assert eng.log.records[-1]["finish_reason"] == "abort"
-    assert eng.log.records[-1]["sampled_ids"] == cat(received)[0]
+    assert eng.log.records[-1]["sampled_ids"].tolist() == cat(received)[0]
 
 
 @pytest.mark.parametrize(
