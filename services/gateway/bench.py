@@ -58,7 +58,8 @@ async def _sessions(concurrency: int, turns: int, one_turn: Callable[[int, int],
     async def session(i: int) -> None:
         nonlocal counted
         for t in range(turns):
-            counted += await one_turn(i, t)
+            n = await one_turn(i, t)
+            counted += n
 
     started = time.perf_counter()
     await asyncio.gather(*(session(i) for i in range(concurrency)))
