@@ -273,9 +273,10 @@ class _Worker:
         """(On the worker.) Removes ``seq`` wherever it is and ends it with "abort"."""
         if seq.done:
             return False
-        if seq in self.queue:
-            self.queue.remove(seq)
-        elif seq in self.prefilling:
+        with self.cond:  # the event loop appends to the queue concurrently
+            if seq in self.queue:
+                self.queue.remove(seq)
+        if seq in self.prefilling:
             self.prefilling.remove(seq)
         elif seq in self.decoding:
             index = self.decoding.index(seq)
