@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -156,3 +158,17 @@ async def test_delete_run_removes_only_that_run(store: Store) -> None:
     # The run starts afresh: the same ids are accepted again.
     assert not (await store.append(append_request("r1", "a", task="task-a", group="g1"))).duplicate
     assert await _code(store.delete("bad run")) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_sweep_deletes_runs_idle_longer_than_the_age(store: Store) -> None:
+    await store.append(append_request("old-run", "t1"))
+    await asyncio.sleep(1.5)
+    await store.append(append_request("new-run", "t1"))
+    dry = await store.server.service.sweep(older_than_s=1.0, dry_run=True)
+    assert [(run, n) for run, _, n in dry] == [("old-run", 1)]
+    assert (await store.get("old-run", "t1")).segments  # a dry run deletes nothing
+    swept = await store.server.service.sweep(older_than_s=1.0)
+    assert [run for run, _, _ in swept] == ["old-run"]
+    assert await _code(store.get("old-run", "t1")) == grpc.StatusCode.NOT_FOUND
+    assert (await store.get("new-run", "t1")).segments
+    assert await store.server.service.sweep(older_than_s=1.0) == []
