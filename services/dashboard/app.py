@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Form, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -55,7 +56,10 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
         return {"status": "ok"}
 
     @app.post("/login", response_model=None)
-    async def login(token: str = Form(""), next: str = Form("/")) -> Response:
+    async def login(request: Request) -> Response:
+        # A urlencoded form, parsed here (FastAPI's Form() would need python-multipart).
+        form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
+        token, next = form.get("token", [""])[0], form.get("next", ["/"])[0]
         if not auth.check_token(token):
             return pages.login(next, "wrong token", status=401)
         target = next if next.startswith("/") and not next.startswith("//") else "/"

@@ -139,9 +139,9 @@ def behaviour(rows: list[dict[str, Any]], digests: dict[str, dict[str, Any]]) ->
     decoded = 0
     for r in rows:
         s = r["step"]
-        turns[s].append(r["main_turns"] or r["turns"])
         length[s].append(r["completion_tokens"])
         d = digests.get(r["trial_id"])
+        turns[s].append(d["main_calls"] or d["calls"] if d is not None else r["main_turns"] or r["turns"])
         if d is not None:
             mix[s].update(d["tool_calls"])
             malformed[s] += d["malformed"]

@@ -211,7 +211,9 @@ class DashboardService:
         self, run_id: str, step: int | None = None, task: str | None = None, reason: str | None = None
     ) -> list[dict[str, Any]]:
         state = await self.gather(run_id)
-        rows = state.rows
+        self._text(state)
+        digests = await self._digests_for(state)
+        rows = [{**r, "model_calls": digests.get(r["trial_id"], {}).get("calls")} for r in state.rows]
         if step is not None:
             rows = [r for r in rows if r["step"] == step]
         if task:

@@ -12,7 +12,7 @@ import numpy as np
 
 from harnessrl.arrays import unpack_f32, unpack_i32
 from harnessrl.v1 import records_pb2
-from services.dashboard.text import Decoder, ToolParser, transcript
+from services.dashboard.text import IM_END, Decoder, ToolParser, transcript
 
 INFRA_REASONS = frozenset({"verifier_timeout", "env_setup_failed", "verifier_error", "engine_error", "cancelled"})
 POLICY_REASONS = frozenset({"completed", "max_turns", "context_overflow", "agent_timeout"})
@@ -76,10 +76,14 @@ class Digest:
     tool_calls: Counter[str] = field(default_factory=Counter)
     malformed: int = 0
     sampled_tokens: int = 0
+    calls: int = 0  # model calls (sampled runs); a segment's num_turns also counts a closing part
+    main_calls: int = 0
     decoded: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "calls": self.calls,
+            "main_calls": self.main_calls,
             "tool_calls": dict(self.tool_calls),
             "malformed": self.malformed,
             "sampled_tokens": self.sampled_tokens,
@@ -109,9 +113,11 @@ def digest(traj: records_pb2.Trajectory, decoder: Decoder | None, parser: ToolPa
     for seg in traj.segments:
         for ids in sampled_runs(seg):
             d.sampled_tokens += len(ids)
+            d.calls += 1
+            d.main_calls += seg.thread_kind == "main"
             if decoder is None:
                 continue
-            parsed = parser.parse(decoder.text(ids))
+            parsed = parser.parse(decoder.text(ids).split(IM_END)[0])
             d.tool_calls.update(c.name for c in parsed.calls)
             d.malformed += parsed.malformed
     d.decoded = decoder is not None
@@ -141,6 +147,7 @@ def _segment_view(
         "kind": seg.thread_kind,
         "trainable": seg.trainable,
         "turns": seg.num_turns,
+        "calls": len(_runs(mask, 1)),
         "finish_reason": seg.finish_reason,
         "closed": seg.closed,
         "model": seg.model,

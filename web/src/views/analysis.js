@@ -39,12 +39,14 @@ export async function analysisPanel(runId, run) {
       },
     }, 'Ask for candidate explanations');
     body.replaceChildren(
+      ...[
       data.enabled
         ? h('p.note', 'Sends this run\'s anomaly summary (termination spikes, agreement drops, turn collapse, zero-variance growth) to the configured endpoint. Nothing is acted on: confirm or dismiss each candidate.')
         : h('p.note', isStatic ? 'Static export: candidates as recorded.' : 'Assisted analysis is off: set [dashboard.analysis] endpoint (an OpenAI-compatible API you choose).'),
       data.enabled ? ask : null,
       error ? h('p.alert', error) : null,
-      data.candidates.map((c) => card(runId, c, redraw)),
+      ...data.candidates.map((c) => card(runId, c, redraw)),
+      ].filter(Boolean),
     );
   }
   await redraw();

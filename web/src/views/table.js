@@ -31,7 +31,7 @@ export function trajectoriesPanel(runId, rows, links) {
           h('td.mono', r.group_id),
           h('td', r.reward === null ? '—' : fmt(r.reward)),
           h('td', h(`span.reason.${r.infra ? 'infra' : 'policy'}`, r.termination_reason)),
-          h('td', r.turns),
+          h('td', r.model_calls ?? r.turns),
           h('td', r.completion_tokens),
           h('td', seconds(r.timings.agent_s)),
         ),
@@ -49,7 +49,7 @@ export function trajectoriesPanel(runId, rows, links) {
             'div.scroll.tall',
             h(
               'table.list',
-              h('thead', h('tr', ['trial', 'step', 'task', 'group', 'reward', 'termination', 'turns', 'sampled tokens', 'agent'].map((c) => h('th', c)))),
+              h('thead', h('tr', ['trial', 'step', 'task', 'group', 'reward', 'termination', 'model calls', 'sampled tokens', 'agent'].map((c) => h('th', c)))),
               body,
             ),
           ),

@@ -58,7 +58,7 @@ function message(msg) {
 }
 
 function segmentTitle(seg) {
-  return `thread ${seg.thread} (${seg.kind}${seg.trainable ? '' : ', not trained'}) · segment ${seg.index} · ${seg.turns} turns · ${seg.prompt_tokens} prompt + ${seg.response_tokens} response tokens (${seg.sampled_tokens} sampled) · ${seg.finish_reason || '—'}${seg.closed ? ' · closed' : ' · open'}`;
+  return `thread ${seg.thread} (${seg.kind}${seg.trainable ? '' : ', not trained'}) · segment ${seg.index} · ${seg.calls} model calls · ${seg.prompt_tokens} prompt + ${seg.response_tokens} response tokens (${seg.sampled_tokens} sampled) · ${seg.finish_reason || '—'}${seg.closed ? ' · closed' : ' · open'}`;
 }
 
 function transcriptView(t) {

@@ -1,0 +1,103 @@
+"""Fixtures of the dashboard tests: a recorded run (real trials, see recorder.py),
+the built web UI, and the dashboard served by uvicorn on a free 127.0.0.1 port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from harnessrl.paths import PROJECT_ROOT, default_model_dir
+from tests.integration.test_dashboard.recorder import RUN_ID, Recorded, record
+
+TOKEN = "dashboard-test-token"
+
+needs_stack = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    pytest.mark.skipif(not (default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared"),
+]
+
+
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """One recorded run per test session (18 real trials, ~10 s)."""
+    if shutil.which("bwrap") is None or not (default_model_dir() / "tokenizer.json").exists():
+        pytest.skip("needs bubblewrap and the default model (scripts/setup)")
+    root = tmp_path_factory.mktemp("runs")
+    return asyncio.run(record(root))
+
+
+@pytest.fixture
+def runs_root(recorded: Recorded, tmp_path: Path) -> Path:
+    """A private copy of the recorded runs root (tests may break or extend it)."""
+    root = tmp_path / "runs"
+    shutil.copytree(recorded.run_dir, root / RUN_ID)
+    return root
+
+
+@pytest.fixture(scope="session")
+def web_dist() -> Path:
+    """The built UI; built here (scripts/build_web.sh) when setup has not built it yet."""
+    dist = PROJECT_ROOT / "web" / "dist"
+    if not (dist / "index.html").exists():
+        subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "build_web.sh")], check=True, timeout=600)
+    return dist
+
+
+@dataclass
+class Served:
+    url: str
+    app: FastAPI
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Any) -> AsyncIterator[str]:
+    """Serves an ASGI app on a free 127.0.0.1 port in this event loop."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            await task
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def dashboard_settings(root: Path, **extra: Any) -> Any:
+    from services.dashboard.settings import Settings
+
+    return Settings.model_validate({"runs_dir": root, "auth_token": TOKEN, "poll_s": 0.2, **extra})
+
+
+@contextlib.asynccontextmanager
+async def dashboard(root: Path, **extra: Any) -> AsyncIterator[Served]:
+    from services.dashboard.app import create_app
+    from stack.dashboard import EmbeddedCaptureOpener
+
+    app = create_app(dashboard_settings(root, **extra), EmbeddedCaptureOpener())
+    async with serve(app) as url:
+        yield Served(url, app)
+
+
+@pytest.fixture
+def artifacts() -> Iterator[Path]:
+    out = PROJECT_ROOT / "test-artifacts" / "dashboard"
+    out.mkdir(parents=True, exist_ok=True)
+    yield out

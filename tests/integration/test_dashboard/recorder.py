@@ -1,0 +1,302 @@
+"""Records a real run directory for the dashboard's tests.
+
+Real trials: the sandbox's TrialRunner (local bubblewrap backend) runs a small
+agent (a shell harness speaking OpenAI chat with a bash tool) against the real
+proxy; the proxy renders with the real tokenizer and asks the real gateway,
+whose scripted engine plays one of several policies ("behaviours"); the real
+verifier writes the reward; the real embedded capture store (in the run's
+``capture/``) receives every segment over gRPC and the finalization. One
+gateway + proxy per behaviour, all writing into the same capture store.
+
+The trainer is not run (it takes ~30 s/step on CPU): ``metrics.jsonl`` is
+written in the trainer's format (the names of its ``StepResult.metrics``) from
+the recorded trajectories (reward, termination counts, group outcomes, tokens)
+plus agreement/loss values a trainer would report. Replace by a run of
+``harnessrl run`` once it exists.
+
+Design of the recorded run (G = 3, two tasks, three enqueue steps):
+step 0: hello [explore, malformed, solve]  greet [explore, explore, malformed]
+step 1: hello [solve, solve, explore]      greet [solve, explore, malformed]
+step 2: hello [solve, broken, broken]      greet [solve, solve, broken]
+so step 2 has an infrastructure spike (engine errors) and a turn collapse, and
+train/inference agreement drops at the last trainer step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.localservers import free_port
+from harnessrl.paths import default_model_dir
+from harnessrl.rpc import connect
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
+from tests.sandbox_support import make_task, settings_for
+
+RUN_ID = "rec-1"
+G = 3
+
+AGENT = r"""set -e
+python3 - <<'PY'
+import json, os, subprocess, urllib.request
+
+base, key, model = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["HARNESSRL_MODEL"]
+tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command in /app.",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+         {"type": "function", "function": {"name": "write_file", "description": "Write a file under /app.",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+messages = [{"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
+            {"role": "user", "content": os.environ["HARNESSRL_INSTRUCTION"]}]
+for turn in range(8):
+    body = json.dumps({"model": model, "tools": tools, "messages": messages}).encode()
+    req = urllib.request.Request(f"{base}/chat/completions", data=body,
+                                 headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+    message = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]
+    messages.append(message)
+    calls = message.get("tool_calls") or []
+    if not calls:
+        break
+    for call in calls:
+        args = json.loads(call["function"]["arguments"])
+        if call["function"]["name"] == "write_file":
+            with open(os.path.join("/app", args["path"]), "w") as f:
+                f.write(args["content"])
+            output = f"wrote {len(args['content'])} bytes to {args['path']}"
+        else:
+            run = subprocess.run(["bash", "-c", args["command"]], capture_output=True, text=True, cwd="/app")
+            output = (run.stdout + run.stderr)[-2000:]
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+PY
+"""
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {"name": "bash", "arguments": {"command": command}}
+
+
+BEHAVIOURS: dict[str, list[dict[str, Any]]] = {
+    "solve_hello": [
+        {"content": "I will create the file.", "tool_calls": [bash("echo hello > hello.txt")]},
+        {"content": "Done: hello.txt holds hello."},
+    ],
+    "solve_greet": [
+        {
+            "content": "Writing greet.txt.",
+            "tool_calls": [{"name": "write_file", "arguments": {"path": "greet.txt", "content": "hi\n"}}],
+        },
+        {"content": "Done."},
+    ],
+    "explore": [
+        {"content": "Let me look around.", "tool_calls": [bash("ls -la")]},
+        {"content": "Reading the readme.", "tool_calls": [bash("cat README.md")]},
+        {"content": "Where am I?", "tool_calls": [bash("pwd")]},
+        {"content": "I am not sure what to do. Stopping."},
+    ],
+    "malformed": [{"content": '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'}],
+}
+PLAN: dict[int, dict[str, list[str]]] = {
+    0: {"hello": ["explore", "malformed", "solve_hello"], "greet": ["explore", "explore", "malformed"]},
+    1: {"hello": ["solve_hello", "solve_hello", "explore"], "greet": ["solve_greet", "explore", "malformed"]},
+    2: {"hello": ["solve_hello", "broken", "broken"], "greet": ["solve_greet", "solve_greet", "broken"]},
+}
+GREET_TEST = """#!/bin/bash
+if [ "$(cat /app/greet.txt 2>/dev/null)" = "hi" ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+AGREEMENT = {1: 0.99985, 2: 0.99979, 3: 0.962}  # the last step's drop is the planted anomaly
+
+
+@dataclass
+class Recorded:
+    run_dir: Path
+    trials: list[str]
+    engine_logs: dict[str, Path]
+
+
+@contextlib.asynccontextmanager
+async def _stack(tmp: Path, store: Path) -> AsyncIterator[tuple[Any, dict[str, tuple[Any, Any | None]]]]:
+    """One capture store; per behaviour a gateway (scripted) and a proxy; "broken" has a dead gateway."""
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+    from services.gateway.server import create_server as create_gateway
+    from services.gateway.settings import Settings as GatewaySettings
+    from services.proxy.server import start as start_proxy
+    from services.proxy.settings import Settings as ProxySettings
+
+    capture = await create_capture(CaptureSettings.model_validate({"store_dir": store, "fsync": False}))
+    stacks: dict[str, tuple[Any, Any | None]] = {}
+    try:
+        for name, turns in [*BEHAVIOURS.items(), ("broken", None)]:
+            gateway = None
+            target = f"127.0.0.1:{free_port()}"  # nothing listens there: the engine fails
+            if turns is not None:
+                script = tmp / f"{name}.json"
+                script.write_text(json.dumps({"context_window": 8192, "threads": {"main": turns, "*": turns}}))
+                gateway = await create_gateway(
+                    GatewaySettings.model_validate(
+                        {"engine": f"scripted:{script}", "scripted_log_path": tmp / f"{name}.engine.jsonl"}
+                    )
+                )
+                target = f"127.0.0.1:{gateway.port}"
+            proxy = await start_proxy(
+                ProxySettings.model_validate(
+                    {
+                        "gateway_target": target,
+                        "capture_target": f"127.0.0.1:{capture.port}",
+                        "admin_token": "admin-secret",
+                        "uds_path": tmp / f"{name}.sock",
+                        "context_window": 8192,
+                    }
+                )
+            )
+            stacks[name] = (proxy, gateway)
+        yield capture, stacks
+    finally:
+        for proxy, gateway in stacks.values():
+            await proxy.stop()
+            if gateway is not None:
+                await gateway.stop(0)
+        await capture.stop(0)
+
+
+async def record(root: Path) -> Recorded:
+    """Runs the planned trials and writes ``root/rec-1`` (run.json, config.toml, metrics.jsonl, capture/)."""
+    from services.sandbox.backends.local import LocalBackend
+    from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
+    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.runner import TrialRunner
+
+    run_dir = root / RUN_ID
+    work = root / "work"
+    tasks = {
+        "hello": make_task(work / "tasks", "hello"),
+        "greet": make_task(work / "tasks", "greet", instruction="Write hi to greet.txt.", test_sh=GREET_TEST),
+    }
+    run_dir.mkdir(parents=True)
+    started = time.time()
+    trials: list[str] = []
+    metrics: list[dict[str, Any]] = []
+    async with _stack(work, run_dir / "capture") as (capture, stacks):
+        target = f"127.0.0.1:{capture.port}"
+        runners = {}
+        for name, (proxy, _) in stacks.items():
+            settings = settings_for(
+                work / name,
+                proxy_url=proxy.url,
+                proxy_admin_token="admin-secret",
+                proxy_uds_path=proxy.settings.uds_path,
+                capture_target=target,
+            )
+            runners[name] = TrialRunner(
+                settings,
+                LocalBackend(settings),
+                proxy=ProxyAdmin(proxy.url, "admin-secret"),
+                capture=CaptureFinalizer(target, None),
+            )
+        for step, groups in PLAN.items():
+            jobs = []
+            for task, behaviours in groups.items():
+                group_id = f"s{step}-{task}"
+                for i, behaviour in enumerate(behaviours):
+                    spec = TrialSpec(
+                        trial_id=f"{group_id}-{i}",
+                        run_id=RUN_ID,
+                        task_path=str(tasks[task]),
+                        task_id=task,
+                        group_id=group_id,
+                        group_size=G,
+                        step=step,
+                        harness="shell",
+                        harness_options={"script": AGENT},
+                        model=default_model_dir().name,
+                        policy_version=step,
+                    )
+                    trials.append(spec.trial_id)
+                    jobs.append(_trial(runners[behaviour], spec))
+            await asyncio.gather(*jobs)
+            metrics.append(await _step_metrics(target, step))
+    _write_run_files(run_dir, started, metrics)
+    return Recorded(run_dir, trials, {n: work / f"{n}.engine.jsonl" for n in BEHAVIOURS})
+
+
+async def _trial(runner: Any, spec: Any) -> None:
+    outcome = await runner.run(spec)
+    await runner.finalize(spec, outcome)
+
+
+async def _step_metrics(target: str, step: int) -> dict[str, Any]:
+    """The trainer step that consumes the groups enqueued at ``step``: counts from the store."""
+    async with connect(target) as channel:
+        store = capture_pb2_grpc.CaptureStoreStub(channel)
+        listed = await store.ListTrajectories(capture_pb2.ListTrajectoriesRequest(run_id=RUN_ID, step=step))
+        full = [
+            await store.GetTrajectory(
+                capture_pb2.GetTrajectoryRequest(run_id=RUN_ID, trial_id=t.trial_id, include_tokens=True)
+            )
+            for t in listed.trajectories
+        ]
+    counts: Counter[str] = Counter()
+    rewards, tokens = [], 0
+    for traj in full:
+        reason = records_pb2.TerminationReason.Name(traj.termination_reason).removeprefix("TERMINATION_REASON_")
+        counts[f"termination/{reason.lower()}"] += 1
+        if traj.termination_reason in (records_pb2.TERMINATION_REASON_COMPLETED,):
+            rewards.append(traj.reward)
+            tokens += sum(int(sum(seg.response.mask)) for seg in traj.segments)
+        else:
+            counts["trajectories/invalid"] += 1
+    for task in {t.task_id for t in full}:
+        wins = sum(t.reward >= 1 for t in full if t.task_id == task and t.termination_reason == 1)
+        valid = sum(t.task_id == task and t.termination_reason == 1 for t in full)
+        counts[f"groups/successes_{wins}_of_{valid}"] += 1
+        counts["groups/zero_variance"] += wins in (0, valid)
+    trainer_step = step + 1
+    values = {k: float(v) for k, v in counts.items()} | {
+        "reward/mean": sum(rewards) / max(1, len(rewards)),
+        "batch/trajectories": float(len(rewards)),
+        "batch/policy_tokens": float(tokens),
+        "agreement/pearson": AGREEMENT[trainer_step],
+        "agreement/mean_abs_diff": round(1 - AGREEMENT[trainer_step], 5) * 3,
+        "agreement/max_abs_diff": round(1 - AGREEMENT[trainer_step], 5) * 40,
+        "agreement/log_ratio_q01": -(1 - AGREEMENT[trainer_step]) * 20,
+        "agreement/log_ratio_q99": (1 - AGREEMENT[trainer_step]) * 25,
+        "agreement/ess": AGREEMENT[trainer_step] ** 4,
+        "loss/pg_clipfrac": 0.02 * trainer_step,
+        "loss/ppo_kl": 0.001 * trainer_step,
+        "loss/entropy": 1.9 - 0.2 * trainer_step,
+        "optim/grad_norm": 0.8 + 0.3 * trainer_step,
+        "step/seconds": 30.0 + trainer_step,
+        "step/policy_version": float(trainer_step),
+        "staleness/mean": 0.0,
+        "staleness/max": 0.0,
+        "trainer/idle_fraction": 0.4,
+    }
+    return {"step": trainer_step, "wall_time": time.time(), "values": values}
+
+
+def _write_run_files(run_dir: Path, started: float, metrics: list[dict[str, Any]]) -> None:
+    info = {
+        "run_id": RUN_ID,
+        "created_at": started,
+        "status": "done",
+        "group_size": G,
+        "batch_groups": 2,
+        "model": default_model_dir().name,
+        "harness": "shell",
+        "engine": "scripted",
+        "steps_planned": len(PLAN),
+        "capture": {"backend": "embedded", "dir": "capture"},
+    }
+    (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+    (run_dir / "config.toml").write_text(
+        f'[run]\nrun_id = "{RUN_ID}"\ngroup_size = {G}\nbatch_groups = 2\nharness = "shell"\n\n'
+        '[proxy]\ntool_parser = "hermes"\n\n[trainer.algo]\nadv_estimator = "grpo"\nsuccess_threshold = 1.0\n'
+    )
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
