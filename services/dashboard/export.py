@@ -9,6 +9,7 @@ a failed export leaves nothing half-written.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -38,44 +39,55 @@ def _js(name: str, value: Any) -> str:
 
 
 async def export_run(service: DashboardService, run_id: str, out: Path, *, force: bool = False) -> ExportResult:
-    web = service.settings.web_dir
+    index = _check(service.settings.web_dir, out, force)
+    run = service.open(run_id)
+    overview = await service.overview(run_id)
+    summary = await service.summary(run_id)
+    rows = await service.trajectory_rows(run_id)
+    views, skipped = [], []
+    for row in rows:
+        try:
+            views.append(await service.trajectory(run_id, row["trial_id"]))
+        except HarnessError as e:
+            skipped.append(f"{row['trial_id']}: {e}")
+    static = {
+        "run_id": run_id,
+        "exported_at": time.time(),
+        "runs": [r for r in await service.list_runs() if r["run_id"] == run_id],
+        "overview": {**overview, "live": False, "status": None},
+        "summary": summary,
+        "trajectories": rows,
+        "analysis": AnalysisStore(run.path).load(),
+        "skipped": skipped,
+    }
+    size = await asyncio.to_thread(_write, index, out, static, views)
+    return ExportResult(out, len(views), skipped, size)
+
+
+def _check(web: Path, out: Path, force: bool) -> Path:
     index = web / "index.html"
     if not index.exists() or DATA_MARK not in index.read_text():
         raise ConfigError(f"the web UI is not built in {web}: run scripts/build_web.sh first")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise AlreadyExists(f"{out} exists and is not empty (use --force to replace it)")
-    run = service.open(run_id)
-    overview = await service.overview(run_id)
-    summary = await service.summary(run_id)
-    rows = await service.trajectory_rows(run_id)
+    return index
+
+
+def _write(index: Path, out: Path, static: dict[str, Any], views: list[dict[str, Any]]) -> int:
+    """Writes everything into a temporary sibling, then renames it to ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        shutil.copytree(web / "assets", tmp / "assets")
+        shutil.copytree(index.parent / "assets", tmp / "assets")
         (tmp / "data" / "traj").mkdir(parents=True)
-        files, skipped = {}, []
-        for i, row in enumerate(rows):
-            try:
-                view = await service.trajectory(run_id, row["trial_id"])
-            except HarnessError as e:
-                skipped.append(f"{row['trial_id']}: {e}")
-                continue
+        files = {}
+        for i, view in enumerate(views):
             rel = f"data/traj/t{i:05d}.js"
-            entry = f"window.HARNESSRL_TRAJ = window.HARNESSRL_TRAJ || {{}};\nwindow.HARNESSRL_TRAJ[{json.dumps(row['trial_id'])}] = "
-            (tmp / rel).write_text(entry + json.dumps(view, separators=(",", ":")) + ";\n")
-            files[row["trial_id"]] = rel
-        static = {
-            "run_id": run_id,
-            "exported_at": time.time(),
-            "runs": [r for r in await service.list_runs() if r["run_id"] == run_id],
-            "overview": {**overview, "live": False, "status": None},
-            "summary": summary,
-            "trajectories": rows,
-            "trajectory_files": files,
-            "analysis": AnalysisStore(run.path).load(),
-            "skipped": skipped,
-        }
-        (tmp / "data" / "run.js").write_text(_js("HARNESSRL_STATIC", static))
+            key = json.dumps(view["trial_id"])
+            head = f"window.HARNESSRL_TRAJ = window.HARNESSRL_TRAJ || {{}};\nwindow.HARNESSRL_TRAJ[{key}] = "
+            (tmp / rel).write_text(head + json.dumps(view, separators=(",", ":")) + ";\n")
+            files[view["trial_id"]] = rel
+        (tmp / "data" / "run.js").write_text(_js("HARNESSRL_STATIC", {**static, "trajectory_files": files}))
         html = index.read_text().replace(DATA_MARK, '<script src="data/run.js"></script>', 1)
         (tmp / "index.html").write_text(html)
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
@@ -83,7 +95,7 @@ async def export_run(service: DashboardService, run_id: str, out: Path, *, force
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportResult(out, len(files), skipped, size)
+    return size
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

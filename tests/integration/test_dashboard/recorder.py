@@ -81,6 +81,10 @@ def bash(command: str) -> dict[str, Any]:
     return {"name": "bash", "arguments": {"command": command}}
 
 
+def write_file(path: str, content: str) -> dict[str, Any]:
+    return {"name": "write_file", "arguments": {"path": path, "content": content}}
+
+
 BEHAVIOURS: dict[str, list[dict[str, Any]]] = {
     "solve_hello": [
         {"content": "I will create the file.", "tool_calls": [bash("echo hello > hello.txt")]},
