@@ -1,0 +1,183 @@
+"""A live run (status running): metrics and status come from the trainer over
+gRPC, not from files; assisted analysis against a local OpenAI-compatible
+server started here (never the internet)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from harnessrl.config import ServiceSettings
+from harnessrl.localservers import free_port
+from harnessrl.rpc import start_server
+from harnessrl.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.integration.test_dashboard.conftest import TOKEN, dashboard, serve
+from tests.integration.test_dashboard.recorder import RUN_ID
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class TrainerFake(trainer_pb2_grpc.TrainerServicer):
+    """Serves the Trainer contract from a list of step records (the trainer's own
+    server is on its branch; this stands in for it behind the same proto)."""
+
+    def __init__(self, steps: list[dict[str, Any]]) -> None:
+        self.steps = steps
+        self.calls: list[str] = []
+
+    async def Status(self, request: Any, context: Any) -> trainer_pb2.TrainerStatus:
+        self.calls.append("Status")
+        return trainer_pb2.TrainerStatus(
+            run_id=RUN_ID,
+            step=self.steps[-1]["step"],
+            policy_version=7,
+            state="training",
+            groups_pending=5,
+            trainer_idle_fraction=0.25,
+            alerts=["importance weights degenerate: ESS 0.100 < 0.5"],
+        )
+
+    async def Metrics(self, request: Any, context: Any) -> trainer_pb2.MetricsResponse:
+        self.calls.append("Metrics")
+        return trainer_pb2.MetricsResponse(
+            steps=[
+                trainer_pb2.StepMetrics(step=s["step"], wall_time=s["wall_time"], values=s["values"])
+                for s in self.steps
+                if s["step"] > request.since_step
+            ]
+        )
+
+
+@pytest.fixture
+async def trainer() -> AsyncIterator[tuple[str, TrainerFake]]:
+    fake = TrainerFake([{"step": 1, "wall_time": 1.0, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}])
+
+    def register(server: grpc.aio.Server) -> Iterable[str]:
+        trainer_pb2_grpc.add_TrainerServicer_to_server(fake, server)
+        return ["harnessrl.v1.Trainer"]
+
+    # Not "trainer": the RPC contract counts the real services only.
+    running = await start_server(ServiceSettings(port=0), "trainer_fake", register)
+    try:
+        yield f"127.0.0.1:{running.port}", fake
+    finally:
+        await running.stop(0)
+
+
+def make_live(root: Path, trainer_target: str) -> None:
+    path = root / RUN_ID / "run.json"
+    info = json.loads(path.read_text()) | {"status": "running", "trainer_target": trainer_target}
+    path.write_text(json.dumps(info))
+
+
+async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tuple[str, TrainerFake]) -> None:
+    target, fake = trainer
+    make_live(runs_root, target)
+    async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+        overview = (await c.get(f"/api/runs/{RUN_ID}")).json()
+        summary = (await c.get(f"/api/runs/{RUN_ID}/summary")).json()
+    assert overview["live"] and overview["status"]["groups_pending"] == 5
+    assert overview["status"]["policy_version"] == 7
+    # the trainer's metrics, not metrics.jsonl (which has steps 1-3 with other values)
+    assert summary["metrics"] == [{"step": 1, "wall_time": 1.0, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}]
+    assert {"Status", "Metrics"} <= set(fake.calls)
+    assert any(a["kind"] == "trainer" and "ESS" in a["message"] for a in summary["alerts"])
+    assert any(a["kind"] == "agreement_drop" and a["step"] == 1 for a in summary["alerts"])
+
+
+async def test_unreachable_trainer_falls_back_to_the_file_and_says_so(runs_root: Path) -> None:
+    make_live(runs_root, f"127.0.0.1:{free_port()}")
+    async with dashboard(runs_root, rpc_timeout_s=2) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+        summary = (await c.get(f"/api/runs/{RUN_ID}/summary")).json()
+    assert [m["step"] for m in summary["metrics"]] == [1, 2, 3]
+    assert any("live trainer unreachable" in p for p in summary["problems"])
+
+
+def openai_compatible(answer: str, seen: list[dict[str, Any]], status: int = 200) -> FastAPI:
+    """A minimal OpenAI-compatible chat-completions server (the test's stand-in endpoint)."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        seen.append({"auth": request.headers.get("authorization"), "body": await request.json()})
+        if status != 200:
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=status)
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+        }
+
+    return app
+
+
+ANSWER = json.dumps(
+    {
+        "candidates": [
+            {
+                "title": "Inference engine outage at step 2",
+                "explanation": "Half of step 2's trials ended in engine_error: the engine, not the policy.",
+                "category": "infrastructure",
+                "evidence": ["infra share 0.5 at step 2"],
+                "checks": ["gateway logs around step 2"],
+            },
+            {"title": "Policy got lazier", "explanation": "Mean turns fell.", "category": "policy"},
+            {"no_title": True},
+        ]
+    }
+)
+
+
+async def test_assisted_analysis_sends_the_anomaly_summary_and_keeps_the_key(runs_root: Path) -> None:
+    seen: list[dict[str, Any]] = []
+    async with serve(openai_compatible(f"Here you go:\n```json\n{ANSWER}\n```", seen)) as llm:
+        analysis = {"endpoint": f"{llm}/v1", "model": "local-judge", "api_key": "sk-secret-key"}
+        async with dashboard(runs_root, analysis=analysis) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+            assert (await c.get(f"/api/runs/{RUN_ID}/analysis")).json() == {"enabled": True, "candidates": []}
+            resp = await c.post(f"/api/runs/{RUN_ID}/analysis")
+            assert resp.status_code == 200, resp.text
+            assert "sk-secret-key" not in resp.text
+            found = resp.json()["candidates"]
+            assert [x["title"] for x in found] == ["Inference engine outage at step 2", "Policy got lazier"]
+            assert found[0]["category"] == "infrastructure" and found[0]["verdict"] is None
+            ok = await c.post(f"/api/runs/{RUN_ID}/analysis/{found[0]['id']}", json={"verdict": "confirmed"})
+            assert ok.json()["verdict"] == "confirmed"
+            bad = await c.post(f"/api/runs/{RUN_ID}/analysis/{found[1]['id']}", json={"verdict": "maybe"})
+            assert bad.status_code == 400
+            assert (await c.post(f"/api/runs/{RUN_ID}/analysis/nope", json={"verdict": "dismissed"})).status_code == 404
+            assert (await c.post(f"/api/runs/{RUN_ID}/analysis/x", content=b"{not json")).status_code == 400
+            stored = (await c.get(f"/api/runs/{RUN_ID}/analysis")).json()["candidates"]
+            assert [x["verdict"] for x in stored] == ["confirmed", None]
+    assert seen[0]["auth"] == "Bearer sk-secret-key" and seen[0]["body"]["model"] == "local-judge"
+    summary = json.loads(seen[0]["body"]["messages"][1]["content"])
+    kinds = {a["kind"] for a in summary["alerts"]}
+    assert {"infra_spike", "turn_collapse", "agreement_drop", "zero_variance_growth"} <= kinds
+    assert summary["termination_by_step"]["2"] == {"completed": 3, "engine_error": 3}
+
+
+async def test_assisted_analysis_errors_are_clear(runs_root: Path) -> None:
+    async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+        off = await c.post(f"/api/runs/{RUN_ID}/analysis")
+        assert off.status_code == 409 and "off" in off.json()["error"]
+    seen: list[dict[str, Any]] = []
+    for app, status, words in [
+        (openai_compatible("I cannot help with that.", seen), 502, "no candidate"),
+        (openai_compatible("", seen, status=503), 502, "answered 503"),
+    ]:
+        async with serve(app) as llm:
+            settings = {"analysis": {"endpoint": f"{llm}/v1"}}
+            async with dashboard(runs_root, **settings) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+                resp = await c.post(f"/api/runs/{RUN_ID}/analysis")
+                assert resp.status_code == status and words in resp.json()["error"], resp.text
+    gone = {"analysis": {"endpoint": f"http://127.0.0.1:{free_port()}/v1", "timeout_s": 5}}
+    async with dashboard(runs_root, **gone) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+        resp = await c.post(f"/api/runs/{RUN_ID}/analysis")
+        assert resp.status_code == 503 and "unreachable" in resp.json()["error"]
