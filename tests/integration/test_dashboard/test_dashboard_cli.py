@@ -39,7 +39,17 @@ def test_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
 def test_serve_prints_a_login_url_and_stops_on_sigterm(runs_root: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "dashboard", "serve", "--run", str(runs_root / RUN_ID), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "harnessrl",
+            "dashboard",
+            "serve",
+            "--run",
+            str(runs_root / RUN_ID),
+            "--port",
+            str(port),
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )

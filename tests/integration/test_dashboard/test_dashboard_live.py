@@ -87,7 +87,9 @@ async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tu
     assert overview["live"] and overview["status"]["groups_pending"] == 5
     assert overview["status"]["policy_version"] == 7
     # the trainer's metrics, not metrics.jsonl (which has steps 1-3 with other values)
-    assert summary["metrics"] == [{"step": 1, "wall_time": 1.0, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}]
+    assert summary["metrics"] == [
+        {"step": 1, "wall_time": 1.0, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}
+    ]
     assert {"Status", "Metrics"} <= set(fake.calls)
     assert any(a["kind"] == "trainer" and "ESS" in a["message"] for a in summary["alerts"])
     assert any(a["kind"] == "agreement_drop" and a["step"] == 1 for a in summary["alerts"])

@@ -35,7 +35,7 @@ function header(t) {
       kv('termination', h(`span.reason.${t.infra ? 'infra' : 'policy'}`, { 'data-reason': t.termination_reason }, t.termination_reason)),
       kv('harness exit', t.harness_exit_code),
       kv('policy versions', t.policy_versions.join(', ') || '—'),
-      kv('turns', t.turns),
+      kv('model calls', t.segments_detail.reduce((n, s) => n + s.calls, 0)),
       kv('trace', t.trace_url ? h('a', { href: t.trace_url, target: '_blank', rel: 'noopener', id: 'trace-link' }, 'open trace') : 'not recorded'),
     ),
     timingBar(t.timings),
@@ -95,7 +95,7 @@ function tokenView(t) {
 
 function tokens(tk) {
   const box = h('div.tokbox');
-  const turns = new Set(tk.turn_starts.map((i) => i + tk.prompt_len));
+  const turns = new Set(tk.turn_starts);
   const frag = document.createDocumentFragment();
   for (let i = 0; i < tk.ids.length; i += 1) {
     const pos = tk.positions ? tk.positions[i] : i;

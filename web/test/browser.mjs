@@ -1,0 +1,162 @@
+// Browser test of the dashboard in headless Chromium (Debian's chromium driven by
+// playwright-core). Run by tests/integration/test_dashboard/test_dashboard_browser.py,
+// which serves a recorded run and passes what to expect as a JSON file (argv[2]).
+// Exits non-zero on the first failed check; screenshots go to cfg.artifacts.
+import { appendFileSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { chromium } from 'playwright-core';
+
+const cfg = JSON.parse(await readFile(process.argv[2], 'utf8'));
+const errors = [];
+let checks = 0;
+
+function check(cond, what) {
+  checks += 1;
+  if (!cond) throw new Error(`check failed: ${what}`);
+  console.log(`ok ${checks} - ${what}`);
+}
+
+const browser = await chromium.launch({
+  executablePath: cfg.chromium || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+});
+const context = await browser.newContext({ viewport: { width: 1366, height: 768 } });
+let page = await context.newPage();
+page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`));
+page.on('console', (m) => { if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) errors.push(`console: ${m.text()}`); });
+
+async function shot(name) {
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: `${cfg.artifacts}/${name}.png`, fullPage: true });
+}
+
+async function chartsReady() {
+  await page.waitForFunction(() => [...document.querySelectorAll('canvas')].every((c) => c.dataset.ready === '1'));
+}
+
+async function series(panel) {
+  return page.$$eval(`[data-panel="${panel}"] canvas`, (cs) => cs.map((c) => c.dataset.series).join(';'));
+}
+
+async function text(selector) {
+  return page.$eval(selector, (e) => e.textContent);
+}
+
+async function runPageChecks(where) {
+  await page.waitForSelector('[data-panel="trajectories"] tbody tr');
+  await chartsReady();
+  const panels = await page.$$eval('section.panel', (s) => s.map((x) => x.dataset.panel));
+  for (const p of ['overview', 'termination', 'groups', 'agreement', 'tasks', 'failures', 'behaviour', 'async', 'trajectories', 'analysis']) {
+    check(panels.includes(p), `${where}: panel ${p} is shown`);
+  }
+  const overview = await text('[data-panel="overview"]');
+  check(overview.includes(cfg.model) && overview.includes('group size G3'), `${where}: overview names the model and G=3`);
+  check((await series('overview')).includes('train reward:3'), `${where}: overview charts the train reward of 3 steps`);
+  const term = await series('termination');
+  check(term.includes('completed:3') && term.includes('engine_error (infra):3'), `${where}: termination stacks per step (${term})`);
+  check((await page.$$('[data-panel="termination"] [data-alert="infra_spike"]')).length === 1, `${where}: infra spike alert`);
+  const groups = await text('[data-panel="groups"]');
+  check(groups.includes('G = 3') && groups.includes('hello: 2/3') && groups.includes('greet: 0/3'), `${where}: successes out of G per group`);
+  check((await page.$$('[data-panel="groups"] .badge')).length === 6, `${where}: six groups`);
+  check((await series('agreement')).includes('pearson:3'), `${where}: agreement per step`);
+  check((await page.$$('[data-panel="agreement"] [data-alert="agreement_drop"]')).length === 1, `${where}: agreement drop alert`);
+  const grid = await page.$$eval('[data-panel="tasks"] tr', (rows) => rows.map((r) => r.textContent));
+  check(grid.some((r) => r.startsWith('hello') && r.includes('2/3')) && grid.some((r) => r.startsWith('greet')), `${where}: task grid`);
+  check((await series('failures')).includes('agent/infra:3'), `${where}: failures by stage`);
+  const beh = await series('behaviour');
+  check(beh.includes('bash:3') && beh.includes('write_file:') && beh.includes('malformed:3') && beh.includes('mean turns:3'), `${where}: behaviour (${beh})`);
+  check((await page.$$('[data-panel="behaviour"] [data-alert="turn_collapse"]')).length === 1, `${where}: turn collapse alert`);
+  check((await series('async')).includes('trajectories:'), `${where}: staleness distribution`);
+  check((await page.$$('[data-panel="trajectories"] tbody tr')).length === 18, `${where}: 18 trajectories listed`);
+  await page.selectOption('[data-filter="termination_reason"]', 'engine_error');
+  check((await page.$$('[data-panel="trajectories"] tbody tr')).length === 3, `${where}: filter by termination reason`);
+  await page.selectOption('[data-filter="termination_reason"]', '');
+  const width = await page.evaluate(() => document.documentElement.scrollWidth);
+  check(width <= 1366, `${where}: fits a 1366 px laptop screen (scrollWidth ${width})`);
+}
+
+async function trajectoryChecks(where) {
+  await page.waitForSelector('.msg');
+  const head = await text('[data-panel="trajectory-header"]');
+  check(head.includes(cfg.trial) && head.includes('completed') && head.includes('agent'), `${where}: trajectory header`);
+  const cmds = await page.$$eval('.toolcall[data-tool="bash"] pre', (ps) => ps.map((p) => JSON.parse(p.textContent).command));
+  check(JSON.stringify(cmds) === JSON.stringify(cfg.commands), `${where}: tool calls ${JSON.stringify(cmds)}`);
+  check((await page.$$('.toolresult')).length === cfg.commands.length, `${where}: tool results`);
+  check((await page.$$('.msg.assistant.sampled')).length === cfg.commands.length + 1, `${where}: sampled replies`);
+  await shot(`${where}-transcript`);
+  await page.click('button[data-tab="tokens"]');
+  await page.waitForSelector('.tok');
+  const toks = await page.$$eval('.tokbox .tok', (t) => t.length);
+  check(toks === cfg.tokens, `${where}: one span per token (${toks} of ${cfg.tokens})`);
+  check((await page.$$('.tokbox .turnmark')).length === cfg.commands.length, `${where}: turn boundaries`);
+  check((await page.$$('.tokbox .boundary')).length === 1, `${where}: prompt boundary`);
+  const shaded = await page.$$eval('.tokbox .tok.k1', (t) => new Set(t.map((x) => x.style.background)).size);
+  check(shaded > 3, `${where}: sampled tokens shaded by logprob (${shaded} shades)`);
+  await shot(`${where}-tokens`);
+}
+
+try {
+  // --- authentication
+  const denied = await page.goto(`${cfg.url}/?token=wrong-token`);
+  check(denied.status() === 401 && (await page.$('form input[name=token]')) !== null, 'a wrong token gets 401 and the login page');
+  await shot('login');
+  await page.fill('input[name=token]', cfg.token);
+  await Promise.all([page.waitForNavigation(), page.click('form button')]);
+  await page.waitForSelector('[data-panel="runs"] tbody tr');
+  const runs = await page.$$eval('[data-run]', (rows) => rows.map((r) => r.dataset.run));
+  check(runs.includes(cfg.runId) && runs.includes(cfg.compareRun), `runs listed: ${runs}`);
+  await shot('runs');
+
+  // --- the run page, every panel, then live updates over SSE
+  await page.click(`[data-run="${cfg.runId}"] a`);
+  await runPageChecks('run');
+  await page.waitForSelector('#live:not([hidden])');
+  await page.click('#analyse');
+  await page.waitForSelector('[data-candidate]');
+  check((await page.$$('[data-candidate]')).length === 2, 'assisted analysis shows the candidates');
+  await page.click('[data-candidate] button.confirm');
+  await page.waitForSelector('[data-candidate][data-verdict="confirmed"]');
+  check(true, 'a person confirms a candidate');
+  await shot('run');
+  appendFileSync(cfg.metricsFile, `${JSON.stringify({ step: 4, wall_time: Date.now() / 1000, values: { 'reward/mean': 0.75 } })}\n`);
+  await page.waitForFunction(() => document.querySelector('[data-panel="overview"]').textContent.includes('4 / 3'), null, { timeout: 20000 });
+  check(true, 'the page follows the run live (SSE)');
+
+  // --- a trajectory
+  await page.click(`[data-trial="${cfg.trial}"] a`);
+  await trajectoryChecks('trajectory');
+  const notFound = await page.goto(`${cfg.url}/runs/${cfg.runId}/trajectories/no-such-trial`);
+  check(notFound.status() === 404 && (await page.content()).includes('no-such-trial'), 'unknown trajectory: 404 page');
+  const noRun = await page.goto(`${cfg.url}/runs/no-such-run`);
+  check(noRun.status() === 404, 'unknown run: 404 page');
+
+  // --- compare
+  await page.goto(`${cfg.url}/compare?runs=${cfg.runId},${cfg.compareRun}`);
+  await page.waitForSelector('[data-panel="compare"] canvas');
+  await chartsReady();
+  const cmp = await series('compare');
+  check(cmp.includes(`${cfg.runId}:4`) && cmp.includes(`${cfg.compareRun}:3`), `compare overlays both runs (${cmp})`);
+  await shot('compare');
+
+  // --- the static export, from disk, with no backend
+  const offline = await browser.newContext({ viewport: { width: 1366, height: 768 } });
+  page = await offline.newPage();
+  const requests = [];
+  page.on('request', (r) => requests.push(r.url()));
+  page.on('pageerror', (e) => errors.push(`export pageerror: ${e.message}`));
+  await page.goto(`file://${cfg.exportDir}/index.html`);
+  await runPageChecks('export');
+  await shot('export-run');
+  await page.click(`[data-trial="${cfg.trial}"] a`);
+  await trajectoryChecks('export-trajectory');
+  const remote = requests.filter((u) => !u.startsWith('file://'));
+  check(remote.length === 0, `the export loads nothing but its own files (${remote.join(', ')})`);
+  check(errors.length === 0, `no page errors (${errors.join(' | ')})`);
+  console.log(`${checks} passed, 0 failed`);
+  await browser.close();
+} catch (e) {
+  console.error(e.message);
+  for (const line of errors) console.error(line);
+  await browser.close();
+  process.exit(1);
+}
