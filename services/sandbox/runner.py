@@ -41,7 +41,6 @@ from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, ProxySummar
 from services.sandbox.errors import EnvSetupError, VerifierError
 from services.sandbox.harnesses import AgentContext, HarnessAdapter, ModelAccess, get_harness
 from services.sandbox.lifecycle import (
-    POLICY_REASONS,
     PhaseTimings,
     TerminationReason,
     TrialOutcome,
@@ -352,13 +351,9 @@ class TrialRunner:
         """FinalizeTrajectory on the capture store (after the proxy's close, which
         ``run`` already did). Called by whoever reports the trial done, and only
         while it still owns the trial. Raises if the capture store refuses.
-
-        A trial that made no model call (oracle, nop, a model-less shell script)
-        has no trajectory: a policy outcome without segments is not finalized."""
+        A trial with no model call (oracle, nop, a crashed harness) is finalized
+        too, with no segments, so that its group completes."""
         if self.capture is None:
-            return
-        if outcome.num_segments == 0 and outcome.termination_reason in POLICY_REASONS:
-            outcome.events.append("not finalized: no captured segments")
             return
         task_id = outcome.task_id or spec.task_id or Path(spec.task_path).name or "unknown"
         await self.capture.finalize(spec, task_id, outcome)

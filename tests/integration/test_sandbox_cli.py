@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,9 @@ def test_trial_run_through_proxy_gateway_and_capture(tmp_path: Path) -> None:
     """The agent (a shell script) calls the model through the proxy's Unix
     socket, the only way out of its sandbox; the call is captured and the
     trajectory finalized."""
+    # A server on the host's loopback that the sandboxed agent must not reach.
+    host_server = socket.create_server(("127.0.0.1", 0))
+    port = host_server.getsockname()[1]
     engine = tmp_path / "script.json"
     turns = [{"content": "Hello from the policy."}]
     engine.write_text(json.dumps({"context_window": 8192, "threads": {"main": turns, "*": turns}}))
@@ -64,10 +68,11 @@ def test_trial_run_through_proxy_gateway_and_capture(tmp_path: Path) -> None:
         f'curl -sSf "$OPENAI_BASE_URL/chat/completions" -H "Authorization: Bearer $OPENAI_API_KEY" '
         f"-H 'content-type: application/json' -d '{json.dumps(body)}' > /logs/agent/reply.json\n"
         "grep -q 'Hello from the policy' /logs/agent/reply.json && echo hello > hello.txt\n"
-        "curl -s --max-time 2 http://1.1.1.1/ && echo ESCAPED > hello.txt || true\n"
+        f"curl -s --max-time 2 http://127.0.0.1:{port}/ && echo ESCAPED > hello.txt || true\n"
     )
     args = ["trial", "run", "--task", str(HELLO), "--harness", "shell", "--agent-script", str(script)]
-    out = cli(tmp_path, *args, "--engine", f"scripted:{engine}", "--json")
+    with host_server:
+        out = cli(tmp_path, *args, "--engine", f"scripted:{engine}", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["termination_reason"] == "completed" and result["reward"] == 1.0, result

@@ -38,14 +38,18 @@ async def test_finalize_is_idempotent_and_recorded(store: Store) -> None:
     assert (await store.append(append_request("r1", "t1", close=True))).duplicate  # a late retry still answers
 
 
-async def test_finalize_unknown_trial(store: Store) -> None:
-    # A policy outcome with nothing captured means captured data went missing.
-    assert await _code(store.finalize(finalize_request("r1", "ghost"))) == grpc.StatusCode.NOT_FOUND
+async def test_finalize_trial_without_segments(store: Store) -> None:
     assert await _code(store.get("r1", "ghost")) == grpc.StatusCode.NOT_FOUND
-    # An infrastructure failure before any model call is recorded, so its group can complete.
-    env = finalize_request("r1", "ghost", termination_reason=ENV_FAILED, has_reward=False, reward=0.0)
-    assert (await store.finalize(env)).group_ready
+    # A harness that never called the model still ends its trial, so its group can complete.
+    assert (await store.finalize(finalize_request("r1", "ghost", reward=0.0))).group_ready
     traj = await store.get("r1", "ghost")
+    assert (traj.termination_reason, traj.has_reward, len(traj.segments)) == (COMPLETED, True, 0)
+    # An infrastructure failure before any model call likewise.
+    env = finalize_request(
+        "r1", "ghost2", group="g-ghost2", termination_reason=ENV_FAILED, has_reward=False, reward=0.0
+    )
+    assert (await store.finalize(env)).group_ready
+    traj = await store.get("r1", "ghost2")
     assert (traj.termination_reason, traj.has_reward, len(traj.segments)) == (ENV_FAILED, False, 0)
 
 
