@@ -45,6 +45,9 @@ class ServiceSettings(BaseSettings):
     otlp_endpoint: str | None = Field(
         None, description="OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317; unset disables export."
     )
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Serve Prometheus /metrics on this port (gRPC services); unset: off."
+    )
     shutdown_grace_s: float = Field(5.0, ge=0, le=600, description="Grace period for in-flight RPCs on SIGTERM.")
     auth_token: SecretStr | None = Field(
         None, description="Bearer token callers must present in gRPC metadata; unset disables auth."

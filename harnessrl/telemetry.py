@@ -1,59 +1,126 @@
-"""OpenTelemetry: one tracer provider per process, OTLP export when configured.
+"""OpenTelemetry: one tracer provider per service, OTLP export when configured.
+
+Several services may share one process (the embedded default), so each
+service gets its own provider (its own ``service.name`` in Jaeger) and every
+provider feeds the same span processors: an OTLP endpoint configured by any
+service exports the spans of all of them, once.
 
 Trace context crosses gRPC in metadata (the grpc instrumentation's
 interceptors, installed by ``harnessrl.rpc``), HTTP in ``traceparent`` headers
 and queue messages as a ``traceparent`` field (``inject``/``extract`` below).
+A trial's spans carry ``harnessrl.*`` attributes (``trial_attributes``).
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
+DEFAULT_SERVICE = "harnessrl"
+# Fields that identify a trial, wherever they appear (specs, requests, records).
+TRIAL_FIELDS = ("run_id", "trial_id", "task_id", "group_id", "step", "policy_version")
+
 _lock = threading.Lock()
-_provider: TracerProvider | None = None
+_providers: dict[str, TracerProvider] = {}
+_processors: list[SpanProcessor] = []
+_endpoints: set[str] = set()
 
 
 def configure(service_name: str, otlp_endpoint: str | None = None) -> TracerProvider:
-    """Installs the process's tracer provider once; later calls return it unchanged
-    (several services may share one process in the embedded default)."""
-    global _provider
+    """The provider of ``service_name`` (made once); with ``otlp_endpoint``, spans of
+    every service in this process are exported there from now on."""
     with _lock:
-        if _provider is None:
-            _provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-            trace.set_tracer_provider(_provider)
-        if otlp_endpoint:
+        if not _providers:
+            atexit.register(_shutdown)
+        provider = _providers.get(service_name)
+        if provider is None:
+            provider = TracerProvider(resource=Resource.create({"service.name": service_name}), shutdown_on_exit=False)
+            for processor in _processors:
+                provider.add_span_processor(processor)
+            if not _providers:
+                # Code that asks the global API (instrumentations) gets the first one.
+                trace.set_tracer_provider(provider)
+            _providers[service_name] = provider
+        if otlp_endpoint and otlp_endpoint not in _endpoints:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
-        return _provider
+            _endpoints.add(otlp_endpoint)
+            _add_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
+        return provider
+
+
+def _add_processor(processor: SpanProcessor) -> None:
+    _processors.append(processor)
+    for provider in _providers.values():
+        provider.add_span_processor(processor)
 
 
 def add_exporter(exporter: SpanExporter) -> None:
-    """Adds a synchronous exporter (tests use an in-memory one)."""
-    configure("harnessrl").add_span_processor(SimpleSpanProcessor(exporter))
+    """Adds a synchronous exporter for every service's spans (tests use an in-memory one)."""
+    configure(DEFAULT_SERVICE)
+    with _lock:
+        _add_processor(SimpleSpanProcessor(exporter))
 
 
-def provider() -> TracerProvider:
-    return configure("harnessrl")
+def flush(timeout_ms: int = 5000) -> None:
+    """Exports what is buffered now (before a process hands off, and in tests)."""
+    for processor in list(_processors):
+        processor.force_flush(timeout_ms)
 
 
-def tracer(name: str) -> trace.Tracer:
-    return provider().get_tracer(name)
+def _shutdown() -> None:
+    for processor in list(_processors):
+        processor.shutdown()
 
 
-def inject(carrier: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Writes the current trace context into ``carrier`` (a queue message or headers)."""
+def provider(service_name: str = DEFAULT_SERVICE) -> TracerProvider:
+    return configure(service_name)
+
+
+def tracer(name: str, service_name: str = DEFAULT_SERVICE) -> trace.Tracer:
+    return provider(service_name).get_tracer(name)
+
+
+def inject(carrier: dict[str, Any] | None = None, context: Context | None = None) -> dict[str, Any]:
+    """Writes the current (or given) trace context into ``carrier`` (a queue message or headers)."""
     carrier = {} if carrier is None else carrier
-    propagate.inject(carrier)
+    propagate.inject(carrier, context=context)
     return carrier
 
 
-def extract(carrier: dict[str, Any]) -> Context:
+def extract(carrier: Mapping[str, Any]) -> Context:
     return propagate.extract(carrier)
+
+
+def trial_attributes(source: Any) -> dict[str, Any]:
+    """``harnessrl.<field>`` span attributes from whatever identifies a trial: a
+    mapping, a pydantic model or a protobuf message (nested ``key``/``spec`` too)."""
+    out: dict[str, Any] = {}
+    for obj in (source, getattr(source, "key", None), getattr(source, "spec", None)):
+        if obj is None:
+            continue
+        for name in TRIAL_FIELDS:
+            value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+            if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
+                out.setdefault(f"harnessrl.{name}", value)
+    return out
+
+
+def current_trace_id() -> str:
+    """The current span's trace id as 32 hex digits ('' outside a trace)."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+def trace_id_of(carrier: Mapping[str, Any]) -> str:
+    """The trace id a carrier (queue message, headers) continues, '' if none."""
+    ctx = trace.get_current_span(extract(carrier)).get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""

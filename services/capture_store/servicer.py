@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
+from harnessrl import metrics
 from harnessrl.errors import InvalidArgument
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store import validate
@@ -40,7 +41,10 @@ class CaptureServicer(capture_pb2_grpc.CaptureStoreServicer):
             context, k.run_id, trial_id=k.trial_id, thread=k.thread, segment_index=k.segment_index,
             part_index=request.part_index,
         )  # fmt: skip
-        return await self._service.append(request)
+        response = await self._service.append(request)
+        if not response.duplicate:
+            metrics.TOKENS.labels("capture_store", "captured").inc(len(request.tokens.mask))
+        return response
 
     async def FinalizeTrajectory(
         self, request: capture_pb2.FinalizeTrajectoryRequest, context: grpc.aio.ServicerContext

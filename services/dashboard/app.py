@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from harnessrl import metrics
 from harnessrl.errors import HarnessError, InvalidArgument
 from services.dashboard import pages
 from services.dashboard.assist import AnalysisStore, Analyst, anomaly_summary
@@ -42,6 +43,7 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
     app = FastAPI(title="harnessrl dashboard", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     app.middleware("http")(auth.middleware)
+    metrics.instrument_app(app, "dashboard")
 
     @app.exception_handler(HarnessError)
     async def harness_error(request: Request, exc: HarnessError) -> Response:

@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from harnessrl import metrics
 from harnessrl.errors import AlreadyExists
 from services.gateway.engine import Chunk, Engine, EngineInfo, GenerateInput, Sampling
 from services.gateway.errors import (
@@ -197,6 +198,7 @@ class GatewayService:
         if request_id in self._requests:
             raise AlreadyExists(f"request_id {request_id!r} is already running; request ids must be unique")
         tracked = self._requests[request_id] = _Tracked(trial_id)
+        metrics.QUEUE_DEPTH.labels("gateway", "requests").set(len(self._requests))
         try:
             await self._wait_unpaused(tracked)
             request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget)
@@ -204,6 +206,7 @@ class GatewayService:
                 yield out
         finally:
             del self._requests[request_id]
+            metrics.QUEUE_DEPTH.labels("gateway", "requests").set(len(self._requests))
 
     async def _stream(self, request: GenerateInput, tracked: _Tracked) -> AsyncIterator[Output]:
         n_prompt = int(request.prompt_ids.shape[0])
@@ -215,6 +218,7 @@ class GatewayService:
             async for replica, chunk in stream:
                 tracked.replica = replica.name
                 produced += len(chunk)
+                metrics.TOKENS.labels("gateway", "sampled").inc(len(chunk))
                 usage = Usage(n_prompt, produced, chunk.cached_prompt_tokens) if chunk.finish_reason else None
                 yield Output(chunk, replica.name, usage)
                 if chunk.finish_reason:

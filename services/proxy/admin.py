@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from harnessrl import telemetry
 from services.proxy.errors import BadToken
 from services.proxy.protocol import bearer, core_of, parse, read_body
 from services.proxy.trials import TrialSpec
@@ -28,6 +29,8 @@ async def create_trial(request: Request) -> JSONResponse:
     _admin(request)
     spec = parse(TrialSpec, await read_body(request, 1 << 20))
     trial = core_of(request).create(spec)
+    if trial.trace_context is None and "traceparent" in request.headers:
+        trial.trace_context = telemetry.extract(request.headers)
     body = {"trial_id": spec.trial_id, "token": trial.token, "base_path": f"/trials/{spec.trial_id}/v1"}
     return JSONResponse(body, status_code=201)
 

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from harnessrl import metrics
 from harnessrl.errors import HarnessError
 from services.proxy import admin
 from services.proxy.anthropic import routes as anthropic_routes
@@ -56,6 +57,7 @@ def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
 
     app = FastAPI(title="harnessrl proxy", lifespan=lifespan)
     app.state.core = core
+    metrics.instrument_app(app, "proxy")
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)

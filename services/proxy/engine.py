@@ -40,7 +40,7 @@ def map_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
 
 class EngineClient:
     def __init__(self, target: str, token: str | None, timeout_s: float, tracing: bool = True) -> None:
-        self._channel = connect(target, token, tracing=tracing)
+        self._channel = connect(target, token, tracing=tracing, service="proxy")
         self._stub = gateway_pb2_grpc.RolloutGatewayStub(self._channel)
         self._timeout = timeout_s
 

@@ -8,8 +8,10 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.context import Context
 from pydantic import BaseModel, ConfigDict, Field
 
+from harnessrl import metrics, telemetry
 from harnessrl.errors import AlreadyExists, ResourceExhausted
 from harnessrl.v1 import capture_pb2, records_pb2
 from services.proxy.capture.records import append_request
@@ -50,6 +52,9 @@ class Trial:
     max_turns_reached: bool = False
     malformed_tool_calls: int = 0
     closing: asyncio.Future[dict[str, Any]] | None = None
+    # The sandbox's trace (traceparent of the admin create call): every model call of
+    # the trial is a span in it, though the harness itself sends no trace headers.
+    trace_context: Context | None = None
 
     @property
     def max_turns(self) -> int:
@@ -93,6 +98,7 @@ class ProxyCore:
         # Client spans only when this process exports traces: they are the largest
         # fixed cost of a turn otherwise (see bench proxy).
         tracing = settings.otlp_endpoint is not None
+        telemetry.configure("proxy", settings.otlp_endpoint)
         token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
         self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
         ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None
@@ -125,6 +131,7 @@ class ProxyCore:
             render_check=s.render_check,
         )
         trial = Trial(spec, secrets.token_urlsafe(32), capture, self.capture.writer(spec.trial_id))
+        metrics.ACTIVE_TRIALS.labels("proxy").inc()
         self.trials[spec.trial_id] = trial
         self._by_token[trial.token] = trial
         return trial
@@ -143,6 +150,8 @@ class ProxyCore:
         return await asyncio.shield(trial.closing)
 
     async def _close(self, trial: Trial) -> dict[str, Any]:
+        if not trial.closed:
+            metrics.ACTIVE_TRIALS.labels("proxy").dec()
         trial.closed = True
         self._by_token.pop(trial.token, None)
         for part in trial.capture.close_all():

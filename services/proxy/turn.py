@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from opentelemetry import trace
 
+from harnessrl import metrics, telemetry
 from harnessrl.arrays import F32, I32, U8
 from harnessrl.logs import kv
 from harnessrl.v1 import gateway_pb2, records_pb2
@@ -74,6 +76,7 @@ class ModelCall:
         self.plan: Plan | None = None
         self._chunks: AsyncIterator[gateway_pb2.GenerateChunk] | None = None
         self._first: gateway_pb2.GenerateChunk | None = None
+        self.span: trace.Span = trace.INVALID_SPAN
 
     @property
     def prompt_tokens(self) -> int:
@@ -81,7 +84,30 @@ class ModelCall:
 
     async def start(self) -> None:
         """Plans and starts generation; every error a harness should get as an HTTP
-        status (overflow, engine down, bad input) is raised here, before any output."""
+        status (overflow, engine down, bad input) is raised here, before any output.
+
+        The call is a span of the trial's trace (``proxy.request``): the Generate
+        and AppendSegment RPCs it makes are its children; ``events`` ends it."""
+        self.span = _tracer().start_span(
+            "proxy.request",
+            context=self.trial.trace_context,
+            kind=trace.SpanKind.SERVER,
+            attributes=telemetry.trial_attributes(self.trial.spec) | {"harnessrl.request_id": self.request_id},
+        )
+        try:
+            with trace.use_span(self.span, end_on_exit=False):
+                await self._start()
+        except BaseException as e:
+            self._end_span(e)
+            raise
+
+    def _end_span(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.span.record_exception(error)
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        self.span.end()
+
+    async def _start(self) -> None:
         trial, core = self.trial, self.core
         if trial.max_turns and trial.turns >= trial.max_turns:
             trial.max_turns_reached = True
@@ -163,8 +189,19 @@ class ModelCall:
             finish = "tool_calls" if calls else ("length" if sampled.finish_reason == "length" else "stop")
             if final.malformed:
                 self.trial.malformed_tool_calls += 1
-            self._commit(sampled, calls, final.content, finish, last.usage)
+            with trace.use_span(self.span, end_on_exit=False):
+                self._commit(sampled, calls, final.content, finish, last.usage)
             committed = True
+            self.span.set_attributes(
+                {
+                    "harnessrl.thread": self.plan.thread.name,
+                    "harnessrl.prompt_tokens": self.plan.prompt_tokens,
+                    "harnessrl.sampled_tokens": sampled.num_tokens,
+                    "harnessrl.finish_reason": finish,
+                }
+            )
+            metrics.TOKENS.labels("proxy", "prompt").inc(self.plan.prompt_tokens)
+            metrics.TOKENS.labels("proxy", "sampled").inc(sampled.num_tokens)
             log.info(
                 "turn",
                 extra=kv(
@@ -185,13 +222,16 @@ class ModelCall:
                 sampled.num_tokens,
                 last.usage.cached_prompt_tokens,
             )
-        except Exception:
+        except Exception as e:
             self.trial.engine_errors += 1
+            self.span.record_exception(e)
             raise
         finally:
             if not committed:
                 self.trial.aborted_turns += 1
+                self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
                 await self._abort()
+            self._end_span()
 
     async def _abort(self) -> None:
         if self._chunks is not None:
@@ -212,6 +252,10 @@ class ModelCall:
         trial.turns += 1
         for part in parts:
             trial.writer.submit(self.core.append_request(trial, part, finish if part.sampled is sampled else "", usage))
+
+
+def _tracer() -> trace.Tracer:
+    return telemetry.tracer(__name__, "proxy")
 
 
 def _pick(forced: float | int | None, requested: float | int | None, default: float) -> float:

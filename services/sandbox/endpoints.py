@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from harnessrl import telemetry
 from harnessrl.errors import HarnessError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
@@ -74,7 +75,8 @@ class ProxyAdmin:
 
     async def _post(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         try:
-            resp = await self._client.post(path, json=body)
+            # traceparent: the proxy parents the trial's model calls on this trace.
+            resp = await self._client.post(path, json=body, headers=telemetry.inject())
         except httpx.HTTPError as e:
             raise Unavailable(f"proxy at {self.url} unreachable: {e}") from e
         if resp.status_code >= 300:
@@ -90,7 +92,7 @@ class CaptureFinalizer:
     """FinalizeTrajectory, once per trial, after the proxy's close returned."""
 
     def __init__(self, target: str, token: str | None) -> None:
-        self._channel = connect(target, token)
+        self._channel = connect(target, token, service="sandbox")
         self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
 
     async def finalize(self, spec: TrialSpec, task_id: str, outcome: TrialOutcome) -> bool:
@@ -108,7 +110,13 @@ class CaptureFinalizer:
             timings=outcome.timings.to_proto(),
             verifier_summary=outcome.verifier_summary[-4000:],
             harness_exit_code=outcome.harness_exit_code,
-            metadata={"policy_version": str(spec.policy_version), "tamper_events": str(len(outcome.tamper_events))},
+            metadata={
+                "policy_version": str(spec.policy_version),
+                "tamper_events": str(len(outcome.tamper_events)),
+                # Stable across attempts: the trace of the submitter (a redelivered trial's
+                # finalize must stay identical), absent when the trial came without one.
+                **({"trace_id": trace_id} if (trace_id := telemetry.trace_id_of(spec.trace_context)) else {}),
+            },
         )
         response = await self._stub.FinalizeTrajectory(request, timeout=60)
         return bool(response.group_ready)

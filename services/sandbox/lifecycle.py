@@ -126,6 +126,13 @@ class TrialSpec(BaseModel):
     verifier_timeout_s: float = Field(default=0.0, ge=0)
     harness_options: dict[str, str] = Field(default_factory=dict)
     model: str = ""
+    # The submitter's trace context (``traceparent``), carried through the queue so the
+    # trial's spans join the trace of the trainer step that enqueued it. Not in the
+    # proto spec and not part of a spec's identity (``same_as``).
+    trace_context: dict[str, str] = Field(default_factory=dict)
+
+    def same_as(self, other: TrialSpec) -> bool:
+        return self.model_copy(update={"trace_context": {}}) == other.model_copy(update={"trace_context": {}})
 
     @classmethod
     def from_proto(cls, msg: sandbox_pb2.TrialSpec) -> TrialSpec:
@@ -134,7 +141,7 @@ class TrialSpec(BaseModel):
         return cls.model_validate(data)
 
     def to_proto(self) -> sandbox_pb2.TrialSpec:
-        return sandbox_pb2.TrialSpec(**self.model_dump())
+        return sandbox_pb2.TrialSpec(**self.model_dump(exclude={"trace_context"}))
 
 
 class TrialOutcome(BaseModel):

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl import telemetry
 from harnessrl.errors import HarnessError
 from services.sandbox import integrity
 from services.sandbox.backends.base import (
@@ -129,11 +130,16 @@ class TrialRunner:
 
     @staticmethod
     async def _timed(t: _Trial, field_name: str, work: Awaitable[None]) -> None:
+        """Runs a phase in its own span (``sandbox.setup``...) and adds up its wall time."""
         started = time.monotonic()
-        try:
-            await work
-        finally:
-            setattr(t.timings, field_name, getattr(t.timings, field_name) + time.monotonic() - started)
+        name = f"sandbox.{field_name.removesuffix('_s')}"
+        with telemetry.tracer(__name__, "sandbox").start_as_current_span(
+            name, attributes=telemetry.trial_attributes(t.spec)
+        ):
+            try:
+                await work
+            finally:
+                setattr(t.timings, field_name, getattr(t.timings, field_name) + time.monotonic() - started)
 
     @staticmethod
     def _go_on(t: _Trial, cancel: asyncio.Event) -> bool:

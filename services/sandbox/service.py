@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
 
+from harnessrl import telemetry
 from harnessrl.config import format_validation_error
 from harnessrl.errors import InvalidArgument
 from harnessrl.v1 import sandbox_pb2
@@ -33,6 +34,8 @@ class SandboxService:
         get_harness(spec.harness)
         if self.validate_tasks:
             load_task(spec.task_path)
+        if not spec.trace_context:
+            spec = spec.model_copy(update={"trace_context": telemetry.inject()})
         return await self.queue.submit(spec)
 
     async def get(self, trial_id: str) -> TrialRecord:

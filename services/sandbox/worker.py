@@ -13,6 +13,9 @@ import os
 import socket
 import uuid
 
+from opentelemetry import trace
+
+from harnessrl import metrics, telemetry
 from services.sandbox.errors import LeaseLost
 from services.sandbox.lifecycle import TrialRecord, TrialState
 from services.sandbox.queue.base import Heartbeat, TrialQueue
@@ -20,6 +23,10 @@ from services.sandbox.runner import TrialRunner
 from services.sandbox.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def _tracer() -> trace.Tracer:
+    return telemetry.tracer(__name__, "sandbox")
 
 
 def default_worker_name() -> str:
@@ -84,6 +91,17 @@ class Worker:
                 log.exception("reap failed")
 
     async def _serve(self, record: TrialRecord) -> None:
+        """Runs one trial in its own span, a child of the submitter's (the trainer step's) trace."""
+        parent = telemetry.extract(record.spec.trace_context)
+        attributes = telemetry.trial_attributes(record.spec) | {"harnessrl.attempt": record.attempt}
+        metrics.ACTIVE_TRIALS.labels("sandbox").inc()
+        try:
+            with _tracer().start_as_current_span("sandbox.trial", context=parent, attributes=attributes):
+                await self._serve_in_span(record)
+        finally:
+            metrics.ACTIVE_TRIALS.labels("sandbox").dec()
+
+    async def _serve_in_span(self, record: TrialRecord) -> None:
         trial_id = record.trial_id
         cancel, lost = asyncio.Event(), asyncio.Event()
 

@@ -8,6 +8,8 @@ import asyncio
 import logging
 
 import grpc
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
 
 from harnessrl.logs import kv
 from harnessrl.rpc import connect
@@ -26,13 +28,14 @@ class TrialWriter:
         self._stub = stub
         self._trial_id = trial_id
         self._retries = retries
-        self._queue: asyncio.Queue[capture_pb2.AppendSegmentRequest | None] = asyncio.Queue()
+        # Each part travels with the trace context of the model call that made it.
+        self._queue: asyncio.Queue[tuple[capture_pb2.AppendSegmentRequest, Context] | None] = asyncio.Queue()
         self._task = asyncio.ensure_future(self._run())
         self.error: str | None = None
         self.appended = 0
 
     def submit(self, request: capture_pb2.AppendSegmentRequest) -> None:
-        self._queue.put_nowait(request)
+        self._queue.put_nowait((request, otel_context.get_current()))
 
     async def flush(self) -> None:
         await self._queue.join()
@@ -44,12 +47,16 @@ class TrialWriter:
 
     async def _run(self) -> None:
         while True:
-            request = await self._queue.get()
+            item = await self._queue.get()
             try:
-                if request is None:
+                if item is None:
                     return
                 if self.error is None:
-                    await self._append(request)
+                    token = otel_context.attach(item[1])
+                    try:
+                        await self._append(item[0])
+                    finally:
+                        otel_context.detach(token)
             finally:
                 self._queue.task_done()
 
@@ -75,7 +82,7 @@ class TrialWriter:
 
 class CaptureClient:
     def __init__(self, target: str, token: str | None, retries: int, tracing: bool = True) -> None:
-        self._channel = connect(target, token, tracing=tracing)
+        self._channel = connect(target, token, tracing=tracing, service="proxy")
         self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
         self._retries = retries
 

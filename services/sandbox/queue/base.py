@@ -44,7 +44,7 @@ def cancelled_outcome() -> TrialOutcome:
 
 
 def check_same_spec(existing: TrialSpec, spec: TrialSpec) -> None:
-    if existing != spec:
+    if not existing.same_as(spec):
         raise AlreadyExists(f"trial {spec.trial_id} already exists with a different spec")
 
 
