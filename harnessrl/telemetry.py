@@ -31,7 +31,7 @@ TRIAL_FIELDS = ("run_id", "trial_id", "task_id", "group_id", "step", "policy_ver
 _lock = threading.Lock()
 _providers: dict[str, TracerProvider] = {}
 _processors: list[SpanProcessor] = []
-_endpoints: set[str] = set()
+_endpoints: dict[str, _Detachable] = {}
 
 
 def configure(service_name: str, otlp_endpoint: str | None = None) -> TracerProvider:
@@ -52,9 +52,45 @@ def configure(service_name: str, otlp_endpoint: str | None = None) -> TracerProv
         if otlp_endpoint and otlp_endpoint not in _endpoints:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            _endpoints.add(otlp_endpoint)
-            _add_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
+            processor = _Detachable(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
+            _endpoints[otlp_endpoint] = processor
+            _add_processor(processor)
         return provider
+
+
+def close_endpoint(otlp_endpoint: str) -> None:
+    """Flushes and stops exporting to ``otlp_endpoint`` (a collector going away, in tests)."""
+    with _lock:
+        processor = _endpoints.pop(otlp_endpoint, None)
+    if processor is not None:
+        processor.detach()
+
+
+class _Detachable(SpanProcessor):
+    """A processor that can be switched off: providers cannot drop a processor."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self._inner: SpanProcessor | None = inner
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        if self._inner is not None:
+            self._inner.on_start(span, parent_context)
+
+    def on_end(self, span: Any) -> None:
+        if self._inner is not None:
+            self._inner.on_end(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis) if self._inner is not None else True
+
+    def shutdown(self) -> None:
+        self.detach()
+
+    def detach(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.force_flush()
+            inner.shutdown()
 
 
 def _add_processor(processor: SpanProcessor) -> None:

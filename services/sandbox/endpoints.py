@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from opentelemetry.context import Context
 
 from harnessrl import telemetry
 from harnessrl.errors import HarnessError, Unavailable
@@ -58,7 +59,8 @@ class ProxyAdmin:
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
 
-    async def register(self, spec: TrialSpec, task_id: str) -> ProxyTrial:
+    async def register(self, spec: TrialSpec, task_id: str, context: Context | None = None) -> ProxyTrial:
+        """Registers the trial; ``context`` (the trial's trace) travels as ``traceparent``."""
         body = {
             "trial_id": spec.trial_id,
             "run_id": spec.run_id,
@@ -67,16 +69,15 @@ class ProxyAdmin:
             "model": spec.model,
             "max_turns": spec.max_turns,
         }
-        data = await self._post("/admin/trials", body)
+        data = await self._post("/admin/trials", body, context)
         return ProxyTrial(trial_id=data["trial_id"], token=data["token"], base_path=data["base_path"])
 
     async def close(self, trial_id: str) -> ProxySummary:
         return ProxySummary.from_json(await self._post(f"/admin/trials/{trial_id}/close", None))
 
-    async def _post(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    async def _post(self, path: str, body: dict[str, Any] | None, context: Context | None = None) -> dict[str, Any]:
         try:
-            # traceparent: the proxy parents the trial's model calls on this trace.
-            resp = await self._client.post(path, json=body, headers=telemetry.inject())
+            resp = await self._client.post(path, json=body, headers=telemetry.inject(context=context))
         except httpx.HTTPError as e:
             raise Unavailable(f"proxy at {self.url} unreachable: {e}") from e
         if resp.status_code >= 300:

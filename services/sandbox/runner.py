@@ -25,6 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+
 from harnessrl import telemetry
 from harnessrl.errors import HarnessError
 from services.sandbox import integrity
@@ -82,6 +85,8 @@ class _Trial:
     events: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     verifier_summary: str = ""
+    # The trial's trace context when it started: the proxy parents model calls on it.
+    trace_context: Context | None = None
 
     @property
     def task_id(self) -> str:
@@ -107,7 +112,7 @@ class TrialRunner:
         cancel = cancel or asyncio.Event()
         dirs = TrialDirs(self.settings.work_dir / f"{spec.trial_id}-{uuid.uuid4().hex[:8]}")
         artifacts = self.settings.artifacts_dir / (spec.run_id or "_") / spec.trial_id
-        t = _Trial(spec=spec, dirs=dirs, artifacts=artifacts)
+        t = _Trial(spec=spec, dirs=dirs, artifacts=artifacts, trace_context=otel_context.get_current())
 
         async def enter(state: TrialState) -> None:
             if on_state is not None:
@@ -182,7 +187,7 @@ class TrialRunner:
             return None
         if self.proxy is None:
             raise EnvSetupError(f"harness {t.harness.name!r} needs a model but no proxy_url is configured")
-        trial = await self.proxy.register(t.spec, t.task_id)
+        trial = await self.proxy.register(t.spec, t.task_id, t.trace_context)
         t.proxy_registered = True
         t.proxy_trial = trial
         if self.settings.proxy_uds_path is not None and self.settings.local.host_uid is None:
