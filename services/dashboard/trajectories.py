@@ -129,7 +129,8 @@ def digest(traj: records_pb2.Trajectory, decoder: Decoder | None, parser: ToolPa
 
 def view(traj: records_pb2.Trajectory, decoder: Decoder | None, parser: ToolParser, max_tokens: int) -> dict[str, Any]:
     """The trajectory page: row + per segment its transcript and token arrays."""
-    segments = [_segment_view(seg, decoder, parser, max_tokens) for seg in traj.segments]
+    ordered = sorted(traj.segments, key=lambda s: (s.thread_kind != "main", s.key.thread, s.key.segment_index))
+    segments = [_segment_view(seg, decoder, parser, max_tokens) for seg in ordered]
     return {**row(traj), "segments_detail": segments, "decoded": decoder is not None}
 
 

@@ -7,6 +7,7 @@ client goes away mid-generation is aborted and leaves no trace in the capture
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -176,6 +177,7 @@ class ModelCall:
                     for delta in out.feed(text):
                         yield delta
                 if chunk.finish_reason:
+                    await _drain(self._chunks)
                     break
                 chunk = await anext(self._chunks, None)
             final = out.finish()
@@ -252,6 +254,17 @@ class ModelCall:
         trial.turns += 1
         for part in parts:
             trial.writer.submit(self.core.append_request(trial, part, finish if part.sampled is sampled else "", usage))
+
+
+async def _drain(chunks: AsyncIterator[gateway_pb2.GenerateChunk]) -> None:
+    """Reads the end of a Generate stream after its finish chunk (the status, sent
+    with it), so the call and its client span end now, not when it is collected."""
+    try:
+        async with asyncio.timeout(5):
+            async for _ in chunks:
+                pass
+    except Exception as e:  # noqa: BLE001 - the reply is committed; a late stream error changes nothing
+        log.info("generate stream did not end cleanly after its finish chunk", extra=kv(error=str(e)))
 
 
 def _tracer() -> trace.Tracer:

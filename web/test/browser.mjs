@@ -82,14 +82,16 @@ async function trajectoryChecks(where) {
   const cmds = await page.$$eval('.toolcall[data-tool="bash"] pre', (ps) => ps.map((p) => JSON.parse(p.textContent).command));
   check(JSON.stringify(cmds) === JSON.stringify(cfg.commands), `${where}: tool calls ${JSON.stringify(cmds)}`);
   check((await page.$$('.toolresult')).length === cfg.commands.length, `${where}: tool results`);
-  check((await page.$$('.msg.assistant.sampled')).length === cfg.commands.length + 1, `${where}: sampled replies`);
+  check((await page.$$('.msg.assistant.sampled')).length === cfg.commands.length + 2, `${where}: sampled replies (main + title)`);
+  const threads = await page.$$eval('.transcript .segment', (ss) => ss.map((x) => x.dataset.thread));
+  check(threads.length === cfg.segments && new Set(threads).size === cfg.segments, `${where}: one block per thread (${threads})`);
   await shot(`${where}-transcript`);
   await page.click('button[data-tab="tokens"]');
   await page.waitForSelector('.tok');
   const toks = await page.$$eval('.tokbox .tok', (t) => t.length);
   check(toks === cfg.tokens, `${where}: one span per token (${toks} of ${cfg.tokens})`);
   check((await page.$$('.tokbox .turnmark')).length === cfg.commands.length, `${where}: turn boundaries`);
-  check((await page.$$('.tokbox .boundary')).length === 1, `${where}: prompt boundary`);
+  check((await page.$$('.tokbox .boundary')).length === cfg.segments, `${where}: a prompt boundary per segment`);
   const shaded = await page.$$eval('.tokbox .tok.k1', (t) => new Set(t.map((x) => x.style.background)).size);
   check(shaded > 3, `${where}: sampled tokens shaded by logprob (${shaded} shades)`);
   await shot(`${where}-tokens`);

@@ -52,13 +52,22 @@ tools = [{"type": "function", "function": {"name": "bash", "description": "Run a
           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
          {"type": "function", "function": {"name": "write_file", "description": "Write a file under /app.",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+
+
+def chat(messages, tools=None):
+    body = json.dumps({"model": model, "messages": messages, **({"tools": tools} if tools else {})}).encode()
+    req = urllib.request.Request(f"{base}/chat/completions", data=body,
+                                 headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]
+
+
+# A side call first, as harnesses do (a session title): its own thread, no tools.
+chat([{"role": "system", "content": "Write a three-word title for this task."},
+      {"role": "user", "content": os.environ["HARNESSRL_INSTRUCTION"]}])
 messages = [{"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
             {"role": "user", "content": os.environ["HARNESSRL_INSTRUCTION"]}]
 for turn in range(8):
-    body = json.dumps({"model": model, "tools": tools, "messages": messages}).encode()
-    req = urllib.request.Request(f"{base}/chat/completions", data=body,
-                                 headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
-    message = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]
+    message = chat(messages, tools)
     messages.append(message)
     calls = message.get("tool_calls") or []
     if not calls:
@@ -110,6 +119,7 @@ PLAN: dict[int, dict[str, list[str]]] = {
     1: {"hello": ["solve_hello", "solve_hello", "explore"], "greet": ["solve_greet", "explore", "malformed"]},
     2: {"hello": ["solve_hello", "broken", "broken"], "greet": ["solve_greet", "solve_greet", "broken"]},
 }
+TITLE = [{"content": "Create the file"}]  # the side thread's reply (every other thread than main)
 GREET_TEST = """#!/bin/bash
 if [ "$(cat /app/greet.txt 2>/dev/null)" = "hi" ]; then echo 1 > /logs/verifier/reward.txt
 else echo 0 > /logs/verifier/reward.txt; fi
@@ -142,7 +152,7 @@ async def _stack(tmp: Path, store: Path) -> AsyncIterator[tuple[Any, dict[str, t
             target = f"127.0.0.1:{free_port()}"  # nothing listens there: the engine fails
             if turns is not None:
                 script = tmp / f"{name}.json"
-                script.write_text(json.dumps({"context_window": 8192, "threads": {"main": turns, "*": turns}}))
+                script.write_text(json.dumps({"context_window": 8192, "threads": {"main": turns, "*": TITLE}}))
                 gateway = await create_gateway(
                     GatewaySettings.model_validate(
                         {"engine": f"scripted:{script}", "scripted_log_path": tmp / f"{name}.engine.jsonl"}

@@ -94,7 +94,10 @@ async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: 
     async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         view = (await c.get(f"/api/runs/{RUN_ID}/trajectories/{trial}")).json()
         rows = (await c.get(f"/api/runs/{RUN_ID}/trajectories", params={"step": 0, "task": "hello"})).json()
-    seg, stored = view["segments_detail"][0], truth[trial].segments[0]
+    assert sorted((s["thread"], s["kind"]) for s in view["segments_detail"])[0][1] == "main"
+    assert {s["kind"] for s in view["segments_detail"]} == {"main", "side"}  # the title call is its own thread
+    seg = next(s for s in view["segments_detail"] if s["kind"] == "main")
+    stored = next(s for s in truth[trial].segments if s.thread_kind == "main")
     tokens = seg["tokens"]
     prompt, ids = unpack_i32(stored.prompt_ids).tolist(), unpack_i32(stored.response.ids).tolist()
     assert tokens["ids"] == prompt + ids and tokens["prompt_len"] == len(prompt)
@@ -102,7 +105,10 @@ async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: 
     assert tokens["kind"] == [2] * len(prompt) + mask
     sampled = [(i, lp) for i, lp, k in zip(tokens["ids"], tokens["logprobs"], tokens["kind"], strict=True) if k == 1]
     from_engine = [
-        (i, lp) for g in engine if g["trial_id"] == trial for i, lp in zip(g["sampled_ids"], g["logprobs"], strict=True)
+        (i, lp)
+        for g in engine
+        if g["trial_id"] == trial and g["thread"] == seg["thread"]
+        for i, lp in zip(g["sampled_ids"], g["logprobs"], strict=True)
     ]
     assert [i for i, _ in sampled] == [i for i, _ in from_engine]
     assert [lp for _, lp in sampled] == pytest.approx([lp for _, lp in from_engine], abs=1e-4)
@@ -116,10 +122,10 @@ async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: 
     assert messages[1] == {**messages[1], "role": "user", "text": "Write hello to hello.txt.", "source": "prompt"}
     assert view["termination_reason"] == "completed" and view["reward"] == 0.0 and view["timings"]["agent_s"] > 0
     assert {r["trial_id"] for r in rows["trajectories"]} == {"s0-hello-0", "s0-hello-1", "s0-hello-2"}
-    assert {r["trial_id"]: r["model_calls"] for r in rows["trajectories"]} == {
-        "s0-hello-0": 4,
-        "s0-hello-1": 1,
-        "s0-hello-2": 2,
+    assert {r["trial_id"]: r["model_calls"] for r in rows["trajectories"]} == {  # + 1 title call each
+        "s0-hello-0": 5,
+        "s0-hello-1": 2,
+        "s0-hello-2": 3,
     }
 
 

@@ -54,8 +54,8 @@ def second_run(root: Path) -> str:
 async def test_dashboard_in_a_browser(runs_root: Path, tmp_path: Path, web_dist: Path, artifacts: Path) -> None:
     compare_run = second_run(runs_root)
     truth = {t.trial_id: t for t in await store_trajectories(runs_root, include_tokens=True)}
-    seg = truth[EXPLORE_TRIAL].segments[0]
-    tokens = len(unpack_i32(seg.prompt_ids)) + len(unpack_i32(seg.response.ids))
+    segments = truth[EXPLORE_TRIAL].segments
+    tokens = sum(len(unpack_i32(s.prompt_ids)) + len(unpack_i32(s.response.ids)) for s in segments)
     exported = tmp_path / "export"
     service = DashboardService(dashboard_settings(runs_root), EmbeddedCaptureOpener())
     try:
@@ -74,6 +74,7 @@ async def test_dashboard_in_a_browser(runs_root: Path, tmp_path: Path, web_dist:
                 "trial": EXPLORE_TRIAL,
                 "commands": ["ls -la", "cat README.md", "pwd"],
                 "tokens": tokens,
+                "segments": len(segments),
                 "exportDir": str(exported),
                 "metricsFile": str(runs_root / RUN_ID / "metrics.jsonl"),
                 "artifacts": str(artifacts),

@@ -31,7 +31,7 @@ from harnessrl.localservers import free_port
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
-from tests.integration.test_dashboard.recorder import AGENT, BEHAVIOURS
+from tests.integration.test_dashboard.recorder import AGENT, BEHAVIOURS, TITLE
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = [
@@ -115,7 +115,7 @@ async def _stack(tmp: Path, otlp: str, metrics_port: int) -> Stack:
     )
     script = tmp / "script.json"
     turns = BEHAVIOURS["solve_hello"]
-    script.write_text(json.dumps({"context_window": 8192, "threads": {"main": turns, "*": turns}}))
+    script.write_text(json.dumps({"context_window": 8192, "threads": {"main": turns, "*": TITLE}}))
     gateway = await create_gateway(GatewaySettings.model_validate({"engine": f"scripted:{script}", **common}))
     proxy = await start_proxy(
         ProxySettings.model_validate(
@@ -187,12 +187,17 @@ async def _run_trial(stack: Stack, task: Path) -> tuple[str, str]:
 
 
 async def _wait_for(received: Collector, trace_id: str, names: set[str], wait_s: float = 30) -> list[Span]:
+    """The trace's spans once every name arrived and nothing new came for a second."""
     deadline = asyncio.get_running_loop().time() + wait_s
+    seen, stable = -1, 0
     while True:
         # In a thread: the collector answers on this event loop.
         await asyncio.to_thread(telemetry.flush)
         spans = [s for s in received.spans if s.trace_id == trace_id]
-        if names <= {s.name for s in spans} or asyncio.get_running_loop().time() > deadline:
+        stable = stable + 1 if len(spans) == seen else 0
+        seen = len(spans)
+        done = names <= {s.name for s in spans} and stable >= 5
+        if done or asyncio.get_running_loop().time() > deadline:
             return spans
         await asyncio.sleep(0.2)
 
@@ -257,14 +262,14 @@ async def test_one_trial_is_one_trace_across_every_service(
     assert all(parent(p) is trial for p in phases.values())
     # each model call: proxy.request under the trial, Generate and AppendSegment under it
     requests = by_name["proxy.request"]
-    assert len(requests) == len(BEHAVIOURS["solve_hello"]) == 2
+    assert len(requests) == len(BEHAVIOURS["solve_hello"]) + 1 == 3  # + the side (title) call
     for r in requests:
         assert parent(r) is trial and r.service == "proxy"
         assert r.attributes["harnessrl.trial_id"] == "tr-1" and r.attributes["harnessrl.task_id"] == "hello"
         assert r.attributes["harnessrl.sampled_tokens"] > 0
     gen_clients = [s for s in by_name[GENERATE] if s.kind == client]
     gen_servers = [s for s in by_name[GENERATE] if s.kind == server]
-    assert len(gen_clients) == len(gen_servers) == 2
+    assert len(gen_clients) == len(gen_servers) == 3
     assert {parent(c).span_id for c in gen_clients} == {r.span_id for r in requests}
     assert {parent(s).span_id for s in gen_servers} == {c.span_id for c in gen_clients}
     assert all(s.service == "gateway" and s.attributes["harnessrl.trial_id"] == "tr-1" for s in gen_servers)
