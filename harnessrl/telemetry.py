@@ -23,6 +23,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
 
 DEFAULT_SERVICE = "harnessrl"
 # Fields that identify a trial, wherever they appear (specs, requests, records).
@@ -42,7 +43,11 @@ def configure(service_name: str, otlp_endpoint: str | None = None) -> TracerProv
             atexit.register(_shutdown)
         provider = _providers.get(service_name)
         if provider is None:
-            provider = TracerProvider(resource=Resource.create({"service.name": service_name}), shutdown_on_exit=False)
+            provider = TracerProvider(
+                resource=Resource.create({"service.name": service_name}),
+                sampler=_WhenExporting(),
+                shutdown_on_exit=False,
+            )
             for processor in _processors:
                 provider.add_span_processor(processor)
             if not _providers:
@@ -56,6 +61,22 @@ def configure(service_name: str, otlp_endpoint: str | None = None) -> TracerProv
             _endpoints[otlp_endpoint] = processor
             _add_processor(processor)
         return provider
+
+
+class _WhenExporting(Sampler):
+    """Records spans only while something exports them: without an exporter a span is
+    a non-recording one that still carries the trace context (instrumented servers,
+    FastAPI's own spans included, then cost next to nothing on hot paths)."""
+
+    _inner = ParentBased(ALWAYS_ON)
+
+    def should_sample(self, parent_context: Context | None, trace_id: int, name: str, *args: Any, **kw: Any) -> Any:
+        if not _processors:
+            return SamplingResult(Decision.DROP)
+        return self._inner.should_sample(parent_context, trace_id, name, *args, **kw)
+
+    def get_description(self) -> str:
+        return "harnessrl.WhenExporting(ParentBased(AlwaysOn))"
 
 
 def close_endpoint(otlp_endpoint: str) -> None:
@@ -160,3 +181,15 @@ def trace_id_of(carrier: Mapping[str, Any]) -> str:
     """The trace id a carrier (queue message, headers) continues, '' if none."""
     ctx = trace.get_current_span(extract(carrier)).get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+def trial_trace(name: str, service: str, attributes: Mapping[str, Any]) -> Any:
+    """Starts a new trace for one trial (one trace per trial), linked to the current
+    span: the trainer step enqueues each trial inside ``trial_trace("trainer.enqueue",
+    "trainer", {...})`` so that the step -> queue -> sandbox -> proxy -> gateway ->
+    capture chain of a trial is one trace, and the step's span links to all of them."""
+    current = trace.get_current_span().get_span_context()
+    links = [trace.Link(current)] if current.is_valid else []
+    return tracer(__name__, service).start_as_current_span(
+        name, context=Context(), links=links, attributes=dict(attributes)
+    )

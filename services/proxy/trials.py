@@ -97,8 +97,9 @@ class ProxyCore:
         self.model = model
         # Client spans only when this process exports traces: they are the largest
         # fixed cost of a turn otherwise (see bench proxy).
-        tracing = settings.otlp_endpoint is not None
-        telemetry.configure("proxy", settings.otlp_endpoint)
+        tracing = self.tracing = settings.otlp_endpoint is not None
+        if tracing:
+            telemetry.configure("proxy", settings.otlp_endpoint)
         token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
         self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
         ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None

@@ -89,12 +89,13 @@ class ModelCall:
 
         The call is a span of the trial's trace (``proxy.request``): the Generate
         and AppendSegment RPCs it makes are its children; ``events`` ends it."""
-        self.span = _tracer().start_span(
-            "proxy.request",
-            context=self.trial.trace_context,
-            kind=trace.SpanKind.SERVER,
-            attributes=telemetry.trial_attributes(self.trial.spec) | {"harnessrl.request_id": self.request_id},
-        )
+        if self.core.tracing:  # spans cost CPU on the hot path: only when this process exports them
+            self.span = _tracer().start_span(
+                "proxy.request",
+                context=self.trial.trace_context,
+                kind=trace.SpanKind.SERVER,
+                attributes=telemetry.trial_attributes(self.trial.spec) | {"harnessrl.request_id": self.request_id},
+            )
         try:
             with trace.use_span(self.span, end_on_exit=False):
                 await self._start()
@@ -177,7 +178,8 @@ class ModelCall:
                     for delta in out.feed(text):
                         yield delta
                 if chunk.finish_reason:
-                    await _drain(self._chunks)
+                    if self.core.tracing:
+                        await _drain(self._chunks)
                     break
                 chunk = await anext(self._chunks, None)
             final = out.finish()
@@ -194,14 +196,15 @@ class ModelCall:
             with trace.use_span(self.span, end_on_exit=False):
                 self._commit(sampled, calls, final.content, finish, last.usage)
             committed = True
-            self.span.set_attributes(
-                {
-                    "harnessrl.thread": self.plan.thread.name,
-                    "harnessrl.prompt_tokens": self.plan.prompt_tokens,
-                    "harnessrl.sampled_tokens": sampled.num_tokens,
-                    "harnessrl.finish_reason": finish,
-                }
-            )
+            if self.span.is_recording():
+                self.span.set_attributes(
+                    {
+                        "harnessrl.thread": self.plan.thread.name,
+                        "harnessrl.prompt_tokens": self.plan.prompt_tokens,
+                        "harnessrl.sampled_tokens": sampled.num_tokens,
+                        "harnessrl.finish_reason": finish,
+                    }
+                )
             metrics.TOKENS.labels("proxy", "prompt").inc(self.plan.prompt_tokens)
             metrics.TOKENS.labels("proxy", "sampled").inc(sampled.num_tokens)
             log.info(

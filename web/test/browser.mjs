@@ -79,6 +79,8 @@ async function trajectoryChecks(where) {
   await page.waitForSelector('.msg');
   const head = await text('[data-panel="trajectory-header"]');
   check(head.includes(cfg.trial) && head.includes('completed') && head.includes('agent'), `${where}: trajectory header`);
+  const traceHref = await page.$eval('#trace-link', (a) => a.getAttribute('href'));
+  check(/\/trace\/[0-9a-f]{32}$/.test(traceHref), `${where}: link to the trial's trace (${traceHref})`);
   const cmds = await page.$$eval('.toolcall[data-tool="bash"] pre', (ps) => ps.map((p) => JSON.parse(p.textContent).command));
   check(JSON.stringify(cmds) === JSON.stringify(cfg.commands), `${where}: tool calls ${JSON.stringify(cmds)}`);
   check((await page.$$('.toolresult')).length === cfg.commands.length, `${where}: tool results`);

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl import telemetry
 from harnessrl.localservers import free_port
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
-from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from tests.sandbox_support import make_task, settings_for
 
 RUN_ID = "rec-1"
@@ -181,11 +182,12 @@ async def _stack(tmp: Path, store: Path) -> AsyncIterator[tuple[Any, dict[str, t
 
 
 async def record(root: Path) -> Recorded:
-    """Runs the planned trials and writes ``root/rec-1`` (run.json, config.toml, metrics.jsonl, capture/)."""
-    from services.sandbox.backends.local import LocalBackend
-    from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
-    from services.sandbox.lifecycle import TrialSpec
-    from services.sandbox.runner import TrialRunner
+    """Runs the planned trials and writes ``root/rec-1`` (run.json, config.toml, metrics.jsonl, capture/).
+
+    As the trainer does: per step a ``trainer.step`` span, the trials submitted over the
+    Sandbox gRPC API (one sandbox server with its in-process queue and worker per
+    behaviour, each pointed at that behaviour's proxy), then wait until they are done."""
+    from services.sandbox.server import create_sandbox_server
 
     run_dir = root / RUN_ID
     work = root / "work"
@@ -199,7 +201,7 @@ async def record(root: Path) -> Recorded:
     metrics: list[dict[str, Any]] = []
     async with _stack(work, run_dir / "capture") as (capture, stacks):
         target = f"127.0.0.1:{capture.port}"
-        runners = {}
+        sandboxes = {}
         for name, (proxy, _) in stacks.items():
             settings = settings_for(
                 work / name,
@@ -207,42 +209,60 @@ async def record(root: Path) -> Recorded:
                 proxy_admin_token="admin-secret",
                 proxy_uds_path=proxy.settings.uds_path,
                 capture_target=target,
+                queue_url="memory://",
+                concurrency=6,
             )
-            runners[name] = TrialRunner(
-                settings,
-                LocalBackend(settings),
-                proxy=ProxyAdmin(proxy.url, "admin-secret"),
-                capture=CaptureFinalizer(target, None),
-            )
-        for step, groups in PLAN.items():
-            jobs = []
-            for task, behaviours in groups.items():
-                group_id = f"s{step}-{task}"
-                for i, behaviour in enumerate(behaviours):
-                    spec = TrialSpec(
-                        trial_id=f"{group_id}-{i}",
-                        run_id=RUN_ID,
-                        task_path=str(tasks[task]),
-                        task_id=task,
-                        group_id=group_id,
-                        group_size=G,
-                        step=step,
-                        harness="shell",
-                        harness_options={"script": AGENT},
-                        model=default_model_dir().name,
-                        policy_version=step,
-                    )
-                    trials.append(spec.trial_id)
-                    jobs.append(_trial(runners[behaviour], spec))
-            await asyncio.gather(*jobs)
-            metrics.append(await _step_metrics(target, step))
+            sandboxes[name] = await create_sandbox_server(settings)
+        try:
+            for step, groups in PLAN.items():
+                specs = []
+                for task, behaviours in groups.items():
+                    group_id = f"s{step}-{task}"
+                    for i, behaviour in enumerate(behaviours):
+                        spec = sandbox_pb2.TrialSpec(
+                            trial_id=f"{group_id}-{i}",
+                            run_id=RUN_ID,
+                            task_path=str(tasks[task]),
+                            task_id=task,
+                            group_id=group_id,
+                            group_size=G,
+                            step=step,
+                            harness="shell",
+                            harness_options={"script": AGENT},
+                            model=default_model_dir().name,
+                            policy_version=step,
+                        )
+                        specs.append((sandboxes[behaviour].port, spec))
+                        trials.append(spec.trial_id)
+                await _submit_step(step, specs)
+                metrics.append(await _step_metrics(target, step))
+        finally:
+            for sandbox in sandboxes.values():
+                await sandbox.stop(0)
     _write_run_files(run_dir, started, metrics)
     return Recorded(run_dir, trials, {n: work / f"{n}.engine.jsonl" for n in BEHAVIOURS})
 
 
-async def _trial(runner: Any, spec: Any) -> None:
-    outcome = await runner.run(spec)
-    await runner.finalize(spec, outcome)
+async def _submit_step(step: int, specs: list[tuple[int, Any]]) -> None:
+    """One trainer step: each trial submitted in its own trace (linked to the step's span), then wait."""
+    tracer = telemetry.tracer(__name__, "trainer")
+    with tracer.start_as_current_span("trainer.step", attributes={"harnessrl.run_id": RUN_ID, "harnessrl.step": step}):
+        for port, spec in specs:
+            with telemetry.trial_trace("trainer.enqueue", "trainer", telemetry.trial_attributes(spec)):
+                async with connect(f"127.0.0.1:{port}", service="trainer") as channel:
+                    stub = sandbox_pb2_grpc.SandboxStub(channel)
+                    await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec))
+
+    async def wait(port: int, trial_id: str) -> None:
+        async with connect(f"127.0.0.1:{port}") as channel:
+            watch = sandbox_pb2_grpc.SandboxStub(channel).WatchTrials(
+                sandbox_pb2.WatchTrialsRequest(trial_ids=[trial_id]), timeout=300
+            )
+            async for status in watch:
+                if status.state == sandbox_pb2.TRIAL_STATE_DONE:
+                    return
+
+    await asyncio.gather(*(wait(port, spec.trial_id) for port, spec in specs))
 
 
 async def _step_metrics(target: str, step: int) -> dict[str, Any]:

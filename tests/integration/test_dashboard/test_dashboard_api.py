@@ -121,6 +121,10 @@ async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: 
     assert [m["tool_results"][0] for m in messages if m["role"] == "tool"][1].strip() == "# repo"
     assert messages[1] == {**messages[1], "role": "user", "text": "Write hello to hello.txt.", "source": "prompt"}
     assert view["termination_reason"] == "completed" and view["reward"] == 0.0 and view["timings"]["agent_s"] > 0
+    # one trace per trial: the trajectory links to its own trace
+    trace_ids = {t.metadata["trace_id"] for t in truth.values()}
+    assert len(trace_ids) == len(truth) and all(len(t) == 32 for t in trace_ids)
+    assert view["trace_url"] == f"http://127.0.0.1:16686/trace/{truth[trial].metadata['trace_id']}"
     assert {r["trial_id"] for r in rows["trajectories"]} == {"s0-hello-0", "s0-hello-1", "s0-hello-2"}
     assert {r["trial_id"]: r["model_calls"] for r in rows["trajectories"]} == {  # + 1 title call each
         "s0-hello-0": 5,

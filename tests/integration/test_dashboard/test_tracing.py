@@ -178,12 +178,15 @@ async def _run_trial(stack: Stack, task: Path) -> tuple[str, str]:
     async with connect(f"127.0.0.1:{stack.sandbox.port}", service="trainer") as channel:
         stub = sandbox_pb2_grpc.SandboxStub(channel)
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as step:
-            await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec))
-        trace_id = format(step.get_span_context().trace_id, "032x")
+            with telemetry.trial_trace("trainer.enqueue", "trainer", telemetry.trial_attributes(spec)) as enqueue:
+                await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec))
         async for status in stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(trial_ids=["tr-1"]), timeout=120):
             if status.state == sandbox_pb2.TRIAL_STATE_DONE:
                 break
-    return trace_id, format(step.get_span_context().span_id, "016x")
+    ctx = enqueue.get_span_context()
+    assert ctx.trace_id != step.get_span_context().trace_id  # one trace per trial, not per step
+    assert [link.context.span_id for link in enqueue.links] == [step.get_span_context().span_id]
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
 
 
 async def _wait_for(received: Collector, trace_id: str, names: set[str], wait_s: float = 30) -> list[Span]:
@@ -213,8 +216,8 @@ async def test_one_trial_is_one_trace_across_every_service(
 ) -> None:
     stack, received, metrics_port = traced
     task = make_task(tmp_path / "tasks", "hello")
-    trace_id, step_span = await _run_trial(stack, task)
-    names = {"trainer.step", SUBMIT, "sandbox.trial", "sandbox.agent", "proxy.request", GENERATE, APPEND, FINALIZE}
+    trace_id, enqueue_span = await _run_trial(stack, task)
+    names = {"trainer.enqueue", SUBMIT, "sandbox.trial", "sandbox.agent", "proxy.request", GENERATE, APPEND, FINALIZE}
     spans = await _wait_for(received, trace_id, names)
     by_name: dict[str, list[Span]] = {}
     for s in spans:
@@ -241,9 +244,13 @@ async def test_one_trial_is_one_trace_across_every_service(
         return found[0]
 
     server, client = 2, 3  # OTLP SpanKind
-    # trainer step -> SubmitTrial (client, then the sandbox's server span) -> the queued trial
+    assert all(s.attributes.get("harnessrl.trial_id", "tr-1") == "tr-1" for s in spans)  # this trial only
+    # trainer (the trial's enqueue, linked to its step) -> SubmitTrial -> the queued trial
+    enqueue = one("trainer.enqueue")
+    assert enqueue.parent == "" and enqueue.span_id == enqueue_span and enqueue.service == "trainer"
+    assert enqueue.attributes["harnessrl.trial_id"] == "tr-1" and enqueue.attributes["harnessrl.step"] == 7
     submit_client = one(SUBMIT, client, "trainer")
-    assert submit_client.parent == step_span
+    assert submit_client.parent == enqueue_span
     submit_server = one(SUBMIT, server, "sandbox")
     assert parent(submit_server) is submit_client
     trial = one("sandbox.trial")
