@@ -27,6 +27,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
+        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         call_id_prefix="call_",
     )
     call = ModelCall(core, trial, to_conversation(body), params)

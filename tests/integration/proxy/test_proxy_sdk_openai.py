@@ -135,3 +135,18 @@ def test_responses_api_streaming_and_not(stack: Stack) -> None:
     summary = stack.close_trial("oa-5")
     assert (summary["num_turns"], summary["num_segments"]) == (2, 1)
     check_faithful(stack.export("oa-5"), stack.engine_log(), "oa-5")
+
+
+def test_stop_strings_cut_the_text_and_keep_every_sampled_token(stack: Stack) -> None:
+    c = client(stack, "oa-6")
+    messages: list[dict[str, object]] = [{"role": "system", "content": "Agent."}, {"role": "user", "content": "Go."}]
+    r1 = c.chat.completions.create(model=MODEL, messages=messages, tools=[BASH], stop=["look"])  # type: ignore[arg-type]
+    assert r1.choices[0].message.content == "Let me" and r1.choices[0].finish_reason == "stop"
+    assert r1.choices[0].message.tool_calls is None
+    messages.append({"role": "assistant", "content": "Let me"})
+    messages.append({"role": "user", "content": "Go on."})
+    r2 = c.chat.completions.create(model=MODEL, messages=messages, tools=[BASH])  # type: ignore[arg-type]
+    assert r2.choices[0].message.content == "There is one file: a.txt. Done."
+    summary = stack.close_trial("oa-6")
+    assert (summary["num_turns"], summary["num_segments"]) == (2, 1), "the cut turn is recognised and extended"
+    check_faithful(stack.export("oa-6"), stack.engine_log(), "oa-6")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool
 from services.proxy.chat.model import ChatModel
-from services.proxy.chat.stream import OutputStream
+from services.proxy.chat.stream import OutputStream, StopStrings
 from services.proxy.chat.toolparsers import PARSERS, HermesParser, JsonParser, Qwen3CoderParser, get_parser
 
 TOOLS = (
@@ -141,3 +141,18 @@ def test_streaming_holds_back_partial_markers() -> None:
     assert s.feed('_call>{"name": "bash"') == []
     final = s.finish()
     assert final.malformed and final.content.startswith("Hello <tool_call>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="abXY", max_size=30), cuts=st.lists(st.integers(1, 5), max_size=20))
+def test_stop_strings_cut_at_the_first_stop_however_the_text_arrives(text: str, cuts: list[int]) -> None:
+    stops = ["XY", "bbb"]
+    found = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    expected = text[: min(found)[0]] if found else text
+    s, out, i = StopStrings(stops), "", 0
+    for n in [*cuts, len(text)]:
+        out += s.feed(text[i : i + n])
+        i += n
+    if s.hit is None:
+        out += s.flush()
+    assert out == expected and (s.hit is not None) == bool(found)
