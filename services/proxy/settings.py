@@ -56,6 +56,9 @@ class Settings(ServiceSettings):
 
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     max_trials: int = Field(10_000, ge=1, description="Open trials this proxy serves at once.")
+    keep_closed_trials: int = Field(
+        10_000, ge=0, description="Summaries of closed trials kept for GET /admin/trials/<id> (oldest dropped)."
+    )
     trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
     main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")
     render_check: bool = Field(

@@ -308,6 +308,13 @@ class TrialCapture:
     def close_all(self) -> list[Part]:
         return [self._close(t, s) for t in self.threads.values() for s in t.segments if not s.closed]
 
+    def release(self) -> None:
+        """Frees the token and message state of a closed trial; counts stay for its summary."""
+        for thread in self.threads.values():
+            for seg in thread.segments:
+                seg.context, seg.history, seg.last_messages = bytearray(), [], ()
+        self._ours = OurTurns()
+
 
 def _sampled_list(history: Sequence[Entry]) -> list[SampledIds | None]:
     return [e.sampled if isinstance(e, OurTurn) else None for e in history]
