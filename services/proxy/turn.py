@@ -158,6 +158,8 @@ class ModelCall:
                 # Every id received so far was sampled in this context and is kept;
                 # the engine stops sampling the rest.
                 await self._stop_engine()
+            else:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
             for delta in out.feed(stopper.flush()):
                 yield delta
             final = out.finish()

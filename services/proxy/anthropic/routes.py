@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.anthropic.models import SIGNATURE_PREFIX, CountTokensRequest, MessagesRequest, to_conversation
 from services.proxy.errors import error_body
-from services.proxy.protocol import authenticate, core_of, parse_request, sse
+from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.turn import CallParams, Done, ModelCall
 
 router = APIRouter()
@@ -34,7 +34,7 @@ async def messages(trial_id: str, request: Request) -> Response:
         return StreamingResponse(_stream(call, body.model), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
-            return JSONResponse(message(event, body.model))
+            return FastJSON(message(event, body.model))
     raise RuntimeError("generation ended without a result")
 
 
