@@ -81,6 +81,8 @@ class Trial:
             "render_mismatches": self.capture.render_mismatches,
             "capture_error": self.writer.error,
             "parts_appended": self.writer.appended,
+            "chat_template": self.capture.renderer.template.name,
+            "chat_template_sha256": self.capture.renderer.template.sha256,
         }
 
 

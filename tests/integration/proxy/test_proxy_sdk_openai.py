@@ -61,8 +61,10 @@ def test_tool_loop_non_streaming(stack: Stack) -> None:
     summary = stack.close_trial("oa-1")
     assert (summary["num_turns"], summary["num_segments"], summary["render_mismatches"]) == (2, 1, 0)
     assert summary["threads"][0]["name"] == "main"
+    assert summary["chat_template"] == "hermes-chatml" and len(summary["chat_template_sha256"]) == 64
     segments = stack.export("oa-1")
     assert len(segments) == 1 and segments[0]["closed"] and segments[0]["num_turns"] == 2
+    assert segments[0]["chat_template_sha256"] == summary["chat_template_sha256"], "recorded with the capture"
     check_faithful(segments, stack.engine_log(), "oa-1")
 
 
