@@ -23,7 +23,7 @@ from services.proxy.chat.conversation import Conversation
 from services.proxy.chat.render import SampledIds
 from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.engine import EngineContextOverflow
-from services.proxy.errors import ContextOverflow, MaxTurnsReached, TrialNotFound
+from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class ModelCall:
                 last.usage.cached_prompt_tokens,
                 stopper.hit,
             )
-        except Exception:
+        except (EngineUnavailable, EngineFailure, EngineContextOverflow):
             self.trial.engine_errors += 1
             raise
         finally:
