@@ -294,3 +294,14 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
     h.check_invariants()
     assert h.capture.render_mismatches == 0
     assert all(seg["closed"] for seg in h.segments().values())
+
+
+def test_bench_overhead_rows_are_well_formed(renderer: Renderer) -> None:
+    """The benchmark's code path (not its timings): a session grows, turns extend."""
+    from harnessrl.paths import default_model_dir
+    from services.proxy.bench import measure_overhead
+    from services.proxy.chat.model import ChatModel
+
+    model = ChatModel.load(default_model_dir(), [], "auto", {"SmolLM2-135M-Instruct": "hermes-chatml"}, "hermes", True)
+    [row] = measure_overhead(model, (600,), 2)
+    assert row.context_tokens >= 600 and row.core_median_ms > 0 and row.naive_median_ms > 0
