@@ -1,10 +1,21 @@
-"""``harnessrl bench``."""
+"""``harnessrl bench``: benchmarks, each printing a table with a baseline measured in the same run."""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Annotated
 
 import typer
 
 app = typer.Typer(help="bench", no_args_is_help=True)
+
+
+@app.command()
+def sandbox(trials: Annotated[int, typer.Option(min=2, help="Trials per measurement.")] = 20) -> None:
+    """Local sandbox: overhead per trial (warm layer cache) and trials/minute at concurrency 1, 4, 16."""
+    from services.sandbox.bench import print_report, run_bench
+
+    print_report(*asyncio.run(run_bench(trials)))
 
 
 @app.command()
@@ -13,3 +24,44 @@ def proxy(quick: bool = typer.Option(False, help="Fewer turns: a smoke run, not 
     from services.proxy.bench import print_tables, run
 
     print_tables(*run(quick))
+
+
+@app.command("gateway")
+def gateway(
+    turns: int = typer.Option(3072, help="Turns per scripted row (split across the sessions)."),
+    local: bool = typer.Option(False, help="Also measure the local CPU engine (slow: loads the model)."),
+) -> None:
+    """Gateway overhead: scripted engine straight vs through gRPC; optionally local engine decode rates."""
+    import asyncio
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from services.gateway import bench as gateway_bench
+
+    rows = asyncio.run(gateway_bench.bench_scripted([1, 64, 384], [1_000, 32_000], turns))
+    if local:
+        rows += asyncio.run(gateway_bench.bench_local([1, 4], 32, 256))
+    table = Table(title="harnessrl bench gateway")
+    for column in ("path", "sessions", "context", "turns", "seconds", "per second"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    for r in rows:
+        table.add_row(r.what, str(r.concurrency), str(r.context), str(r.turns), f"{r.seconds:.2f}", f"{r.rate:.0f}")
+    Console().print(table)
+
+
+@app.command()
+def capture(
+    backends: Annotated[str, typer.Option(help="Comma-separated: embedded,distributed.")] = "embedded,distributed",
+    writers: Annotated[int, typer.Option(min=1, help="Concurrent gRPC writers.")] = 64,
+    tokens: Annotated[int, typer.Option(min=10_000, help="Tokens appended in the throughput phase.")] = 3_000_000,
+    pin: Annotated[bool, typer.Option(help="Pin the server to one core, the load to another.")] = True,
+) -> None:
+    """Capture store: bytes/token, append throughput, 200k-token read-back vs JSONL per token."""
+    from services.capture_store.bench import BenchConfig, print_results, run
+
+    chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
+    if not chosen or set(chosen) - {"embedded", "distributed"}:
+        raise typer.BadParameter(f"{backends!r}: choose from embedded, distributed")
+    cfg = BenchConfig(backends=chosen, writers=writers, tokens=tokens, pin=pin)
+    print_results(run(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))

@@ -70,7 +70,7 @@ _local = threading.local()
 def _compressor(level: int) -> zstandard.ZstdCompressor:
     cache: dict[int, zstandard.ZstdCompressor] = _local.__dict__.setdefault("c", {})
     if level not in cache:
-        cache[level] = zstandard.ZstdCompressor(level=level)
+        cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)  # bit rot is detected
     return cache[level]
 
 

@@ -150,9 +150,10 @@ def scripted_logprobs(ids: npt.NDArray[np.int32], start: int) -> npt.NDArray[np.
 
 
 class GenerationLog:
-    """Every generation the engine made: in memory (bounded) and, with a path, JSONL."""
+    """Every generation the engine made: the last ``keep`` in memory (numpy arrays,
+    cheap to hold) and, with a path, all of them as JSONL (lists, for other processes)."""
 
-    def __init__(self, path: Path | None, keep: int = 10_000) -> None:
+    def __init__(self, path: Path | None, keep: int = 1000) -> None:
         self.path = path
         self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
         self._lock = threading.Lock()
@@ -162,9 +163,13 @@ class GenerationLog:
             self._file = path.open("a", encoding="utf-8")
 
     def append(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
+        # Prompts can be 200k tokens: memory keeps their length, the JSONL the ids.
+        self.records.append(
+            {k: v for k, v in record.items() if k != "prompt_ids"} | {"prompt_len": int(record["prompt_ids"].shape[0])}
+        )
         if self._file is not None:
-            line = json.dumps(record, separators=(",", ":")) + "\n"
+            plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in record.items()}
+            line = json.dumps(plain, separators=(",", ":")) + "\n"
             with self._lock:
                 self._file.write(line)
                 self._file.flush()
@@ -339,10 +344,10 @@ class ScriptedEngine(Engine):
                 "thread": request.thread,
                 "request_id": request.request_id,
                 "entry_index": index,
-                "prompt_ids": request.prompt_ids.tolist(),
-                "sampled_ids": ids.tolist(),
-                "logprobs": logprobs.tolist(),
-                "policy_versions": versions.tolist(),
+                "prompt_ids": request.prompt_ids,
+                "sampled_ids": ids.copy(),
+                "logprobs": logprobs.copy(),
+                "policy_versions": versions.copy(),
                 "finish_reason": finish,
                 "time": time.time(),
             }

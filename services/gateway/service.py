@@ -10,8 +10,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -21,12 +22,13 @@ from services.gateway.engine import Chunk, Engine, EngineInfo, GenerateInput, Sa
 from services.gateway.errors import (
     ContextLengthExceeded,
     EngineFailed,
+    EngineUnavailable,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     Paused,
 )
-from services.gateway.router import EJECTED, HEALTHY, Router
+from services.gateway.router import EJECTED, HEALTHY, Replica, Router
 from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,8 @@ class Output:
 class _Tracked:
     trial_id: str
     replica: str | None = None
-    aborted: bool = False
+    # Set by Abort; also wakes a request that waits for Resume.
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class GatewayService:
         self._waiting = 0
         self._update_lock = asyncio.Lock()
         self._health_task: asyncio.Task[None] | None = None
+        self._last_update: tuple[str, dict[str, str]] | None = None
 
     # --- life cycle -----------------------------------------------------------
 
@@ -122,11 +126,23 @@ class GatewayService:
             await self.probe()
 
     async def probe(self) -> None:
+        """Health round; a replica that is up but serves an old policy version loads
+        the latest checkpoint before it is routed to again."""
         await self.router.probe()
         for replica in self.router.replicas:
             version = replica.engine.info().policy_version
-            if replica.state == HEALTHY and version != self.version:
-                replica.state, replica.error = EJECTED, f"serves policy version {version}, expected {self.version}"
+            if replica.state != HEALTHY or version == self.version:
+                continue
+            replica.state, replica.error = EJECTED, f"serves policy version {version}, expected {self.version}"
+            if self._last_update is not None:
+                path, options = self._last_update
+                try:
+                    async with self._update_lock:
+                        await replica.engine.load_weights(self.version, path, options)
+                except Exception as e:  # noqa: BLE001 - stays ejected, with the reason
+                    replica.error += f"; catching up failed: {e}"
+                else:
+                    self.router.mark_ok(replica)
 
     def info(self) -> EngineInfo:
         replica = next(iter(self.router.healthy()), self.router.replicas[0])
@@ -139,6 +155,8 @@ class GatewayService:
 
     def _validate(self, prompt_ids: npt.NDArray[np.int32], sampling: Sampling) -> int:
         """Checks the request against the model; returns the token budget."""
+        if not self.router.healthy():
+            self.router.pick("")  # raises UNAVAILABLE (retryable) naming each replica's state
         info = self.info()
         n = int(prompt_ids.shape[0])
         if n == 0:
@@ -154,18 +172,22 @@ class GatewayService:
         room = info.context_window - n
         return min(sampling.max_tokens, room) if sampling.max_tokens else room
 
-    async def _wait_unpaused(self) -> None:
+    async def _wait_unpaused(self, tracked: _Tracked) -> None:
+        """Waits (bounded) for Resume; returns early when the request is aborted."""
         if self._unpaused.is_set():
             return
         if self._waiting >= self.settings.max_waiting:
             raise Paused(f"gateway paused for a weight update and {self._waiting} requests already wait; retry")
         self._waiting += 1
+        waiters = {asyncio.ensure_future(self._unpaused.wait()), asyncio.ensure_future(tracked.aborted.wait())}
         try:
-            await asyncio.wait_for(self._unpaused.wait(), self.settings.pause_wait_s)
-        except TimeoutError as e:
-            raise Paused(f"gateway still paused after {self.settings.pause_wait_s:g} s (weight update); retry") from e
+            done, _ = await asyncio.wait(waiters, timeout=self.settings.pause_wait_s, return_when="FIRST_COMPLETED")
+            if not done:
+                raise Paused(f"gateway still paused after {self.settings.pause_wait_s:g} s (weight update); retry")
         finally:
             self._waiting -= 1
+            for waiter in waiters:
+                waiter.cancel()
 
     async def generate(
         self, request_id: str, trial_id: str, thread: str, prompt_ids: npt.NDArray[np.int32], sampling: Sampling
@@ -176,7 +198,7 @@ class GatewayService:
             raise AlreadyExists(f"request_id {request_id!r} is already running; request ids must be unique")
         tracked = self._requests[request_id] = _Tracked(trial_id)
         try:
-            await self._wait_unpaused()
+            await self._wait_unpaused(tracked)
             request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget)
             async for out in self._stream(request, tracked):
                 yield out
@@ -185,7 +207,7 @@ class GatewayService:
 
     async def _stream(self, request: GenerateInput, tracked: _Tracked) -> AsyncIterator[Output]:
         n_prompt = int(request.prompt_ids.shape[0])
-        if tracked.aborted:
+        if tracked.aborted.is_set():
             yield Output(Chunk.empty("abort"), "", Usage(n_prompt, 0, 0))
             return
         produced = 0
@@ -212,7 +234,7 @@ class GatewayService:
         return sum(results)
 
     async def _abort_one(self, request_id: str, tracked: _Tracked) -> bool:
-        tracked.aborted = True
+        tracked.aborted.set()
         if tracked.replica is None:
             return True
         replica = self.router.by_name(tracked.replica)
@@ -224,30 +246,76 @@ class GatewayService:
     def paused(self) -> bool:
         return not self._unpaused.is_set()
 
+    def _serving(self) -> list[Replica]:
+        return [r for r in self.router.replicas if r.state != EJECTED]
+
+    async def _on_replicas(self, replicas: list[Replica], action: str, calls: list[Awaitable[Any]]) -> list[Any]:
+        """Runs one call per replica; a replica that fails counts a failure (and may be
+        ejected). Raises only when every replica failed."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [(r, e) for r, e in zip(replicas, results, strict=True) if isinstance(e, BaseException)]
+        for replica, error in failed:
+            log.error(f"{action} failed", extra={"kv": {"replica": replica.name, "error": str(error)}})
+            self.router.mark_failed(replica, error)
+        if replicas and len(failed) == len(replicas):
+            raise failed[0][1]
+        return [r for r in results if not isinstance(r, BaseException)]
+
     async def pause(self, timeout_s: float) -> int:
         if not math.isfinite(timeout_s) or timeout_s < 0:
             raise InvalidArgument(f"timeout_s must be finite and >= 0, got {timeout_s}")
         self._unpaused.clear()
-        held = await asyncio.gather(*(r.engine.pause(timeout_s) for r in self.router.replicas))
+        replicas = self._serving()
+        held = await self._on_replicas(replicas, "pause", [r.engine.pause(timeout_s) for r in replicas])
         log.info("paused", extra={"kv": {"held": sum(held)}})
         return sum(held)
 
     async def resume(self) -> int:
-        resumed = await asyncio.gather(*(r.engine.resume() for r in self.router.replicas))
+        """Resumes every replica (an ejected one may hold paused requests too)."""
+        replicas = self.router.replicas
+        results = await asyncio.gather(*(r.engine.resume() for r in replicas), return_exceptions=True)
+        for replica, result in zip(replicas, results, strict=True):
+            if isinstance(result, BaseException) and replica.state != EJECTED:
+                log.error("resume failed", extra={"kv": {"replica": replica.name, "error": str(result)}})
+                self.router.mark_failed(replica, result)
         self._unpaused.set()
-        return sum(resumed)
+        return sum(r for r in results if isinstance(r, int))
 
     async def update_weights(self, version: int, checkpoint_path: str, options: Mapping[str, str]) -> float:
-        """Loads ``version`` on every replica; returns seconds taken. A replica
-        that fails while others succeed is ejected (it would serve stale weights)."""
+        """Loads ``version`` on every serving replica; returns seconds taken. A replica
+        that fails while others succeed is ejected (it would serve stale weights) and
+        catches up when its health probe passes again."""
+        seconds = await self._update(version, lambda e: e.load_weights(version, checkpoint_path, options))
+        self._last_update = (checkpoint_path, dict(options))
+        return seconds
+
+    async def load_state_dict(self, version: int, tensors: Mapping[str, Any]) -> float:
+        """In-process weight update for the embedded stack (the trainer hands tensors
+        over, no checkpoint folder): same version rules as UpdateWeights."""
+
+        def load(engine: Engine) -> Awaitable[None]:
+            loader = getattr(engine, "load_state_dict", None)
+            if loader is None:
+                raise InvalidArgument(f"engine {engine.kind} takes weights from a checkpoint_path only")
+            return cast(Awaitable[None], loader(version, tensors))
+
+        seconds = await self._update(version, load)
+        self._last_update = None  # nothing on disk to catch up from
+        return seconds
+
+    async def _update(self, version: int, load: Callable[[Engine], Awaitable[None]]) -> float:
         async with self._update_lock:
             if version <= self.version:
                 raise FailedPrecondition(f"version {version} is not greater than the current version {self.version}")
+            replicas = self._serving()
+            if not replicas:
+                raise EngineUnavailable("no serving replica to load weights into")
             started = time.monotonic()
-            replicas = self.router.replicas
-            results = await asyncio.gather(
-                *(r.engine.load_weights(version, checkpoint_path, options) for r in replicas), return_exceptions=True
-            )
+
+            async def one(replica: Replica) -> None:
+                await load(replica.engine)
+
+            results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
             failed = [(r, e) for r, e in zip(replicas, results, strict=True) if isinstance(e, BaseException)]
             if len(failed) == len(replicas):
                 raise failed[0][1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
@@ -90,3 +90,16 @@ class Settings(ServiceSettings):
     vllm_max_concurrency: int = Field(
         256, ge=1, le=100_000, description="Requests in flight per vLLM server (used for least-loaded routing)."
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_syntax(cls, value: str) -> str:
+        """Catches a malformed selection string when the config loads (the registry
+        checks that the named engine exists when the server starts)."""
+        value = value.strip()
+        name, sep, arg = value.partition(":")
+        if value in ("local", "vllm") or (name == "scripted" and arg) or (sep and name and arg and "/" not in name):
+            return value
+        raise ValueError(
+            f"unknown engine {value!r}; valid: 'local', 'vllm', 'scripted:PATH' or 'module.path:ClassName'"
+        )

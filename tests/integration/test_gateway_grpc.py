@@ -220,3 +220,26 @@ async def test_many_concurrent_sessions(tmp_path: Path) -> None:
             assert all(tokens(r)[0] == first for r in results)
     finally:
         await server.stop(0.5)
+
+
+async def test_waiting_request_can_be_aborted_and_waiting_is_bounded(tmp_path: Path) -> None:
+    server = await start_gateway(tmp_path, pause_wait_s=30, max_waiting=1)
+    try:
+        async with connect(f"127.0.0.1:{server.port}") as channel:
+            stub = gateway_pb2_grpc.RolloutGatewayStub(channel)
+            await stub.Pause(pb.PauseRequest(timeout_s=1))
+            waiting = asyncio.create_task(generate(stub, gen_request([1], rid="w1", trial="a")))
+            await asyncio.sleep(0.2)
+            # The bound: one request may wait; the next is refused at once, retryable.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await generate(stub, gen_request([1], rid="w2", trial="b"))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "already wait" in info.value.details()
+            # Abort wakes the waiting request without waiting for Resume.
+            assert (await stub.Abort(pb.AbortRequest(request_id="w1"))).aborted == 1
+            chunks = await asyncio.wait_for(waiting, 5)
+            assert chunks[-1].finish_reason == "abort" and not tokens(chunks)[0]
+            assert (await stub.Health(pb.GatewayHealthRequest())).paused
+            await stub.Resume(pb.ResumeRequest())
+            assert tokens(await generate(stub, gen_request([1], rid="w3", trial="c")))[0][-1] == 2
+    finally:
+        await server.stop(0.5)

@@ -174,15 +174,17 @@ async def test_health_shows_live_and_dead_replicas(gateway) -> None:
 
 async def test_streamed_ids_and_logprobs_match_a_teacher_forced_forward(gateway) -> None:
     _, stub = gateway
-    chunks = [c async for c in stub.Generate(request(PROMPT, "v1", trial="tv", max_tokens=12, temperature=0.8, seed=7))]
+    sampling = {"temperature": 0.8, "top_p": 0.9, "seed": 7}
+    chunks = [c async for c in stub.Generate(request(PROMPT, "v1", trial="tv", max_tokens=12, **sampling))]
     ids, lps, versions = arrays(chunks)
     assert chunks[-1].finish_reason in ("stop", "length") and chunks[-1].replica == "vllm-1"
     assert len(ids) == chunks[-1].usage.completion_tokens and versions == [0] * len(ids)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
-    reference = teacher_forced(model, PROMPT, ids, Sampling(temperature=0.8))
-    assert np.max(np.abs(lps - reference)) < 2e-2, np.abs(lps - reference)
+    # fp32 vLLM with processed logprobs vs a teacher-forced fp32 transformers pass: ~3e-5 measured.
+    reference = teacher_forced(model, PROMPT, ids, Sampling(temperature=0.8, top_p=0.9))
+    assert np.max(np.abs(lps - reference)) <= 1e-3, np.abs(lps - reference)
 
 
 async def test_abort_ends_the_stream(gateway) -> None:
