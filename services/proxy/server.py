@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ async def start(settings: Settings, model: ChatModel | None = None) -> RunningPr
 async def serve_until_signal(settings: Settings, announce: bool = True) -> None:
     running = await start(settings)
     if announce:
-        print(f"proxy listening on {settings.host}:{running.port}", flush=True)
+        print(f"proxy listening on {settings.host}:{running.port}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
