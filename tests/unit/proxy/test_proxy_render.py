@@ -171,6 +171,8 @@ def test_text_that_looks_like_a_placeholder_cannot_move_a_splice(renderer: Rende
     conv = Conversation("S", (sneaky, Message("assistant", "x"), Message("user", "y")), ())
     out = ids(renderer.full(conv, [None, turn, None]))
     head = renderer.tokenizer.encode(
-        renderer.template.render([{"role": "system", "content": "S"}, {"role": "user", "content": sneaky.content}], None, True)
+        renderer.template.render(
+            [{"role": "system", "content": "S"}, {"role": "user", "content": sneaky.content}], None, True
+        )
     )
     assert out[: len(head)] == head and out[len(head) : len(head) + 2] == [4093, 2]
