@@ -156,3 +156,18 @@ def test_stop_strings_cut_at_the_first_stop_however_the_text_arrives(text: str, 
     if s.hit is None:
         out += s.flush()
     assert out == expected and (s.hit is not None) == bool(found)
+
+
+def test_preflight_refuses_a_template_that_does_not_render_incrementally(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from harnessrl.paths import default_model_dir
+    from services.proxy.chat.template import BUILTIN_TEMPLATES
+
+    # The hermes override, except that the last message is marked: a turn's
+    # rendering then depends on whether another follows it.
+    plain = "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    source = BUILTIN_TEMPLATES["hermes-chatml"].read_text()
+    assert plain in source
+    marked = tmp_path / "marked.jinja"
+    marked.write_text(source.replace(plain, plain + "{%- if loop.last %}(last){% endif -%}"))
+    with pytest.raises(ConfigError, match="does not render conversations incrementally"):
+        ChatModel.load(default_model_dir(), [], str(marked), {}, "hermes", True)
