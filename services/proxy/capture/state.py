@@ -256,6 +256,8 @@ class TrialCapture:
         same_root = [t for t in same_system if t.root == first]
         if same_root:
             return same_root[-1]
+        if not conv.tools and self._main_requires_tools:
+            return None  # a tool-less call under the main prompt is a side call, not the agent
         return next((t for t in same_system if t.kind == MAIN), None)
 
     def _new_thread(self, conv: Conversation) -> Thread:
