@@ -22,7 +22,8 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
 4. Threads are keyed by the leading system prompt: a request whose system
    prompt is not the main thread's belongs to another, labelled thread; other
    conversations under one system prompt (parallel sub-agents, repeated title
-   requests) are told apart by their first message, each its own thread. A
+   requests) are told apart by their first message, each its own thread; a
+   call without tools under the main prompt is a side call, not the agent. A
    thread is one conversation: its segments are sequential, one open at a time.
 """
 
