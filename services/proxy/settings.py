@@ -65,4 +65,7 @@ class Settings(ServiceSettings):
         False, description="Also render every extended turn from scratch and compare (tests; costs O(context))."
     )
     capture_retries: int = Field(5, ge=0, le=100, description="Retries of a failed AppendSegment (idempotent).")
+    gc_tuning: bool = Field(
+        True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
+    )
     engine_timeout_s: float = Field(600.0, gt=0, description="Deadline of one Generate call.")
