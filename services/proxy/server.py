@@ -6,8 +6,8 @@ tests, which all get the bound port back."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
+import gc
 import logging
 import signal
 import socket
