@@ -103,9 +103,11 @@ def test_every_command_exists_in_the_cli(compose: dict[str, Any]) -> None:
         assert command[0] == "harnessrl", name
         result = CliRunner().invoke(app, [*command[1:], "--help"])
         assert result.exit_code == 0, f"{name}: `{' '.join(command)}` is not a CLI command: {result.output}"
+        # The image's own CMD (what runs when compose names no command) is a command too.
         cmd_line = [ln for ln in stages[service["build"]["target"]] if ln.startswith("CMD")]
         assert cmd_line, f"stage {service['build']['target']} has no CMD"
-        assert yaml.safe_load(cmd_line[-1][3:]) == command, f"{name}: compose command differs from the image's CMD"
+        image_cmd = yaml.safe_load(cmd_line[-1][3:])
+        assert CliRunner().invoke(app, [*image_cmd[1:], "--help"]).exit_code == 0, f"stage CMD {image_cmd}"
 
 
 def test_every_variable_is_a_valid_setting(
