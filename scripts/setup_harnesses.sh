@@ -3,7 +3,7 @@
 # ($HARNESSRL_TOOLS_DIR, default $HARNESSRL_HOME/tools): Claude Code, OpenCode
 # and Codex from npm; mini-swe-agent (Python 3.11) and the OpenHands SDK
 # (Python 3.12) in venvs of their own. Idempotent (stamps); called by
-# scripts/setup and by the sandbox image (docker/Dockerfile).
+# scripts/setup and by the sandbox image (deploy/Dockerfile).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

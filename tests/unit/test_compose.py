@@ -1,4 +1,4 @@
-"""docker-compose.yml and docker/Dockerfile, validated statically (no Docker
+"""docker-compose.yml and deploy/Dockerfile, validated statically (no Docker
 engine runs on these machines): the compose schema, that every command exists
 in the CLI, that every HARNESSRL_* variable is a field of its service's
 settings class with a valid value, and that ports and targets line up."""
@@ -21,8 +21,8 @@ from harnessrl.config import ServiceSettings, load_section
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILE = ROOT / "docker" / "Dockerfile"
-ENV_EXAMPLE = ROOT / "docker" / "env.example"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+ENV_EXAMPLE = ROOT / "deploy" / "env.example"
 
 
 def settings_classes() -> dict[str, tuple[str, type[ServiceSettings]]]:
@@ -174,4 +174,4 @@ def test_dockerfile_copies_only_what_exists() -> None:
         for line in lines:
             if line.startswith("COPY") and "--from=" not in line:
                 for source in line.split()[1:-1]:
-                    assert (ROOT / source).exists(), f"docker/Dockerfile copies missing {source}"
+                    assert (ROOT / source).exists(), f"deploy/Dockerfile copies missing {source}"
