@@ -73,7 +73,7 @@ def report(
         train = forward.logprobs_no_grad(model, samples, token_budget)
     t_all, r_all = [], []
     by_version: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = defaultdict(lambda: ([], []))
-    per_segment = []
+    per_segment: list[dict[str, Any]] = []
     for s, lp in zip(samples, train, strict=True):
         t, r, v = lp.numpy()[s.mask], s.rollout_logprobs[s.mask], s.versions[s.mask]
         t_all.append(t)
@@ -94,7 +94,7 @@ def report(
             str(v): agreement.compute(_cat(ts), _cat(rs)).as_metrics("agreement")
             for v, (ts, rs) in sorted(by_version.items())
         },
-        "worst_segments": sorted(per_segment, key=lambda x: -x["max_abs_diff"])[:20],
+        "worst_segments": sorted(per_segment, key=lambda x: -float(x["max_abs_diff"]))[:20],
         "alerts": agreement.alerts(overall, min_pearson, min_ess),
     }
 
