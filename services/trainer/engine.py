@@ -30,7 +30,7 @@ from services.trainer import agreement, checkpoint, forward
 from services.trainer.advantages import ScoredRow, score_groups
 from services.trainer.losses import LossInputs, RowLayout, policy_loss
 from services.trainer.samples import Sample, StepCounters, build_rows
-from services.trainer.settings import Settings
+from services.trainer.settings import AlgoSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +161,8 @@ class CpuTrainer:
     ) -> dict[str, float] | None:
         """One optimizer step on ``samples``; None (and an alert) if it was skipped."""
         algo, opt = self.settings.algo, self.settings.optim
-        row_of = {id(s): i for i, r in enumerate(scored) for s in r.row.samples}
-        layout = RowLayout.build([row_of[id(s)] for s in samples], [s.num_policy_tokens for s in samples], len(scored))
-
-        def rows(values: Sequence[torch.Tensor]) -> torch.Tensor:
-            return layout.scatter([v[torch.from_numpy(s.mask)] for s, v in zip(samples, values, strict=True)])
-
-        ref = self._logprobs(self.ref_model, samples) if self.ref_model is not None else None
-        log_prob = rows(current).requires_grad_()
-        inputs = LossInputs(
-            log_prob=log_prob,
-            old_log_prob=rows([old[id(s)] for s in samples]),
-            rollout_log_prob=rows([torch.from_numpy(s.rollout_logprobs) for s in samples]),
-            advantages=rows([torch.full((s.response_len,), scored[row_of[id(s)]].advantage) for s in samples]),
-            mask=layout.mask(),
-            ref_log_prob=rows(ref) if ref is not None else None,
-        )
+        layout, inputs = self._loss_inputs(scored, samples, current, [old[id(s)] for s in samples])
+        log_prob = inputs.log_prob
         loss, metrics = policy_loss(inputs, algo)
         loss.backward()
         grad = log_prob.grad
@@ -195,6 +181,47 @@ class CpuTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         metrics["optim/grad_norm"] = float(norm)
         metrics["optim/lr"] = opt.lr
+        return metrics
+
+    def _loss_inputs(
+        self, scored: list[ScoredRow], samples: list[Sample], current: list[torch.Tensor], old: list[torch.Tensor]
+    ) -> tuple[RowLayout, LossInputs]:
+        """[trajectory, policy token] rows (see ``losses``); ``log_prob`` is a leaf that collects dL/dlp."""
+        row_of = {id(s): i for i, r in enumerate(scored) for s in r.row.samples}
+        layout = RowLayout.build([row_of[id(s)] for s in samples], [s.num_policy_tokens for s in samples], len(scored))
+
+        def rows(values: Sequence[torch.Tensor]) -> torch.Tensor:
+            return layout.scatter([v[torch.from_numpy(s.mask)] for s, v in zip(samples, values, strict=True)])
+
+        ref = self._logprobs(self.ref_model, samples) if self.ref_model is not None else None
+        inputs = LossInputs(
+            log_prob=rows(current).requires_grad_(),
+            old_log_prob=rows(old),
+            rollout_log_prob=rows([torch.from_numpy(s.rollout_logprobs) for s in samples]),
+            advantages=rows([torch.full((s.response_len,), scored[row_of[id(s)]].advantage) for s in samples]),
+            mask=layout.mask(),
+            ref_log_prob=rows(ref) if ref is not None else None,
+        )
+        return layout, inputs
+
+    def evaluate(self, groups: Sequence[Group], algo: AlgoSettings | None = None) -> dict[str, float]:
+        """The loss of ``groups`` under the current weights, without updating anything.
+
+        By default against the engine's logprobs as the old policy and without
+        clipping: after a step, this is the surrogate objective it improved.
+        """
+        algo = algo or self.settings.algo.model_copy(
+            update={"proximal": "rollout", "clip_ratio_low": 1.0, "clip_ratio_high": 10.0, "clip_ratio_c": 1e9}
+        )
+        counters = StepCounters()
+        grouped = [(gid, build_rows(trajs, counters, self.settings.optim.max_seq_len)) for gid, trajs in groups]
+        scored = [r for r in score_groups(grouped, algo, counters) if r.row.samples]
+        samples = [s for r in scored for s in r.row.samples]
+        if not samples:
+            return {}
+        current = self._logprobs(self.model, samples)
+        _, inputs = self._loss_inputs(scored, samples, current, current)
+        _, metrics = policy_loss(inputs, algo)
         return metrics
 
     # -- checkpoints ------------------------------------------------------------
