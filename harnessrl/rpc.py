@@ -211,9 +211,10 @@ async def start_server(
     return RunningServer(server, port, health_servicer, services, settings.shutdown_grace_s)
 
 
-class _BearerInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamStreamClientInterceptor
-):
+class _Bearer:
+    # grpc.aio files a channel interceptor under the first interceptor kind it
+    # is an instance of, so each call kind needs its own class (one class
+    # implementing all kinds would authenticate unary-unary calls only).
     def __init__(self, token: str) -> None:
         self._md = ("authorization", f"Bearer {token}")
 
@@ -223,21 +224,35 @@ class _BearerInterceptor(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+class _BearerUnaryUnary(_Bearer, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _BearerUnaryStream(_Bearer, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _BearerStreamUnary(_Bearer, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+class _BearerStreamStream(_Bearer, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(details), request_iterator)
+
+
+_BEARERS = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
 
 
 def connect(target: str, token: str | None = None) -> grpc.aio.Channel:
     """An insecure asyncio channel that propagates the trace and, if given, the bearer token."""
     interceptors: list[Any] = list(aio_client_interceptors(tracer_provider=telemetry.provider()))
     if token:
-        interceptors.append(_BearerInterceptor(token))
+        interceptors += [cls(token) for cls in _BEARERS]
     return grpc.aio.insecure_channel(
         target,
         interceptors=interceptors,

@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(help="bench", no_args_is_help=True)
+
+
+@app.command()
+def capture(
+    backends: Annotated[str, typer.Option(help="Comma-separated: embedded,distributed.")] = "embedded,distributed",
+    writers: Annotated[int, typer.Option(min=1, help="Concurrent gRPC writers.")] = 64,
+    tokens: Annotated[int, typer.Option(min=10_000, help="Tokens appended in the throughput phase.")] = 3_000_000,
+    pin: Annotated[bool, typer.Option(help="Pin the server to one core, the load to another.")] = True,
+) -> None:
+    """Capture store: bytes/token, append throughput, 200k-token read-back vs JSONL per token."""
+    from services.capture_store.bench import BenchConfig, print_results, run
+
+    chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
+    if not chosen or set(chosen) - {"embedded", "distributed"}:
+        raise typer.BadParameter(f"{backends!r}: choose from embedded, distributed")
+    cfg = BenchConfig(backends=chosen, writers=writers, tokens=tokens, pin=pin)
+    print_results(run(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
