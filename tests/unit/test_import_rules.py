@@ -1,5 +1,6 @@
 """Service boundaries are checked, not hoped for: a service imports the common
-package and the stubs, never another service and never the CLI."""
+package and the stubs, never another service, the CLI or the composition root
+(``stack/``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def violations(service: str) -> list[str]:
         for line, module in imported_modules(path):
             parts = module.split(".")
             other_service = parts[0] == "services" and len(parts) > 1 and parts[1] != service
-            if other_service or module.startswith("harnessrl.cli"):
+            composition = parts[0] == "stack" or module.startswith("harnessrl.cli")
+            if other_service or composition:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     return bad
 
@@ -44,6 +46,6 @@ def test_services_import_only_common_package_and_stubs() -> None:
 
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     source = tmp_path / "x.py"
-    source.write_text("from services.gateway.server import create_server\nimport harnessrl.cli.main\n")
+    source.write_text("from services.gateway.server import create_server\nimport harnessrl.cli.main\nimport stack\n")
     modules = [m for _, m in imported_modules(source)]
-    assert "services.gateway.server" in modules and "harnessrl.cli.main" in modules
+    assert {"services.gateway.server", "harnessrl.cli.main", "stack"} <= set(modules)

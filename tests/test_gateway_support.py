@@ -1,0 +1,57 @@
+"""Helpers shared by the gateway tests: a tiny random Llama folder (fast to load,
+same tokenizer as the default model) and teacher-forced reference logprobs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harnessrl import paths
+from services.gateway.engine import Sampling
+from services.gateway.sampling import sampling_logprobs
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer random Llama with the default model's tokenizer, saved as a plain HF folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    source = paths.default_model_dir()
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+@torch.inference_mode()
+def teacher_forced(model: Any, prompt: list[int], output: list[int], sampling: Sampling) -> np.ndarray:
+    """Logprobs of ``output`` given ``prompt`` from one fp32 forward over the whole
+    sequence, processed exactly as the engine's sampling distribution."""
+    ids = torch.tensor([prompt + output])
+    logits = model(input_ids=ids).logits[0].float()
+    start = len(prompt) - 1
+    return np.asarray(
+        [float(sampling_logprobs(logits[start + i], sampling)[token]) for i, token in enumerate(output)],
+        dtype=np.float64,
+    )
