@@ -19,11 +19,15 @@ version that sampled it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -71,6 +75,7 @@ class ReadyGroupSource:
         self._ready: asyncio.Queue[capture_pb2.ReadyGroup | BaseException] = asyncio.Queue()
         self._channel: grpc.aio.Channel | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
 
     async def start(self, consumer: str = "trainer-0") -> None:
         self._channel = connect(self._target, self._token)
@@ -84,6 +89,7 @@ class ReadyGroupSource:
     async def _outgoing(self) -> AsyncIterator[capture_pb2.WatchReadyRequest]:
         while (req := await self._requests.get()) is not None:
             yield req
+        self._drained.set()
 
     async def _read(self, call: AsyncIterator[capture_pb2.ReadyGroup]) -> None:
         try:
@@ -116,8 +122,17 @@ class ReadyGroupSource:
             capture_pb2.WatchReadyRequest(ack=capture_pb2.WatchReadyRequest.Ack(group_id=group_id))
         )
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 0.5) -> None:
+        """Sends the queued acks, gives the store ``grace_s`` to apply them, then hangs up.
+
+        An ack lost in a crash only means a redelivery, which ``TrainingLoop``
+        recognises (it remembers the groups it consumed) and skips.
+        """
         await self._requests.put(None)
+        if self._reader is not None and not self._reader.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), grace_s)
+            await asyncio.sleep(grace_s)
         if self._reader is not None:
             self._reader.cancel()
         if self._channel is not None:
@@ -169,6 +184,22 @@ class TrainingLoop:
         self.settings, self.trainer, self.source, self.service, self.sync = settings, trainer, source, service, sync
         self.output_dir = settings.resolved_output_dir()
         self.dropped: Counter[str] = Counter()
+        self.consumed = self._load_consumed()
+
+    def _consumed_path(self) -> Path:
+        return self.output_dir / "consumed_groups.json"
+
+    def _load_consumed(self) -> set[str]:
+        """Groups trained on or dropped by an earlier run of this loop (redeliveries are skipped)."""
+        path = self._consumed_path()
+        return set(json.loads(path.read_text())) if path.exists() else set()
+
+    def _save_consumed(self) -> None:
+        path = self._consumed_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(sorted(self.consumed)))
+        os.replace(tmp, path)
 
     async def run(self) -> list[StepResult]:
         results: list[StepResult] = []
@@ -196,10 +227,15 @@ class TrainingLoop:
             except TimeoutError:
                 log.warning("no ready group within %.1fs; stopping", rollout.wait_timeout_s)
                 return None
+            if group.ready.group_id in self.consumed:
+                self.dropped["dropped/duplicate_groups"] += 1
+                await self.source.ack(group.ready.group_id)
+                continue
             oldest = group.min_version()
             staleness = self.trainer.policy_version - oldest if oldest is not None else 0
             if staleness > rollout.max_staleness:
                 self.dropped["dropped/stale_groups"] += 1
+                self.consumed.add(group.ready.group_id)
                 log.info("dropped stale group", extra={"kv": {"group": group.ready.group_id, "staleness": staleness}})
                 await self.source.ack(group.ready.group_id)
                 continue
@@ -215,6 +251,8 @@ class TrainingLoop:
         path = checkpoint.step_dir(self.output_dir, result.step)
         await asyncio.to_thread(self.trainer.save, path)
         checkpoint.prune(self.output_dir, self.settings.keep_checkpoints)
+        self.consumed.update(g.ready.group_id for g in batch)
+        self._save_consumed()
         for g in batch:  # durable in a checkpoint: safe to acknowledge
             await self.source.ack(g.ready.group_id)
         if self.sync is not None and result.updated and result.step % self.settings.rollout.sync_every == 0:
