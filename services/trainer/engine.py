@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from harnessrl.v1 import records_pb2
-from services.trainer import agreement, checkpoint, forward
+from services.trainer import agreement, checkpoint, forward, r3
 from services.trainer.advantages import ScoredRow, score_groups
 from services.trainer.losses import LossInputs, RowLayout, policy_loss
 from services.trainer.samples import Sample, StepCounters, build_rows
@@ -58,7 +58,7 @@ def load_model(path: Path, gradient_checkpointing: bool) -> torch.nn.Module:
 class CpuTrainer:
     """Holds the policy, its optimizer and its version; ``train_step`` is one version."""
 
-    def __init__(self, settings: Settings, routes: forward.RouteContext | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.source_dir = settings.resolved_model_path()
         torch.manual_seed(settings.optim.seed)
@@ -70,7 +70,9 @@ class CpuTrainer:
             betas=settings.optim.betas,
             weight_decay=settings.optim.weight_decay,
         )
-        self.routes = routes
+        self.routes: forward.RouteContext | None = None
+        if settings.algo.routing_replay and r3.routers(self.model):
+            self.routes = r3.route_context(self.model)
         self.step = 0
         self.policy_version = 0
 

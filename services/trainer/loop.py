@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator

@@ -54,6 +54,9 @@ class AlgoSettings(BaseModel):
         2.0, gt=0, description="Truncated importance-sampling cap on exp(train - rollout); unset disables."
     )
     tis_level: Literal["token", "sequence"] = "token"
+    routing_replay: bool = Field(
+        True, description="R3: force the experts captured at sampling time (MoE models with captured routes)."
+    )
     success_threshold: float = Field(1.0, description="A trajectory with reward >= this counts as a success.")
     min_valid_per_group: int = Field(2, ge=1, description="Groups with fewer valid trajectories are skipped.")
     agreement_min_pearson: float = Field(0.98, ge=-1, le=1, description="Alert when train/inference Pearson < this.")

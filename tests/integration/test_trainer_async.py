@@ -13,8 +13,15 @@ from transformers import AutoTokenizer
 
 from harnessrl import arrays, paths
 from harnessrl.rpc import connect
-from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2, trainer_pb2
-from harnessrl.v1 import trainer_pb2_grpc
+from harnessrl.v1 import (
+    capture_pb2,
+    capture_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    records_pb2,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
 from services.capture_store.server import create_server as create_capture
 from services.capture_store.settings import Settings as CaptureSettings
 from services.trainer.engine import StepResult
@@ -254,7 +261,7 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
                     pass
                 await put_trial(capture, f"g1-{i}", "g1", 2, prompt, ids, lps, vs, float(i))
             # A long rollout in flight: hold it after a few tokens so that step 1's weight sync lands mid-response.
-            long_gen = generate(stub, "long", prompt, 12, seed=7)
+            long_gen = generate(stub, "long", prompt, 48, seed=7)
             ids, lps, vs = await anext(long_gen)
             while len(ids) < 3:
                 ids, lps, vs = await anext(long_gen)
