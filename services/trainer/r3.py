@@ -74,7 +74,7 @@ def replay(model: torch.nn.Module, routes: torch.Tensor, force: torch.Tensor) ->
 
     def hook(index: int) -> Any:
         def fn(module: torch.nn.Module, _inputs: Any, output: Any) -> Any:
-            logits, weights, indices = output
+            logits, _weights, indices = output
             if logits.shape[0] != routes.shape[0]:
                 raise ValueError(f"router saw {logits.shape[0]} tokens, routes cover {routes.shape[0]}")
             chosen = torch.where(force[:, None], routes[:, index], indices)
@@ -113,7 +113,7 @@ def batch_routes(batch: Batch, num_layers: int, top_k: int) -> tuple[torch.Tenso
 def route_context(model: torch.nn.Module) -> Any:
     """A ``forward.RouteContext`` for ``CpuTrainer``: replays captured routes in each micro-batch."""
     layers = routers(model)
-    top_k = int(layers[0].top_k) if layers else 0
+    top_k = int(getattr(layers[0], "top_k")) if layers else 0  # noqa: B009
 
     @contextlib.contextmanager
     def context(batch: Batch) -> Iterator[None]:

@@ -4,8 +4,9 @@ partial rollout, the real gateway with the local engine and the real trainer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from services.trainer.service import TrainerService
 from services.trainer.settings import Settings
 
 RUN = "run-async"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -90,6 +92,22 @@ async def put_group(target: str, group: str, version: int, rewards: Sequence[flo
         await put_trial(target, f"{group}-{i}", group, len(rewards), [1, 2, 3], [4, 5], [-1.0, -2.0], [version] * 2, r)
 
 
+async def eventually(predicate: Callable[[], bool], timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("condition not reached")
+
+
+async def last(gen: AsyncIterator[T]) -> T:
+    item = None
+    async for item in gen:  # noqa: B007 - the last one is the whole generation
+        pass
+    assert item is not None
+    return item
+
+
 class ScriptedTrainer:
     """A stand-in for CpuTrainer in tests of the loop's own logic (no model)."""
 
@@ -146,8 +164,7 @@ async def test_loop_drops_stale_groups_acks_after_training_and_syncs(capture: st
         sync = GatewaySync(gateway_target, partial_rollout=True, pause_timeout_s=5)
         loop = TrainingLoop(settings, trainer, source, service, sync)  # type: ignore[arg-type]
         task = asyncio.ensure_future(loop.run())
-        while trainer.step < 1:
-            await asyncio.sleep(0.05)
+        await eventually(lambda: trainer.step >= 1, 60)
         await put_group(capture, "stale", 0, [1, 0])  # sampled by version 0, trainer is at 1: k = 0 drops it
         await put_group(capture, "c", 1, [1, 0])
         await put_group(capture, "d", 1, [0, 0])
@@ -257,23 +274,19 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
             stub = gateway_pb2_grpc.RolloutGatewayStub(channel)
             # Group 1: two short rollouts by version 0.
             for i in range(2):
-                async for ids, lps, vs in generate(stub, f"g1-{i}", prompt, 3, seed=i + 1):
-                    pass
+                ids, lps, vs = await last(generate(stub, f"g1-{i}", prompt, 3, seed=i + 1))
                 await put_trial(capture, f"g1-{i}", "g1", 2, prompt, ids, lps, vs, float(i))
             # A long rollout in flight: hold it after a few tokens so that step 1's weight sync lands mid-response.
-            long_gen = generate(stub, "long", prompt, 48, seed=7)
+            long_gen = generate(stub, "long", prompt, 256, seed=7)
             ids, lps, vs = await anext(long_gen)
             while len(ids) < 3:
                 ids, lps, vs = await anext(long_gen)
             await stub.Pause(gateway_pb2.PauseRequest(timeout_s=10))
-            while trainer.policy_version < 1 or service.status().state == "syncing":
-                await asyncio.sleep(0.2)
-            async for ids, lps, vs in long_gen:
-                pass
-            assert vs[0] == 0 and vs[-1] == 1, vs  # the versions change mid-response
+            await eventually(lambda: trainer.policy_version >= 1 and service.status().state != "syncing", 900)
+            ids, lps, vs = await last(long_gen)
+            assert vs[0] == 0 and vs[-1] == 1, (len(vs), vs)  # the versions change mid-response
             assert sorted(set(vs)) == [0, 1] and vs == sorted(vs)
-            async for ids2, lps2, vs2 in generate(stub, "short", prompt, 3, seed=8):
-                pass
+            ids2, lps2, vs2 = await last(generate(stub, "short", prompt, 3, seed=8))
             await put_trial(capture, "long", "g2", 2, prompt, ids, lps, vs, 1.0)
             await put_trial(capture, "short", "g2", 2, prompt, ids2, lps2, vs2, 0.0)
             results = await asyncio.wait_for(loop_task, 900)
