@@ -72,7 +72,8 @@ def _child(tokens: int, samples: int, checkpointing: bool) -> None:
     from services.trainer.engine import CpuTrainer
     from services.trainer.settings import Settings
 
-    settings = Settings(optim={"gradient_checkpointing": checkpointing, "token_budget": tokens, "lr": 1e-6})
+    optim = {"gradient_checkpointing": checkpointing, "token_budget": tokens, "lr": 1e-6}
+    settings = Settings.model_validate({"optim": optim})
     trainer = CpuTrainer(settings)
     rng = np.random.default_rng(0)
     prompt_len = tokens // 2
@@ -85,9 +86,9 @@ def _child(tokens: int, samples: int, checkpointing: bool) -> None:
             seg.response.CopyFrom(
                 arrays.make_tokens(
                     rng.integers(3, 40000, response_len),
-                    np.ones(response_len),
+                    np.ones(response_len, dtype=np.int32),
                     -rng.exponential(2.0, response_len),
-                    np.zeros(response_len),
+                    np.zeros(response_len, dtype=np.int32),
                 )
             )
             trajs.append(

@@ -21,8 +21,11 @@ from safetensors.torch import load_file, save_file
 from harnessrl.errors import InvalidArgument, NotFound
 
 FORMAT = "harnessrl-trainer-checkpoint/1"
-STATE_FILE = "trainer_state.json"
-OPTIM_FILE = "optimizer.safetensors"
+# Trainer-only state lives in a subfolder: the checkpoint root stays a plain HF
+# folder whose every *.safetensors file is model weights (engines load them all).
+STATE_DIR = "trainer_state"
+STATE_FILE = f"{STATE_DIR}/trainer_state.json"
+OPTIM_FILE = f"{STATE_DIR}/optimizer.safetensors"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -61,6 +64,7 @@ def save(
     for name in TOKENIZER_FILES:
         if (source_dir / name).exists() and not (tmp / name).exists():
             shutil.copy2(source_dir / name, tmp / name)
+    (tmp / STATE_DIR).mkdir()
     names = _param_names(model)
     tensors = {"rng.cpu": torch.get_rng_state()}
     for param, state in optimizer.state.items():
@@ -77,6 +81,8 @@ def save(
 
 def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> State:
     """Restores weights, optimizer state and RNG; errors name the folder and what is wrong."""
+    if not directory.is_dir():
+        raise NotFound(f"{directory}: not a trainer checkpoint (no such folder)")
     meta_path = directory / STATE_FILE
     if not meta_path.exists():
         raise NotFound(f"{directory}: not a trainer checkpoint (no {STATE_FILE})")

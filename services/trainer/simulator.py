@@ -205,7 +205,7 @@ class _Sim:
         cfg = self.cfg
         if self.t < self.busy_until:
             return
-        batch = []
+        batch: list[int] = []
         while self.ready and len(batch) < cfg.tasks_per_step:
             g = self.ready.popleft()
             if self.version - self.version_of[g] > cfg.staleness:

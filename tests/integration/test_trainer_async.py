@@ -282,7 +282,8 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
             while len(ids) < 3:
                 ids, lps, vs = await anext(long_gen)
             await stub.Pause(gateway_pb2.PauseRequest(timeout_s=10))
-            await eventually(lambda: trainer.policy_version >= 1 and service.status().state != "syncing", 900)
+            await eventually(lambda: loop_task.done() or service.status().step >= 1, 900)
+            assert not loop_task.done(), loop_task.exception()
             ids, lps, vs = await last(long_gen)
             assert vs[0] == 0 and vs[-1] == 1, (len(vs), vs)  # the versions change mid-response
             assert sorted(set(vs)) == [0, 1] and vs == sorted(vs)
