@@ -16,11 +16,30 @@ app = typer.Typer(help="Trainer: serve status/metrics and run training.", no_arg
 
 @app.command()
 def serve(config: ConfigOption = None, host: HostOption = None, port: PortOption = None) -> None:
-    """Serve the trainer gRPC service until SIGTERM."""
-    from services.trainer.server import create_server
+    """Serve the trainer gRPC service until SIGTERM; with a capture store configured
+    (``capture_target``), also train on its ready groups, resuming from the newest checkpoint."""
+    from services.trainer.app import TrainerApp
     from services.trainer.settings import Settings
 
-    serve_grpc(Settings, "trainer", config, {"host": host, "port": port}, create_server)
+    serve_grpc(Settings, "trainer", config, {"host": host, "port": port}, _start_app(TrainerApp))
+
+
+def _start_app(app_cls):  # type: ignore[no-untyped-def]
+    """Adapts TrainerApp to serve_grpc's ``create(settings) -> RunningServer`` (stop also stops the loop)."""
+
+    async def create(settings):  # type: ignore[no-untyped-def]
+        trainer_app = app_cls(settings)
+        server = await trainer_app.start()
+        original_stop = server.stop
+
+        async def stop(grace: float | None = None) -> None:
+            await trainer_app.stop_training()
+            await original_stop(grace)
+
+        server.stop = stop
+        return server
+
+    return create
 
 
 @app.command()

@@ -82,6 +82,11 @@ class TrainerService:
                 self._writer.add_text("alerts", line, step)
             self._writer.flush()
 
+    def set_progress(self, step: int, policy_version: int) -> None:
+        """After a resume: where the restored trainer stands."""
+        with self._lock:
+            self._state.step, self._state.policy_version = step, policy_version
+
     def alert(self, line: str) -> None:
         with self._lock:
             self._state.alerts.append(line)
