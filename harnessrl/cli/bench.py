@@ -59,11 +59,16 @@ def async_(
     train_s: Annotated[float, typer.Option(min=0, help="Seconds per optimizer step.")] = 600.0,
     sync_s: Annotated[float, typer.Option(min=0, help="Seconds per weight sync.")] = 30.0,
     seed: int = 0,
+    check: Annotated[bool, typer.Option(help="Also run a scaled-down real async loop and compare (~2 min).")] = False,
 ) -> None:
     """Simulated step throughput and trainer idle: sync vs async, staleness 0-3, partial rollout on/off."""
     from services.trainer import bench as trainer_bench
 
     trainer_bench.print_async(trainer_bench.SimConfig(tasks, group_size, workers, steps, train_s, sync_s, seed=seed))
+    if check:
+        from stack.async_check import DEFAULT_CHECK, check_table
+
+        check_table(DEFAULT_CHECK)
 
 
 @app.command("trainer")

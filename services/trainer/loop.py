@@ -139,6 +139,18 @@ class ReadyGroupSource:
             await self._channel.close()
 
 
+class BatchLauncher(Protocol):
+    """Starts the trials of one step's batch (tasks x G rollouts) with the given policy version.
+
+    The loop calls it to keep ``max_staleness + 1`` batches ahead of the
+    optimizer: batch s starts once the weights reach version s - k, so k = 0
+    is synchronous and nothing it launches can be more than k versions old
+    when it starts.
+    """
+
+    async def launch(self, step: int, policy_version: int) -> None: ...
+
+
 class WeightSync(Protocol):
     async def publish(self, version: int, checkpoint_path: str) -> dict[str, float]: ...
 
@@ -180,8 +192,11 @@ class TrainingLoop:
         source: ReadyGroupSource,
         service: TrainerService,
         sync: WeightSync | None = None,
+        launcher: BatchLauncher | None = None,
     ) -> None:
         self.settings, self.trainer, self.source, self.service, self.sync = settings, trainer, source, service, sync
+        self.launcher = launcher
+        self.launched = self.trainer.step
         self.output_dir = settings.resolved_output_dir()
         self.dropped: Counter[str] = Counter()
         self.consumed = self._load_consumed()
@@ -206,6 +221,7 @@ class TrainingLoop:
         rollout = self.settings.rollout
         try:
             while not rollout.max_steps or len(results) < rollout.max_steps:
+                await self._admit()
                 batch = await self._collect()
                 if batch is None:
                     break
@@ -215,6 +231,13 @@ class TrainingLoop:
             self.service.set_state("failed")
             raise
         return results
+
+    async def _admit(self) -> None:
+        if self.launcher is None:
+            return
+        while self.launched < self.trainer.policy_version + self.settings.rollout.max_staleness + 1:
+            await self.launcher.launch(self.launched, self.trainer.policy_version)
+            self.launched += 1
 
     async def _collect(self) -> list[ReadyBatchGroup] | None:
         """``groups_per_step`` fresh-enough groups; stale ones are acked and counted."""
