@@ -303,3 +303,37 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
     assert np.isfinite(step2["loss/is_weight_mean"])
     # The engine's logprobs for tokens of the current version match the training weights (same model, fp32).
     assert step2["agreement/max_abs_diff"] < 1e-2
+
+
+class RecordingLauncher:
+    """Launches each batch as one ready group in the real capture store."""
+
+    def __init__(self, capture: str) -> None:
+        self.capture = capture
+        self.calls: list[tuple[int, int]] = []
+
+    async def launch(self, step: int, policy_version: int) -> None:
+        self.calls.append((step, policy_version))
+        await put_group(self.capture, f"batch-{step}", policy_version, [1, 0])
+
+
+@pytest.mark.parametrize(("k", "expected"), [(0, [(0, 0), (1, 1)]), (1, [(0, 0), (1, 0), (2, 1)])])
+async def test_loop_admits_batches_k_ahead(
+    capture: str, tmp_path: Path, k: int, expected: list[tuple[int, int]]
+) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={"groups_per_step": 1, "max_staleness": k, "max_steps": 2, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    launcher = RecordingLauncher(capture)
+    trainer = ScriptedTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    results = await asyncio.wait_for(loop.run(), 60)
+    await source.close()
+    assert len(results) == 2
+    # Batch s starts once the weights reach version s - k: k = 0 is synchronous.
+    assert launcher.calls == expected
+    assert trainer.trained == [["batch-0"], ["batch-1"]]
