@@ -19,6 +19,7 @@ routed naturally.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,8 @@ import numpy.typing as npt
 import torch
 
 from services.trainer.forward import Batch
+
+log = logging.getLogger(__name__)
 
 
 def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -94,7 +97,9 @@ def replay(model: torch.nn.Module, routes: torch.Tensor, force: torch.Tensor) ->
             h.remove()
 
 
-def batch_routes(batch: Batch, num_layers: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_routes(
+    batch: Batch, num_layers: int, top_k: int, num_experts: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Captured routes of a left-padded micro-batch, flattened as the routers see tokens."""
     rows, width = batch.input_ids.shape
     routes = torch.zeros((rows, width, num_layers, top_k), dtype=torch.long)
@@ -102,8 +107,10 @@ def batch_routes(batch: Batch, num_layers: int, top_k: int) -> tuple[torch.Tenso
     for row, s in enumerate(batch.samples):
         if s.routes is None:
             continue
-        if s.routes.shape[1:] != (num_layers, top_k):
-            raise ValueError(f"{s.segment}: routes {s.routes.shape[1:]} do not fit the model ({num_layers}, {top_k})")
+        if s.routes.shape[1:] != (num_layers, top_k) or int(s.routes[s.mask].max(initial=0)) >= num_experts:
+            # Bad input never crashes a step: this sample is routed naturally.
+            log.warning("routes do not fit the model; not replayed", extra={"kv": {"segment": s.segment}})
+            continue
         start = width - s.response_len
         routes[row, start:] = torch.from_numpy(s.routes.astype(np.int64))
         force[row, start:] = torch.from_numpy(s.mask)
@@ -114,13 +121,14 @@ def route_context(model: torch.nn.Module) -> Any:
     """A ``forward.RouteContext`` for ``CpuTrainer``: replays captured routes in each micro-batch."""
     layers = routers(model)
     top_k = int(getattr(layers[0], "top_k")) if layers else 0  # noqa: B009
+    experts = int(getattr(layers[0], "num_experts", 256)) if layers else 0
 
     @contextlib.contextmanager
     def context(batch: Batch) -> Iterator[None]:
         if not layers or all(s.routes is None for s in batch.samples):
             yield
             return
-        routes, force = batch_routes(batch, len(layers), top_k)
+        routes, force = batch_routes(batch, len(layers), top_k, experts)
         with replay(model, routes, force):
             yield
 

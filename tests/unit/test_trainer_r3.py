@@ -130,3 +130,20 @@ def test_cpu_trainer_replays_captured_routes(tmp_path: Path) -> None:
         metrics[replay] = result.metrics
     assert metrics[True]["agreement/max_abs_diff"] < metrics[False]["agreement/max_abs_diff"] / 2
     assert metrics[True]["agreement/ess"] >= metrics[False]["agreement/ess"]
+
+
+def test_routes_that_do_not_fit_are_not_replayed() -> None:
+    from services.trainer.forward import collate
+    from services.trainer.samples import StepCounters, build_rows
+
+    bad_shape = np.zeros((2, 3, 2), dtype=np.uint8)
+    bad_index = np.full((2, 4, 2), 200, dtype=np.uint8)
+    good = np.ones((2, 4, 2), dtype=np.uint8)
+    segs = [
+        segment([1], [2, 3], [1, 1], [-1.0, -1.0], routes=r, index=i)
+        for i, r in enumerate([bad_shape, bad_index, good])
+    ]
+    (row,) = build_rows([trajectory("t", "g", 1.0, segs)], StepCounters(), 64)
+    routes, force = r3.batch_routes(collate(row.samples), num_layers=4, top_k=2, num_experts=16)
+    assert force.view(3, 3).tolist() == [[False] * 3, [False] * 3, [False, True, True]]
+    assert routes.view(3, 3, 4, 2)[2, 1:].eq(1).all()
