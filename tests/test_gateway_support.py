@@ -55,3 +55,33 @@ def teacher_forced(model: Any, prompt: list[int], output: list[int], sampling: S
         [float(sampling_logprobs(logits[start + i], sampling)[token]) for i, token in enumerate(output)],
         dtype=np.float64,
     )
+
+
+def tiny_moe(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer random Qwen3-MoE (4 experts, top-2) with the default model's tokenizer."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    Qwen3MoeForCausalLM(config).save_pretrained(folder)
+    source = paths.default_model_dir()
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    return folder

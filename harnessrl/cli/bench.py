@@ -1,7 +1,8 @@
-"""``harnessrl bench``."""
+"""``harnessrl bench``: benchmarks, each printing a table with a baseline measured in the same run."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import typer
@@ -10,20 +11,19 @@ app = typer.Typer(help="bench", no_args_is_help=True)
 
 
 @app.command()
-def capture(
-    backends: Annotated[str, typer.Option(help="Comma-separated: embedded,distributed.")] = "embedded,distributed",
-    writers: Annotated[int, typer.Option(min=1, help="Concurrent gRPC writers.")] = 64,
-    tokens: Annotated[int, typer.Option(min=10_000, help="Tokens appended in the throughput phase.")] = 3_000_000,
-    pin: Annotated[bool, typer.Option(help="Pin the server to one core, the load to another.")] = True,
-) -> None:
-    """Capture store: bytes/token, append throughput, 200k-token read-back vs JSONL per token."""
-    from services.capture_store.bench import BenchConfig, print_results, run
+def sandbox(trials: Annotated[int, typer.Option(min=2, help="Trials per measurement.")] = 20) -> None:
+    """Local sandbox: overhead per trial (warm layer cache) and trials/minute at concurrency 1, 4, 16."""
+    from services.sandbox.bench import print_report, run_bench
 
-    chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
-    if not chosen or set(chosen) - {"embedded", "distributed"}:
-        raise typer.BadParameter(f"{backends!r}: choose from embedded, distributed")
-    cfg = BenchConfig(backends=chosen, writers=writers, tokens=tokens, pin=pin)
-    print_results(run(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
+    print_report(*asyncio.run(run_bench(trials)))
+
+
+@app.command()
+def proxy(quick: bool = typer.Option(False, help="Fewer turns: a smoke run, not a measurement.")) -> None:
+    """Per-turn proxy overhead vs naive re-tokenization; throughput through the proxy vs straight to the engine."""
+    from services.proxy.bench import print_tables, run
+
+    print_tables(*run(quick))
 
 
 @app.command("gateway")
@@ -48,6 +48,23 @@ def gateway(
     for r in rows:
         table.add_row(r.what, str(r.concurrency), str(r.context), str(r.turns), f"{r.seconds:.2f}", f"{r.rate:.0f}")
     Console().print(table)
+
+
+@app.command()
+def capture(
+    backends: Annotated[str, typer.Option(help="Comma-separated: embedded,distributed.")] = "embedded,distributed",
+    writers: Annotated[int, typer.Option(min=1, help="Concurrent gRPC writers.")] = 64,
+    tokens: Annotated[int, typer.Option(min=10_000, help="Tokens appended in the throughput phase.")] = 3_000_000,
+    pin: Annotated[bool, typer.Option(help="Pin the server to one core, the load to another.")] = True,
+) -> None:
+    """Capture store: bytes/token, append throughput, 200k-token read-back vs JSONL per token."""
+    from services.capture_store.bench import BenchConfig, print_results, run
+
+    chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
+    if not chosen or set(chosen) - {"embedded", "distributed"}:
+        raise typer.BadParameter(f"{backends!r}: choose from embedded, distributed")
+    cfg = BenchConfig(backends=chosen, writers=writers, tokens=tokens, pin=pin)
+    print_results(run(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
 
 
 @app.command("async")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from typing import Annotated
+
 import typer
 
 from harnessrl.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
@@ -11,8 +15,44 @@ app = typer.Typer(help="Sandbox service: serve the trial API and run workers.", 
 
 @app.command()
 def serve(config: ConfigOption = None, host: HostOption = None, port: PortOption = None) -> None:
-    """Serve the sandbox gRPC service until SIGTERM."""
+    """Serve the sandbox gRPC service until SIGTERM (with memory:// it also runs a worker)."""
     from services.sandbox.server import create_server
     from services.sandbox.settings import Settings
 
     serve_grpc(Settings, "sandbox", config, {"host": host, "port": port}, create_server)
+
+
+@app.command()
+def worker(
+    config: ConfigOption = None,
+    queue_url: Annotated[str | None, typer.Option(help="redis://host:port/db (the service's queue).")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Trials run at once.")] = None,
+    name: Annotated[str | None, typer.Option(help="Worker name (default host-pid-random).")] = None,
+) -> None:
+    """Run trials from the queue until SIGTERM, then finish the running ones."""
+    from harnessrl import logs
+    from harnessrl.config import load_section
+    from harnessrl.errors import ConfigError
+    from services.sandbox.factory import build_worker
+    from services.sandbox.queue.base import create_queue
+    from services.sandbox.settings import Settings
+
+    settings = load_section(Settings, config, "sandbox", {"queue_url": queue_url, "concurrency": concurrency})
+    if settings.queue_url.startswith("memory://"):
+        raise ConfigError("a standalone worker needs a shared queue: set queue_url = 'redis://...'")
+    logs.configure(settings.log_level)
+
+    async def run() -> None:
+        queue = create_queue(settings.queue_url)
+        w = build_worker(settings, queue, name)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        typer.echo(f"sandbox worker {w.name} serving {settings.queue_url}", err=True)
+        try:
+            await w.run(stop)
+        finally:
+            await queue.close()
+
+    asyncio.run(run())

@@ -1,7 +1,46 @@
-"""``harnessrl tasks``."""
+"""``harnessrl tasks``: check Harbor-format tasks."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-app = typer.Typer(help="tasks", no_args_is_help=True)
+from harnessrl.cli.common import ConfigOption
+
+app = typer.Typer(help="Harbor-format tasks: validate them.", no_args_is_help=True)
+
+
+@app.command()
+def validate(
+    dirs: Annotated[list[Path], typer.Argument(help="Task directories.")],
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
+) -> None:
+    """Run each task's oracle (must score 1) and a no-op agent (must score 0) in the sandbox."""
+    from harnessrl.config import load_section
+    from services.sandbox.factory import build_runner
+    from services.sandbox.settings import Settings
+    from services.sandbox.validate import validate_task
+
+    settings = load_section(Settings, config, "sandbox")
+    runner = build_runner(settings)
+
+    async def run() -> list:  # type: ignore[type-arg]
+        return [await validate_task(runner, d) for d in dirs]
+
+    reports = asyncio.run(run())
+    if as_json:
+        out = [{"path": r.path, "task_id": r.task_id, "ok": r.ok, "reasons": r.reasons} for r in reports]
+        typer.echo(json.dumps(out, indent=1))
+    else:
+        for r in reports:
+            status = typer.style("ok", fg=typer.colors.GREEN) if r.ok else typer.style("REJECTED", fg=typer.colors.RED)
+            typer.echo(f"{status}  {r.task_id or r.path}")
+            for reason in r.reasons:
+                typer.echo(f"    {reason}")
+    if not all(r.ok for r in reports):
+        raise typer.Exit(1)

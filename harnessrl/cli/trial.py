@@ -1,7 +1,176 @@
-"""``harnessrl trial``."""
+"""``harnessrl trial run``: one trial end to end.
+
+This is a composition root (services never import each other; the CLI may):
+it starts, in this process and on 127.0.0.1 free ports, the capture store
+(embedded) and, when the harness talks to a model, the rollout gateway with
+the chosen engine and the proxy (TCP plus a Unix socket for the sandbox);
+then runs the trial in the local sandbox through their public clients, and
+prints the result. Everything it started is stopped before it exits.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import secrets
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
-app = typer.Typer(help="trial", no_args_is_help=True)
+from harnessrl.cli.common import ConfigOption
+
+app = typer.Typer(help="Run single trials end to end.", no_args_is_help=True)
+
+
+@dataclass
+class Endpoints:
+    capture_target: str
+    proxy_url: str | None = None
+    proxy_uds: Path | None = None
+    admin_token: str | None = None
+
+
+@contextlib.asynccontextmanager
+async def model_stack(engine: str | None, workdir: Path, model: str | None) -> AsyncIterator[Endpoints]:
+    """Capture store always; gateway + proxy when ``engine`` is given."""
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+
+    capture = await create_capture(CaptureSettings.model_validate({"port": 0, "store_dir": workdir / "capture"}))
+    stack: list[Any] = [capture]
+    try:
+        endpoints = Endpoints(capture_target=f"127.0.0.1:{capture.port}")
+        if engine is not None:
+            from services.gateway.server import create_server as create_gateway
+            from services.gateway.settings import Settings as GatewaySettings
+            from services.proxy.server import start as start_proxy
+            from services.proxy.settings import Settings as ProxySettings
+
+            gateway = await create_gateway(GatewaySettings.model_validate({"port": 0, "engine": engine}))
+            stack.append(gateway)
+            admin = secrets.token_urlsafe(16)
+            proxy_fields: dict[str, Any] = {
+                "port": 0,
+                "gateway_target": f"127.0.0.1:{gateway.port}",
+                "capture_target": endpoints.capture_target,
+                "admin_token": admin,
+                "uds_path": workdir / "proxy.sock",
+            }
+            if model:
+                proxy_fields["served_model_names"] = [model]
+            proxy = await start_proxy(ProxySettings.model_validate(proxy_fields))
+            stack.append(proxy)
+            endpoints.proxy_url, endpoints.proxy_uds, endpoints.admin_token = proxy.url, workdir / "proxy.sock", admin
+        yield endpoints
+    finally:
+        for server in reversed(stack):
+            with contextlib.suppress(Exception):
+                await server.stop()
+
+
+async def run_trial(
+    *,
+    task: Path,
+    harness: str,
+    engine: str | None,
+    agent_script: Path | None,
+    config: Path | None,
+    model: str | None,
+    max_turns: int,
+) -> dict[str, Any]:
+    from harnessrl.config import load_section
+    from services.sandbox.factory import build_runner
+    from services.sandbox.harnesses import ModelAccess, get_harness
+    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.settings import Settings
+
+    adapter = get_harness(harness)
+    if engine is None and adapter.model_access == ModelAccess.REQUIRED:
+        engine = "local"
+    options = {"script_path": str(agent_script)} if agent_script else {}
+    trial_id = f"trial-{uuid.uuid4().hex[:12]}"
+    spec = TrialSpec(
+        trial_id=trial_id,
+        run_id="trial-run",
+        group_id=trial_id,
+        task_path=str(task),
+        harness=harness,
+        group_size=1,
+        harness_options=options,
+        model=model or "",
+        max_turns=max_turns,
+    )
+    with tempfile.TemporaryDirectory(prefix="hrl-trial-") as tmp:
+        async with model_stack(engine, Path(tmp), model) as ends:
+            overrides: dict[str, Any] = {"capture_target": ends.capture_target}
+            if ends.proxy_url:
+                overrides |= {"proxy_url": ends.proxy_url, "proxy_admin_token": ends.admin_token}
+                overrides["proxy_uds_path"] = ends.proxy_uds
+            settings = load_section(Settings, config, "sandbox", overrides)
+            runner = build_runner(settings)
+            outcome = await runner.run(spec)
+            await runner.finalize(spec, outcome)
+    return {
+        "trial_id": spec.trial_id,
+        "task_id": outcome.task_id,
+        "harness": harness,
+        "engine": engine,
+        "reward": outcome.reward,
+        "termination_reason": outcome.termination_reason.value,
+        "timings": outcome.timings.model_dump(),
+        "num_segments": outcome.num_segments,
+        "harness_exit_code": outcome.harness_exit_code,
+        "tamper_events": outcome.tamper_events,
+        "events": outcome.events,
+        "error": outcome.error,
+        "artifacts_dir": outcome.artifacts_dir,
+    }
+
+
+@app.command()
+def run(
+    task: Annotated[Path, typer.Option(help="Task directory (Harbor format).")],
+    harness: Annotated[str, typer.Option(help="claude-code, opencode, codex, mini-swe-agent, openhands-sdk, shell...")],
+    engine: Annotated[
+        str | None,
+        typer.Option(help="local | vllm | scripted:FILE | module:Class (default local for model harnesses)."),
+    ] = None,
+    agent_script: Annotated[Path | None, typer.Option(help="Script the 'shell' harness runs as the agent.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name the harness is told to use.")] = None,
+    max_turns: Annotated[int, typer.Option(min=0, help="Turn limit (0: the harness's own).")] = 0,
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
+) -> None:
+    """Run one trial and print trial_id, reward, termination_reason, timings, captured segments."""
+    from harnessrl.errors import InvalidArgument
+    from services.sandbox.tasks import load_task
+
+    load_task(task)  # a typo is an error here, not a trial that fails its setup
+    if agent_script is not None and not agent_script.is_file():
+        raise InvalidArgument(f"--agent-script {agent_script}: not a file")
+    if harness == "shell" and agent_script is None:
+        raise InvalidArgument("--harness shell needs --agent-script FILE")
+    result = asyncio.run(
+        run_trial(
+            task=task.resolve(),
+            harness=harness,
+            engine=engine,
+            agent_script=agent_script.resolve() if agent_script else None,
+            config=config,
+            model=model,
+            max_turns=max_turns,
+        )
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for key in ("trial_id", "task_id", "harness", "reward", "termination_reason", "num_segments", "error"):
+        typer.echo(f"{key:20} {result[key]}")
+    for phase, seconds in result["timings"].items():
+        typer.echo(f"{phase:20} {seconds:.3f}")

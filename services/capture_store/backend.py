@@ -30,6 +30,10 @@ class Conflict(Exception):
     """Another writer changed what a transaction read (Redis WATCH); rerun it."""
 
 
+class BlobMissing(Exception):
+    """A referenced blob object is gone: compaction moved its parts after the refs were read."""
+
+
 @dataclass(frozen=True)
 class BlobRef:
     obj: str
@@ -67,9 +71,15 @@ class View(abc.ABC):
     def add_ready(self, run: str, group_id: str, payload: bytes) -> None:
         """Appends a ready group to the run's ready stream (committed with the rest)."""
 
+    def add_refs(self, run: str, obj: str, delta: int) -> None:  # noqa: B027 - only compacting backends count
+        """Changes the number of parts that reference blob object ``obj``."""
+
 
 class Backend(abc.ABC):
     name: str
+    # Whether finalized trajectories are rewritten into one object per segment:
+    # worth it where each blob read is a network round trip (S3), not for local files.
+    compacts: bool = False
 
     @abc.abstractmethod
     def transaction(self) -> AbstractContextManager[View]:
@@ -80,8 +90,15 @@ class Backend(abc.ABC):
         """Reads outside a transaction (consistent per key)."""
 
     @abc.abstractmethod
-    def write_blobs(self, run: str, blobs: list[bytes]) -> list[BlobRef]:
+    def write_blobs(self, run: str, blobs: list[bytes], kind: str = "parts") -> list[BlobRef]:
         """Stores ``blobs`` durably as one object of ``run`` before returning their refs."""
+
+    def release_objects(self, run: str, objs: list[str]) -> list[str]:
+        """Deletes the objects no part references any more; returns them (compacting backends)."""
+        return []
+
+    def delete_objects(self, run: str, objs: list[str]) -> None:  # noqa: B027 - only compacting backends
+        """Deletes blob objects unconditionally (an unused compaction result)."""
 
     @abc.abstractmethod
     def read_blobs(self, run: str, refs: list[BlobRef]) -> list[bytes]: ...
@@ -167,6 +184,7 @@ class Retrier:
             except Conflict:
                 if time.monotonic() > deadline:
                     raise Unavailable(f"{self._what}: {op} kept conflicting with other writers") from None
+                time.sleep(random.random() * 0.01)  # let the other writer finish
                 continue
             except Exception as e:
                 if not self._is_transient(e):

@@ -30,7 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from harnessrl.errors import ConfigError, FailedPrecondition, Unavailable
-from services.capture_store.backend import Backend, BlobRef, Conflict, Delivery, View
+from services.capture_store.backend import Backend, BlobMissing, BlobRef, Conflict, Delivery, View
 from services.capture_store.records import Key
 from services.capture_store.settings import Settings
 
@@ -75,6 +75,9 @@ class _RedisView(View):
     def add_ready(self, run: str, group_id: str, payload: bytes) -> None:
         self._writes.append(("xadd", (self._b.rkey(run, "ready"), {"g": group_id, "m": payload})))
 
+    def add_refs(self, run: str, obj: str, delta: int) -> None:
+        self._writes.append(("hincrby", (self._b.rkey(run, "objrefs"), obj, delta)))
+
     def commit(self) -> None:
         if not self._writes:
             return
@@ -92,6 +95,7 @@ class _RedisView(View):
 
 class DistributedBackend(Backend):
     name = "distributed"
+    compacts = True
 
     def __init__(self, settings: Settings) -> None:
         assert settings.redis_url and settings.s3_endpoint and settings.s3_bucket  # checked by Settings
@@ -174,17 +178,31 @@ class DistributedBackend(Backend):
             return []
         return list(self._redis.mget([self.rkey(k.run, k.name) for k in keys]))
 
-    def _object_key(self, run: str) -> str:
-        return f"{self._s3_prefix}/runs/{run}/parts/{time.time_ns()}-{uuid.uuid4().hex[:12]}.bin"
+    def _object_key(self, run: str, kind: str) -> str:
+        return f"{self._s3_prefix}/runs/{run}/{kind}/{time.time_ns()}-{uuid.uuid4().hex[:12]}.bin"
 
-    def write_blobs(self, run: str, blobs: list[bytes]) -> list[BlobRef]:
-        obj = self._object_key(run)
+    def write_blobs(self, run: str, blobs: list[bytes], kind: str = "parts") -> list[BlobRef]:
+        obj = self._object_key(run, kind)
         self._s3.put_object(Bucket=self._bucket, Key=obj, Body=b"".join(blobs))
         refs, off = [], 0
         for blob in blobs:
             refs.append(BlobRef(obj, off, len(blob)))
             off += len(blob)
         return refs
+
+    def release_objects(self, run: str, objs: list[str]) -> list[str]:
+        counts = self._redis.hmget(self.rkey(run, "objrefs"), objs) if objs else []
+        # An object without a counter is kept: only a counted object is known unreferenced.
+        dead = [o for o, c in zip(objs, counts, strict=True) if c is not None and int(c) <= 0]
+        self.delete_objects(run, dead)
+        if dead:
+            self._redis.hdel(self.rkey(run, "objrefs"), *dead)
+        return dead
+
+    def delete_objects(self, run: str, objs: list[str]) -> None:
+        for i in range(0, len(objs), 1000):
+            chunk = [{"Key": o} for o in objs[i : i + 1000]]
+            self._s3.delete_objects(Bucket=self._bucket, Delete={"Objects": chunk, "Quiet": True})
 
     def read_blobs(self, run: str, refs: list[BlobRef]) -> list[bytes]:
         by_obj: dict[str, list[int]] = defaultdict(list)
@@ -210,7 +228,12 @@ class DistributedBackend(Backend):
 
     def _get_range(self, span: tuple[str, int, int, list[int]]) -> bytes:
         obj, start, end, _ = span
-        resp = self._s3.get_object(Bucket=self._bucket, Key=obj, Range=f"bytes={start}-{end - 1}")
+        try:
+            resp = self._s3.get_object(Bucket=self._bucket, Key=obj, Range=f"bytes={start}-{end - 1}")
+        except botocore.exceptions.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise BlobMissing(f"s3 object {obj} is gone (compacted or deleted)") from e
+            raise
         return bytes(resp["Body"].read())
 
     def list_trials(self, run: str, after_seq: int, limit: int) -> list[tuple[int, str]]:

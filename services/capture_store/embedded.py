@@ -21,7 +21,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS deliveries (run TEXT NOT NULL, cg TEXT NOT NULL, seq 
 CREATE TABLE IF NOT EXISTS consumers (run TEXT NOT NULL, cg TEXT NOT NULL, consumer TEXT NOT NULL,
     alive_until REAL NOT NULL, PRIMARY KEY (run, cg, consumer));
 """
+MAX_OPEN_PACKS = 64  # runs written recently keep their pack file open
 RUN_TABLES = ("kv", "trials", "runs", "ready", "cgroups", "deliveries", "consumers")
 
 
@@ -63,7 +64,7 @@ class PackStore:
         self.root = root
         self._max = max_bytes
         self._fsync = fsync
-        self._open: dict[str, tuple[int, int, int]] = {}  # run -> (pack id, fd, size)
+        self._open: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # run -> (pack id, fd, size), LRU
 
     def append(self, run: str, blobs: list[bytes]) -> list[BlobRef]:
         data = b"".join(blobs)
@@ -81,7 +82,11 @@ class PackStore:
         return refs
 
     def _current(self, run: str, incoming: int) -> tuple[int, int, int]:
-        if run not in self._open:
+        if run in self._open:
+            self._open.move_to_end(run)
+        else:
+            while len(self._open) >= MAX_OPEN_PACKS:
+                os.close(self._open.popitem(last=False)[1][1])
             run_dir = self.root / run
             run_dir.mkdir(parents=True, exist_ok=True)
             packs = sorted(run_dir.glob("pack-*.dat"))
@@ -242,7 +247,7 @@ class EmbeddedBackend(Backend):
         view.prefetch(keys)
         return [view.get(k) for k in keys]
 
-    def write_blobs(self, run: str, blobs: list[bytes]) -> list[BlobRef]:
+    def write_blobs(self, run: str, blobs: list[bytes], kind: str = "parts") -> list[BlobRef]:
         with self._wlock:
             return self._packs.append(run, blobs)
 

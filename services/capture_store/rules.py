@@ -11,21 +11,13 @@ import time
 from dataclasses import dataclass
 from typing import TypeVar
 
-from harnessrl.errors import FailedPrecondition, HarnessError, NotFound
-from harnessrl.v1 import capture_pb2, records_pb2
+from harnessrl.errors import FailedPrecondition, HarnessError
+from harnessrl.v1 import capture_pb2
 from services.capture_store import records as rec
 from services.capture_store.backend import BlobRef, View
 from services.capture_store.validate import PreparedAppend
 
 R = TypeVar("R", bound=rec._Record)
-
-# Outcomes that exist only because the harness talked to the model: finalizing
-# one for a trial with nothing captured means captured data went missing.
-NEEDS_SEGMENTS = {
-    records_pb2.TERMINATION_REASON_COMPLETED,
-    records_pb2.TERMINATION_REASON_MAX_TURNS,
-    records_pb2.TERMINATION_REASON_CONTEXT_OVERFLOW,
-}
 
 
 class State:
@@ -182,9 +174,10 @@ def _grow_segment(seg: rec.SegRec, p: PreparedAppend, now: float) -> None:
     if p.part.routes is not None:
         seg.layers, seg.top_k = int(p.part.routes.shape[1]), int(p.part.routes.shape[2])
     seg.n_parts += 1
+    seg.n_turns += p.n_sampled > 0
     seg.n_tokens += p.part.n
     seg.n_sampled += p.n_sampled
-    seg.finish_reason = req.finish_reason
+    seg.finish_reason = req.finish_reason or seg.finish_reason
     seg.usage = [
         seg.usage[0] + req.usage.prompt_tokens,
         seg.usage[1] + req.usage.completion_tokens,
@@ -215,12 +208,10 @@ def apply_finalize(
         return capture_pb2.FinalizeTrajectoryResponse(
             group_ready=trial.completed_group, duplicate=trial.final_write != write
         )
-    if trial is None and req.termination_reason in NEEDS_SEGMENTS:
-        reason = records_pb2.TerminationReason.Name(req.termination_reason)
-        raise NotFound(
-            f"{where} has no captured segments; a trial ending {reason} must have captured model calls "
-            "(finalize only after the proxy closed the trial)"
-        )
+    # A trial may end with no captured segment whatever its reason (a harness
+    # that crashed before its first model call, a model-less harness): it is
+    # recorded, with no tokens, so its group still completes. The sandbox
+    # finalizes only after the proxy's close, so nothing captured is missing.
     if trial is not None:
         _check_identity(trial, req.task_id, req.group_id, where)
     group = state.get(group_k, rec.GroupRec) or rec.GroupRec(req.task_id, req.group_size, req.step)

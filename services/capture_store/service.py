@@ -16,14 +16,14 @@ import json
 import logging
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument, NotFound, Unavailable
 from harnessrl.v1 import capture_pb2, records_pb2
-from services.capture_store import assemble, codec, rules, validate
+from services.capture_store import assemble, codec, compact, rules, validate
 from services.capture_store import records as rec
-from services.capture_store.backend import Backend, BlobRef, Retrier
+from services.capture_store.backend import Backend, BlobMissing, BlobRef, Retrier
 from services.capture_store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class CaptureService:
         self._committer: asyncio.Task[None] | None = None
         self._ready_waiters: set[asyncio.Event] = set()
         self._closing = False
+        self._compactions: set[asyncio.Task[int]] = set()
 
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop(), name="capture-committer")
@@ -53,6 +54,7 @@ class CaptureService:
         self._wake.set()
         if self._committer is not None:
             await self._committer
+        await asyncio.gather(*self._compactions, return_exceptions=True)
         await asyncio.to_thread(self.backend.close)
 
     async def call(self, fn: Any, op: str) -> Any:
@@ -95,7 +97,7 @@ class CaptureService:
     def _commit_parts(self, items: list[validate.PreparedAppend]) -> list[rules.AppendOutcome]:
         """Decides, stores blobs, then indexes one batch; blobs written by an
         attempt that lost a race or hit an outage are reused by the next."""
-        refs: dict[str, BlobRef] = {}
+        refs: dict[str, BlobRef] = {}  # survive retries: a blob written once is reused
         level, f16 = self.settings.zstd_level, self.settings.logprob_dtype == "float16"
 
         def attempt() -> list[rules.AppendOutcome]:
@@ -111,9 +113,14 @@ class CaptureService:
                 for run, parts in todo.items():
                     blobs = [codec.encode(p.part, float16=f16, level=level) for p in parts]
                     refs.update(zip((p.write for p in parts), self.backend.write_blobs(run, blobs), strict=True))
+                counts: Counter[tuple[str, str]] = Counter()
                 for p, o in zip(items, outcomes, strict=True):
                     if o.part is not None:
                         rules.set_ref(o.part, refs[p.write])
+                        counts[(p.req.key.run_id, o.part.obj)] += 1
+                if self.backend.compacts:
+                    for (run, obj), n in counts.items():
+                        view.add_refs(run, obj, n)
                 state.flush()
             return outcomes
 
@@ -132,11 +139,24 @@ class CaptureService:
             return resp
 
         resp: capture_pb2.FinalizeTrajectoryResponse = await self.call(attempt, "finalize")
+        if self.backend.compacts and not resp.duplicate:
+            self._spawn_compaction(req.run_id, req.trial_id)
         if resp.group_ready and not resp.duplicate:
             log.info("group ready", extra={"kv": {"run": req.run_id, "group": req.group_id}})
             for event in self._ready_waiters:
                 event.set()
         return resp
+
+    def _spawn_compaction(self, run: str, trial: str) -> None:
+        task = asyncio.create_task(asyncio.to_thread(compact.compact_trial, self.backend, self.retry, run, trial))
+        self._compactions.add(task)
+        task.add_done_callback(self._compaction_done)
+
+    def _compaction_done(self, task: asyncio.Task[int]) -> None:
+        self._compactions.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The trajectory stays readable as it was; only its read cost is higher.
+            log.warning("compaction failed", extra={"kv": {"error": repr(task.exception())[:300]}})
 
     def add_ready_waiter(self, event: asyncio.Event) -> None:
         self._ready_waiters.add(event)
@@ -168,13 +188,25 @@ class CaptureService:
                     f"trial {trial_id!r} has ~{size / 2**20:.0f} MiB of token arrays, over the "
                     f"{self.settings.max_response_bytes / 2**20:.0f} MiB limit; read it without tokens or export it"
                 )
-            parts = list(self._read_parts(run, trial_id, entries, segs))
+            parts = self._read_parts_retrying(run, trial_id, entries, segs)
         segments = [
             assemble.segment_proto(run, trial_id, t, i, seg, p)
             for (t, i), seg, p in zip(entries, segs, parts, strict=True)
         ]
         final = capture_pb2.FinalizeTrajectoryRequest.FromString(raw_final) if raw_final else None
         return assemble.trajectory_proto(run, trial_id, trial, final, segments)
+
+    def _read_parts_retrying(
+        self, run: str, trial_id: str, entries: list[tuple[str, int]], segs: list[rec.SegRec]
+    ) -> list[list[codec.Part] | None]:
+        """Reads the segments' parts; rereads the part records if compaction moved them meanwhile."""
+        for attempt in range(3):
+            try:
+                return list(self._read_parts(run, trial_id, entries, segs))
+            except BlobMissing:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def _read_parts(
         self, run: str, trial_id: str, entries: list[tuple[str, int]], segs: list[rec.SegRec]

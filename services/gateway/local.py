@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -36,6 +37,7 @@ from services.gateway import modelfiles
 from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.kvcache import BatchCache, PrefixStore
+from services.gateway.routes import RouteRecorder
 from services.gateway.sampling import make_generator, sample
 from services.gateway.settings import Settings
 from services.gateway.weights import apply_update, plan_update, read_checkpoint
@@ -56,6 +58,10 @@ class _Seq:
     cached_prompt: int = 0
     output: list[int] = field(default_factory=list)
     done: bool = False
+    # With routed experts: the last sampled token waits for its route (computed when
+    # it is fed back in, the next step) before it is emitted: (id, logprob, version).
+    wants_routes: bool = False
+    held: tuple[int, float, int] | None = None
 
     @property
     def key(self) -> tuple[str, str] | None:
@@ -81,6 +87,7 @@ class _Worker:
         self.paused = False
         self.stopped = False
         self.at_boundary = threading.Event()
+        self.routes = RouteRecorder(model)
         self.thread = threading.Thread(target=self._run, name=f"gateway-{name}", daemon=True)
 
     # --- called from the event loop ---------------------------------------------
@@ -163,6 +170,7 @@ class _Worker:
                 seq = self.queue.popleft()
                 cache, reuse = (None, 0) if seq.key is None else self.prefix.take(seq.key, seq.request.prompt_ids)
                 seq.cache, seq.prefilled, seq.cached_prompt = cache or DynamicCache(), reuse, reuse
+                seq.wants_routes = seq.request.sampling.return_routed_experts and self.routes.available
                 self.prefilling.append(seq)
 
     def _prefill(self, seq: _Seq) -> None:
@@ -191,17 +199,23 @@ class _Worker:
     def _decode(self) -> None:
         last = torch.tensor([[seq.output[-1]] for seq in self.decoding])
         positions = torch.tensor([[n] for n in self.batch.lengths])
-        out = self.model(
-            input_ids=last,
-            attention_mask=self.batch.attention_mask(),
-            position_ids=positions,
-            cache=self.batch.cache,
-            use_cache=True,
-        )
+        record = any(seq.wants_routes for seq in self.decoding)
+        with self.routes.recording() if record else contextlib.nullcontext():
+            out = self.model(
+                input_ids=last,
+                attention_mask=self.batch.attention_mask(),
+                position_ids=positions,
+                cache=self.batch.cache,
+                use_cache=True,
+            )
         self.batch.cache = out.cache
         self.batch.advanced()
+        rows = self.routes.rows() if record else None
         logits = out.logits[:, -1]
         for i, seq in enumerate(self.decoding):
+            if seq.held is not None and rows is not None:
+                self._emit(seq, *seq.held, route=rows[i : i + 1])
+                seq.held = None
             self._sample(seq, logits[i])
         finished = [i for i, seq in enumerate(self.decoding) if seq.done]
         if finished:
@@ -220,12 +234,20 @@ class _Worker:
         elif len(seq.output) >= seq.request.budget:
             finish = "length"
         seq.done = bool(finish)
+        if seq.wants_routes and not finish:
+            seq.held = (token, logprob, self.version)
+        else:
+            self._emit(seq, token, logprob, self.version, finish=finish)
+
+    def _emit(self, seq: _Seq, token: int, logprob: float, version: int, route: Any = None, finish: str = "") -> None:
+        if seq.wants_routes and route is None:
+            route = self.routes.zeros()  # never fed forward: no route (see routes.py)
         seq.emit(
             Chunk(
                 np.asarray([token], I32),
                 np.asarray([logprob], F32),
-                np.asarray([self.version], I32),
-                None,
+                np.asarray([version], I32),
+                route,
                 finish,
                 seq.cached_prompt if finish else 0,
             )
@@ -241,15 +263,20 @@ class _Worker:
 
     def _finish(self, seq: _Seq, reason: str) -> None:
         seq.done = True
-        seq.emit(Chunk.empty(reason, seq.cached_prompt))
+        if seq.held is not None:  # sampled, so it is sent; it was never fed forward
+            self._emit(seq, *seq.held, finish=reason)
+            seq.held = None
+        else:
+            seq.emit(Chunk.empty(reason, seq.cached_prompt))
 
     def abort(self, seq: _Seq) -> bool:
         """(On the worker.) Removes ``seq`` wherever it is and ends it with "abort"."""
         if seq.done:
             return False
-        if seq in self.queue:
-            self.queue.remove(seq)
-        elif seq in self.prefilling:
+        with self.cond:  # the event loop appends to the queue concurrently
+            if seq in self.queue:
+                self.queue.remove(seq)
+        if seq in self.prefilling:
             self.prefilling.remove(seq)
         elif seq in self.decoding:
             index = self.decoding.index(seq)
@@ -403,11 +430,12 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
     if len(chunks) == 1:
         return chunks[0]
     last = chunks[-1]
+    routes = [c.routed_experts for c in chunks if c.routed_experts is not None]
     return Chunk(
         np.concatenate([c.ids for c in chunks]),
         np.concatenate([c.logprobs for c in chunks]),
         np.concatenate([c.versions for c in chunks]),
-        None,
+        np.concatenate(routes) if routes else None,
         last.finish_reason,
         last.cached_prompt_tokens,
     )

@@ -10,9 +10,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -155,6 +155,8 @@ class GatewayService:
 
     def _validate(self, prompt_ids: npt.NDArray[np.int32], sampling: Sampling) -> int:
         """Checks the request against the model; returns the token budget."""
+        if not self.router.healthy():
+            self.router.pick("")  # raises UNAVAILABLE (retryable) naming each replica's state
         info = self.info()
         n = int(prompt_ids.shape[0])
         if n == 0:
@@ -283,6 +285,25 @@ class GatewayService:
         """Loads ``version`` on every serving replica; returns seconds taken. A replica
         that fails while others succeed is ejected (it would serve stale weights) and
         catches up when its health probe passes again."""
+        seconds = await self._update(version, lambda e: e.load_weights(version, checkpoint_path, options))
+        self._last_update = (checkpoint_path, dict(options))
+        return seconds
+
+    async def load_state_dict(self, version: int, tensors: Mapping[str, Any]) -> float:
+        """In-process weight update for the embedded stack (the trainer hands tensors
+        over, no checkpoint folder): same version rules as UpdateWeights."""
+
+        def load(engine: Engine) -> Awaitable[None]:
+            loader = getattr(engine, "load_state_dict", None)
+            if loader is None:
+                raise InvalidArgument(f"engine {engine.kind} takes weights from a checkpoint_path only")
+            return cast(Awaitable[None], loader(version, tensors))
+
+        seconds = await self._update(version, load)
+        self._last_update = None  # nothing on disk to catch up from
+        return seconds
+
+    async def _update(self, version: int, load: Callable[[Engine], Awaitable[None]]) -> float:
         async with self._update_lock:
             if version <= self.version:
                 raise FailedPrecondition(f"version {version} is not greater than the current version {self.version}")
@@ -290,14 +311,15 @@ class GatewayService:
             if not replicas:
                 raise EngineUnavailable("no serving replica to load weights into")
             started = time.monotonic()
-            results = await asyncio.gather(
-                *(r.engine.load_weights(version, checkpoint_path, options) for r in replicas), return_exceptions=True
-            )
+
+            async def one(replica: Replica) -> None:
+                await load(replica.engine)
+
+            results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
             failed = [(r, e) for r, e in zip(replicas, results, strict=True) if isinstance(e, BaseException)]
             if len(failed) == len(replicas):
                 raise failed[0][1]
             self.version = version
-            self._last_update = (checkpoint_path, dict(options))
             for replica, error in failed:
                 replica.state, replica.error = EJECTED, f"weight update to version {version} failed: {error}"
                 log.error("weight update failed", extra={"kv": {"replica": replica.name, "error": str(error)}})

@@ -2,10 +2,70 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
+from harnessrl.paths import default_model_dir
 
 
 class Settings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="HARNESSRL_PROXY_", extra="forbid", validate_default=True)
+
+    gateway_target: str = Field("127.0.0.1:50051", description="host:port of the rollout gateway (gRPC).")
+    gateway_token: SecretStr | None = Field(None, description="Service credential for the gateway, if it wants one.")
+    capture_target: str = Field("127.0.0.1:50052", description="host:port of the capture store (gRPC).")
+    capture_token: SecretStr | None = Field(None, description="Service credential for the capture store's writes.")
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token of the admin API (/admin/...); unset refuses every admin call."
+    )
+    uds_path: Path | None = Field(
+        None, description="Also serve the same app on this Unix socket (sandboxes without network)."
+    )
+
+    model_dir: Path = Field(
+        default_factory=default_model_dir, description="HF folder of the served model (tokenizer, template)."
+    )
+    served_model_names: list[str] = Field(
+        default_factory=list, description="Model names harnesses may ask for; empty: the model folder's name."
+    )
+    chat_template: str = Field(
+        "auto",
+        description="'auto' (own template if it renders tools, else a per-model override), 'model', "
+        "a builtin, or a .jinja path.",
+    )
+    template_overrides: dict[str, str] = Field(
+        default_factory=lambda: {"SmolLM2-135M-Instruct": "hermes-chatml"},
+        description="Per-model template override (model folder name -> builtin or path), used by 'auto'.",
+    )
+    tool_parser: str = Field("hermes", description="Tool-call parser: hermes, qwen3_coder, json or module:Class.")
+    reasoning_parser: bool = Field(True, description="Split a leading <think>...</think> into reasoning/thinking.")
+
+    temperature: float | None = Field(1.0, ge=0, le=5, description="Sampling temperature; None honours the request's.")
+    top_p: float | None = Field(1.0, gt=0, le=1, description="Top-p; None honours the request's.")
+    top_k: int | None = Field(0, ge=0, description="Top-k (0 off); None honours the request's.")
+    return_routed_experts: bool = Field(
+        False, description="Ask the engine for MoE routes (R3) and capture them with every sampled token."
+    )
+    default_max_tokens: int = Field(4096, ge=1, description="max_tokens when the request names none.")
+    context_window: int | None = Field(
+        None, ge=16, description="Context window; unset asks the gateway (GatewayHealth.context_window)."
+    )
+
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    max_trials: int = Field(10_000, ge=1, description="Open trials this proxy serves at once.")
+    keep_closed_trials: int = Field(
+        10_000, ge=0, description="Summaries of closed trials kept for GET /admin/trials/<id> (oldest dropped)."
+    )
+    trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
+    main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")
+    render_check: bool = Field(
+        False, description="Also render every extended turn from scratch and compare (tests; costs O(context))."
+    )
+    capture_retries: int = Field(5, ge=0, le=100, description="Retries of a failed AppendSegment (idempotent).")
+    gc_tuning: bool = Field(
+        True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
+    )
+    engine_timeout_s: float = Field(600.0, gt=0, description="Deadline of one Generate call.")

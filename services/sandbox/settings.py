@@ -2,10 +2,128 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from harnessrl import paths
 from harnessrl.config import ServiceSettings
+
+# Files that decide a verifier's outcome. Restored from the pristine snapshot
+# before verify when they existed there, deleted when the agent created them.
+DEFAULT_PROTECTED = (
+    "conftest.py",
+    "pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "sitecustomize.py",
+    "usercustomize.py",
+    "*.pth",
+    "test_*.py",
+    "*_test.py",
+    # Modules that would shadow the test runner (``python -m pytest`` puts the cwd first on sys.path).
+    "pytest.py",
+    "py.py",
+    "pluggy.py",
+    "unittest.py",
+    "nose.py",
+)
+# Directories whose every file is protected the same way.
+DEFAULT_PROTECTED_DIRS = ("tests", "test", "pytest", "_pytest", "pluggy", "unittest")
+
+
+class IntegrityPolicy(BaseModel):
+    """Reward-integrity defences (invariant 6). Every one is on in production;
+    switching one off exists only so the red-team suite can prove that the
+    defence is what makes its cheat fail."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    squash_git_history: bool = Field(default=True, description="One-commit history; no original object reachable.")
+    hide_tests_and_solution: bool = Field(default=True, description="Tests and solution absent during the agent phase.")
+    restore_pristine_files: bool = Field(default=True, description="Restore tests/config files before verify.")
+    isolate_network: bool = Field(default=True, description="Agent phase reaches only the proxy.")
+    kill_agent_processes: bool = Field(default=True, description="Every agent-phase process dead before verify.")
+    protect_reward_files: bool = Field(
+        default=True, description="/logs/verifier invisible to the agent, fresh for verify."
+    )
+    protected_globs: tuple[str, ...] = Field(default=DEFAULT_PROTECTED, description="File-name patterns (fnmatch).")
+    protected_dirs: tuple[str, ...] = Field(default=DEFAULT_PROTECTED_DIRS, description="Directory names.")
+
+
+class LocalBackendSettings(BaseModel):
+    """The bubblewrap backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bwrap: str = Field(default="bwrap", description="bubblewrap binary.")
+    host_uid: int | None = Field(
+        default=None,
+        ge=1,
+        description="Unprivileged host uid to drop to when the worker is root (mounts must be traversable).",
+    )
+    hidden_paths: tuple[str, ...] = Field(
+        default=(
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/shadow-",
+            "/etc/gshadow-",
+            "/etc/sudoers",
+            "/etc/sudoers.d",
+            "/etc/ssh",
+        ),
+        description="Host files and directories masked inside the sandbox (under a read-only system path).",
+    )
+    system_paths: tuple[str, ...] = Field(
+        default=("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"),
+        description="Host paths mounted read-only as the base system (symlinks are recreated).",
+    )
+    extra_ro_paths: tuple[str, ...] = Field(
+        default=(), description="More host paths mounted read-only at the same place."
+    )
+    python: str = Field(
+        default="/usr/bin/python3", description="Interpreter inside the sandbox for the proxy forwarder."
+    )
+    disk_poll_s: float = Field(default=0.5, gt=0, description="How often the disk watchdog measures the workspace.")
+    tmp_size_mb: int = Field(
+        default=512, gt=0, description="Size of the sandbox's /tmp (tmpfs, charged to its memory)."
+    )
 
 
 class Settings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="HARNESSRL_SANDBOX_", extra="forbid", validate_default=True)
+
+    backend: str = Field(default="local", description="Sandbox backend: local, docker or kubernetes.")
+    queue_url: str = Field(default="memory://", description="memory:// (in-process) or redis://host:port/db.")
+    concurrency: int = Field(default=4, ge=1, le=256, description="Trials one worker runs at once.")
+    work_dir: Path = Field(default_factory=lambda: paths.home() / "sandbox" / "trials", description="Trial dirs.")
+    cache_dir: Path = Field(default_factory=lambda: paths.home() / "sandbox" / "cache", description="Layer cache.")
+    artifacts_dir: Path = Field(
+        default_factory=lambda: paths.home() / "sandbox" / "artifacts", description="Logs kept per trial."
+    )
+    keep_trial_dirs: bool = Field(default=False, description="Keep workspaces after teardown (debugging).")
+    lease_s: float = Field(default=30.0, gt=0, description="A worker that misses heartbeats this long loses its trial.")
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts of a trial whose worker died.")
+    default_agent_timeout_s: float = Field(default=1800.0, gt=0)
+    default_verifier_timeout_s: float = Field(default=600.0, gt=0)
+    max_memory_mb: int = Field(default=8192, gt=0)
+    default_memory_mb: int = Field(default=2048, gt=0)
+    max_storage_mb: int = Field(default=10240, gt=0)
+    default_storage_mb: int = Field(default=2048, gt=0)
+    pids_limit: int = Field(default=512, gt=0)
+    output_limit_bytes: int = Field(default=1 << 20, gt=0, description="Bounded capture of a harness's stdout+stderr.")
+    proxy_url: str | None = Field(
+        default=None, description="Proxy base URL for admin calls, e.g. http://127.0.0.1:8080."
+    )
+    proxy_admin_token: SecretStr | None = None
+    proxy_uds_path: Path | None = Field(default=None, description="The proxy's Unix socket; relayed to when set.")
+    capture_target: str | None = Field(default=None, description="host:port of the capture store (FinalizeTrajectory).")
+    capture_token: SecretStr | None = None
+    proxy_port_in_sandbox: int = Field(
+        default=4100, ge=1024, le=65535, description="Loopback port forwarding to the proxy."
+    )
+    local: LocalBackendSettings = LocalBackendSettings()
+    integrity: IntegrityPolicy = IntegrityPolicy()

@@ -180,3 +180,29 @@ async def test_bad_checkpoints_leave_weights_untouched(engine: LocalEngine, fold
         await engine.load_state_dict(1, {**engine.model.state_dict(), "extra.weight": torch.zeros(1)})
     after = await run(engine, req(PROMPTS[0], rid="b1", temperature=0.0))
     assert before[0] == after[0] and engine.info().policy_version == 0
+
+
+async def test_in_process_weight_update_through_the_service(folders: tuple[Path, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from services.gateway.errors import FailedPrecondition
+    from services.gateway.service import GatewayService
+
+    settings = Settings(model_path=folders[0], health_interval_s=3600)
+    service = GatewayService([LocalEngine(settings)], settings)
+    await service.start()
+    try:
+        other = AutoModelForCausalLM.from_pretrained(folders[1]).eval()
+        await service.load_state_dict(2, other.state_dict())
+        with pytest.raises(FailedPrecondition, match="not greater"):
+            await service.load_state_dict(2, other.state_dict())
+        outs = [
+            o
+            async for o in service.generate(
+                "r", "t", "main", np.asarray(PROMPTS[0], np.int32), Sampling(temperature=0.0, max_tokens=4)
+            )
+        ]
+        versions = np.concatenate([o.chunk.versions for o in outs]).tolist()
+        assert versions == [2, 2, 2, 2] and service.health().policy_version == 2
+    finally:
+        await service.close()

@@ -232,3 +232,18 @@ def test_malformed_scripts_name_file_and_field(tmp_path: Path, content: str, err
 def test_missing_script_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_script(tmp_path / "nope.json")
+
+
+async def test_scripted_engine_takes_no_in_process_weights(engine: ScriptedEngine) -> None:
+    from harnessrl.errors import InvalidArgument
+    from services.gateway.service import GatewayService
+    from services.gateway.settings import Settings
+
+    service = GatewayService([engine], Settings(engine="local", health_interval_s=3600))
+    await service.start()
+    try:
+        with pytest.raises(InvalidArgument, match="checkpoint_path only"):
+            await service.load_state_dict(1, {})
+        assert service.version == 0
+    finally:
+        await service.close()

@@ -92,3 +92,21 @@ async def test_pause_and_update_skip_ejected_replicas() -> None:
         assert not service.paused
     finally:
         await service.close()
+
+
+async def test_no_healthy_replica_is_unavailable_before_validation() -> None:
+    import numpy as np
+
+    from services.gateway.engine import Sampling
+
+    service, engines = await make_service()
+    try:
+        for engine in engines:
+            engine.down = True
+        await service.probe()
+        await service.probe()
+        with pytest.raises(EngineUnavailable, match="no healthy replica"):
+            async for _ in service.generate("r", "t", "main", np.asarray([1] * 500, np.int32), Sampling()):
+                pass
+    finally:
+        await service.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -36,14 +38,18 @@ async def test_finalize_is_idempotent_and_recorded(store: Store) -> None:
     assert (await store.append(append_request("r1", "t1", close=True))).duplicate  # a late retry still answers
 
 
-async def test_finalize_unknown_trial(store: Store) -> None:
-    # A policy outcome with nothing captured means captured data went missing.
-    assert await _code(store.finalize(finalize_request("r1", "ghost"))) == grpc.StatusCode.NOT_FOUND
+async def test_finalize_trial_without_segments(store: Store) -> None:
     assert await _code(store.get("r1", "ghost")) == grpc.StatusCode.NOT_FOUND
-    # An infrastructure failure before any model call is recorded, so its group can complete.
-    env = finalize_request("r1", "ghost", termination_reason=ENV_FAILED, has_reward=False, reward=0.0)
-    assert (await store.finalize(env)).group_ready
+    # A harness that never called the model still ends its trial, so its group can complete.
+    assert (await store.finalize(finalize_request("r1", "ghost", reward=0.0))).group_ready
     traj = await store.get("r1", "ghost")
+    assert (traj.termination_reason, traj.has_reward, len(traj.segments)) == (COMPLETED, True, 0)
+    # An infrastructure failure before any model call likewise.
+    env = finalize_request(
+        "r1", "ghost2", group="g-ghost2", termination_reason=ENV_FAILED, has_reward=False, reward=0.0
+    )
+    assert (await store.finalize(env)).group_ready
+    traj = await store.get("r1", "ghost2")
     assert (traj.termination_reason, traj.has_reward, len(traj.segments)) == (ENV_FAILED, False, 0)
 
 
@@ -156,3 +162,17 @@ async def test_delete_run_removes_only_that_run(store: Store) -> None:
     # The run starts afresh: the same ids are accepted again.
     assert not (await store.append(append_request("r1", "a", task="task-a", group="g1"))).duplicate
     assert await _code(store.delete("bad run")) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_sweep_deletes_runs_idle_longer_than_the_age(store: Store) -> None:
+    await store.append(append_request("old-run", "t1"))
+    await asyncio.sleep(1.5)
+    await store.append(append_request("new-run", "t1"))
+    dry = await store.server.service.sweep(older_than_s=1.0, dry_run=True)
+    assert [(run, n) for run, _, n in dry] == [("old-run", 1)]
+    assert (await store.get("old-run", "t1")).segments  # a dry run deletes nothing
+    swept = await store.server.service.sweep(older_than_s=1.0)
+    assert [run for run, _, _ in swept] == ["old-run"]
+    assert await _code(store.get("old-run", "t1")) == grpc.StatusCode.NOT_FOUND
+    assert (await store.get("new-run", "t1")).segments
+    assert await store.server.service.sweep(older_than_s=1.0) == []

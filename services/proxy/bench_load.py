@@ -1,0 +1,237 @@
+"""Throughput half of ``harnessrl bench proxy``: concurrent multi-turn sessions
+through a proxy process versus straight to the same scripted engine.
+
+Every service runs in its own process, as deployed (``harnessrl gateway serve``
+with the scripted engine, ``harnessrl capture serve``, ``harnessrl proxy
+serve``); the load comes from this process over plain HTTP/1.1 keep-alive
+connections (one per session) and, for the baseline, gRPC to the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harnessrl.arrays import I32
+from harnessrl.localservers import free_port
+from harnessrl.rpc import check_health, connect
+from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
+
+ADMIN = "bench-admin"
+REPLY = {"content": "Checking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command in the repository and return its output.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
+SYSTEM = "You are a coding agent. " * 40
+EPISODE = 20  # turns per trial: sessions run trials of realistic length back to back
+
+
+@dataclass
+class LoadRow:
+    sessions: int
+    turns: int
+    proxy_turns_per_s: float
+    direct_turns_per_s: float
+    proxy_cpu_ms_per_turn: float  # CPU the proxy process spent per turn (user + system)
+
+    @property
+    def loss(self) -> float:
+        return 1.0 - self.proxy_turns_per_s / self.direct_turns_per_s
+
+
+class _Http:
+    """A minimal HTTP/1.1 keep-alive client: a load generator must cost less
+    than what it measures."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes, token: str) -> tuple[int, bytes]:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        for _ in range(2):  # a connection idle past the server's keep-alive is closed: reopen once
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+            assert self.reader is not None
+            self.writer.write(head.encode() + body)
+            status_line = await self.reader.readline()
+            if status_line:
+                break
+            self.close()
+        else:
+            raise ConnectionError(f"{path}: the server closed the connection")
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        return int(status_line.split()[1]), await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def _services(tmp: Path) -> Iterator[tuple[int, int, int]]:
+    """Starts gateway, capture store and proxy processes; yields (proxy port, gateway port, proxy pid)."""
+    script = tmp / "script.json"
+    script.write_text(json.dumps({"context_window": 1_000_000, "threads": {"main": [REPLY], "*": [REPLY]}}))
+    ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
+    config = tmp / "bench.toml"
+    config.write_text(
+        f'[gateway]\nport = {ports["gateway"]}\nengine = "scripted:{script}"\n\n'
+        f'[capture_store]\nport = {ports["capture"]}\nstore_dir = "{tmp / "capture"}"\nauth_token = "c"\n\n'
+        f'[proxy]\nport = {ports["proxy"]}\ngateway_target = "127.0.0.1:{ports["gateway"]}"\n'
+        f'capture_target = "127.0.0.1:{ports["capture"]}"\ncapture_token = "c"\nadmin_token = "{ADMIN}"\n'
+        f"max_trials = 100000\n"
+    )
+    procs = []
+    try:
+        for noun in ("gateway", "capture", "proxy"):
+            cmd = [sys.executable, "-m", "harnessrl", noun, "serve", "-c", str(config)]
+            log = (tmp / f"{noun}.log").open("w")
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()))
+        asyncio.run(check_health(f"127.0.0.1:{ports['gateway']}", wait_s=60))
+        asyncio.run(check_health(f"127.0.0.1:{ports['capture']}", wait_s=60))
+        asyncio.run(_wait_http(ports["proxy"]))
+        yield ports["proxy"], ports["gateway"], procs[2].pid
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def _wait_http(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _admin(http: _Http, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, data = await http.post(path, json.dumps(body).encode(), ADMIN)
+    if status not in (200, 201):
+        raise RuntimeError(f"admin {path}: {status} {data[:300]!r}")
+    result: dict[str, Any] = json.loads(data)
+    return result
+
+
+async def _proxy_session(port: int, trial: str, token: str, turns: int) -> None:
+    http = _Http(port)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
+    try:
+        for _ in range(turns):
+            body = {"model": "SmolLM2-135M-Instruct", "messages": messages, "tools": TOOLS}
+            status, data = await http.post(f"/trials/{trial}/v1/chat/completions", json.dumps(body).encode(), token)
+            if status != 200:
+                raise RuntimeError(f"turn failed: {status} {data[:300]!r}")
+            message = json.loads(data)["choices"][0]["message"]
+            messages.append(message)
+            messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt\nb.txt"})
+    finally:
+        http.close()
+
+
+async def _through_proxy(port: int, sessions: int, turns: int, tag: str) -> float:
+    """``sessions`` concurrent harnesses, each running trials of at most
+    EPISODE turns until it has made ``turns`` calls."""
+    admin = _Http(port)
+    trials: list[list[tuple[str, str]]] = [[] for _ in range(sessions)]
+    for i in range(sessions):
+        for j in range(-(-turns // EPISODE)):
+            spec = {"trial_id": f"{tag}-{i}-{j}", "run_id": "bench", "task_id": "t", "group_id": tag}
+            trials[i].append((spec["trial_id"], (await _admin(admin, "/admin/trials", spec))["token"]))
+
+    async def harness(i: int) -> None:
+        left = turns
+        for trial, token in trials[i]:
+            await _proxy_session(port, trial, token, min(EPISODE, left))
+            left -= EPISODE
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(harness(i) for i in range(sessions)))
+    elapsed = time.perf_counter() - t0
+    for per_session in trials:
+        for trial, _ in per_session:
+            await _admin(admin, f"/admin/trials/{trial}/close", {})
+    admin.close()
+    return sessions * turns / elapsed
+
+
+async def _direct(port: int, sessions: int, turns: int, prompt: np.ndarray, tag: str) -> float:
+    """The same sessions without the proxy: prompts grow by what was sampled plus a tool result."""
+    tool_ids = np.arange(100, 130, dtype=I32)
+    async with connect(f"127.0.0.1:{port}") as channel:
+        stub = gateway_pb2_grpc.RolloutGatewayStub(channel)
+
+        async def session(i: int) -> None:
+            for t in range(turns):
+                if t % EPISODE == 0:
+                    ids = prompt
+                request = gateway_pb2.GenerateRequest(
+                    request_id=f"{tag}-{i}-{t}",
+                    trial_id=f"{tag}-{i}-{t // EPISODE}",
+                    thread="main",
+                    prompt_ids=ids.tobytes(),
+                    sampling=gateway_pb2.SamplingParams(temperature=1.0, max_tokens=4096, stop_token_ids=[2]),
+                )
+                sampled = [np.frombuffer(c.tokens.ids, I32) async for c in stub.Generate(request)]
+                ids = np.concatenate([ids, *sampled, tool_ids])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(session(i) for i in range(sessions)))
+        return sessions * turns / (time.perf_counter() - t0)
+
+
+def measure_load(levels: tuple[int, ...], total_turns: int, prompt: np.ndarray) -> list[LoadRow]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hrl-bench-proxy-") as tmp, _services(Path(tmp)) as (proxy, gateway, pid):
+        asyncio.run(_through_proxy(proxy, 4, 2, "warmup"))
+        for n in levels:
+            turns = max(4, total_turns // n)
+            direct = asyncio.run(_direct(gateway, n, turns, prompt, f"d{n}"))
+            cpu = cpu_seconds(pid)
+            through = asyncio.run(_through_proxy(proxy, n, turns, f"p{n}"))
+            rows.append(LoadRow(n, n * turns, through, direct, 1000 * (cpu_seconds(pid) - cpu) / (n * turns)))
+    return rows

@@ -1,0 +1,328 @@
+"""The capture state machine of one trial: threads, segments, and the rule that
+decides whether a model call extends a segment or opens a new one.
+
+Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
+
+1. A segment's ids are ``prompt + part_1 + part_2 + ...``; each part is the
+   context the harness added since the last call (mask 0) followed by exactly
+   the ids the engine sampled (mask 1). ``Segment.context`` always equals what
+   the engine saw last plus what it sampled, so the next prompt is
+   ``context + new context`` and every mask-1 id was sampled in exactly the
+   context that precedes it in the segment.
+2. The new context is rendered by the model's chat template (``Renderer``);
+   earlier turns of the proxy are never re-tokenized: their sampled ids are
+   reused verbatim (``SampledIds``), whether the segment is extended or a new
+   one is rendered from scratch.
+3. A request extends a segment only if its tools are the same and its messages
+   start with the segment's history, where the proxy's own turns are matched by
+   tool-call id (or the echoed turn id), not by their re-serialised text. Any
+   other request opens a new segment whose prompt is the rewritten context;
+   the segment it rewrites is closed. A sampled turn is committed to exactly
+   one segment, once.
+4. Threads are keyed by the leading system prompt: a request whose system
+   prompt is not the main thread's belongs to another, labelled thread; other
+   conversations under one system prompt (parallel sub-agents, repeated title
+   requests) are told apart by their first message, each its own thread; a
+   call without tools under the main prompt is a side call, not the agent. A
+   thread is one conversation: its segments are sequential, one open at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harnessrl.logs import kv
+from services.proxy.chat.conversation import Conversation, Message, Tool
+from services.proxy.chat.render import Renderer, SampledIds
+
+log = logging.getLogger(__name__)
+
+MAIN = "main"
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What the engine sampled in one call; arrays are LE bytes of equal length."""
+
+    ids: bytes  # int32
+    logprobs: bytes  # float32
+    versions: bytes  # int32
+    finish_reason: str  # the engine's: stop | length
+    ended_with_eos: bool
+    routes: np.ndarray | None = None  # uint8 [n, layers, top_k]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids) // 4
+
+
+@dataclass(frozen=True)
+class OurTurn:
+    """An assistant turn the proxy produced, and how the harness will echo it."""
+
+    turn_id: str
+    call_ids: tuple[str, ...]
+    text: str
+    sampled: SampledIds
+
+
+def recognises(m: Message, turn: OurTurn) -> bool:
+    """Is ``m`` the harness's copy of ``turn``? By echoed turn id, else by tool-call ids,
+    else (a turn without calls) by its text; never by re-serialised arguments."""
+    if m.role != "assistant":
+        return False
+    if m.turn_ref:
+        return m.turn_ref == turn.turn_id
+    calls, ids = m.tool_calls, turn.call_ids
+    if ids:
+        return len(calls) == len(ids) and all(c.id == i for c, i in zip(calls, ids, strict=True))
+    return not calls and m.content.strip() == turn.text.strip()
+
+
+class OurTurns:
+    """Every turn of the trial, findable from the harness's copy of it."""
+
+    def __init__(self) -> None:
+        self._by_ref: dict[str, OurTurn] = {}
+        self._by_call: dict[str, OurTurn] = {}
+        self._by_text: dict[str, OurTurn] = {}
+
+    def add(self, turn: OurTurn) -> None:
+        self._by_ref[turn.turn_id] = turn
+        for cid in turn.call_ids:
+            self._by_call[cid] = turn
+        if not turn.call_ids:
+            self._by_text[turn.text.strip()] = turn
+
+    def find(self, m: Message) -> OurTurn | None:
+        if m.role != "assistant":
+            return None
+        if m.turn_ref:
+            candidate = self._by_ref.get(m.turn_ref)
+        elif m.tool_calls:
+            candidate = self._by_call.get(m.tool_calls[0].id)
+        else:
+            candidate = self._by_text.get(m.content.strip())
+        return candidate if candidate is not None and recognises(m, candidate) else None
+
+
+Entry = Message | OurTurn
+
+
+@dataclass(eq=False)
+class Segment:
+    index: int
+    tools: tuple[Tool, ...]
+    context: bytearray  # int32 LE: what the engine saw last + what it sampled
+    history: list[Entry]  # the messages the context covers, our turns resolved
+    # The harness's own messages of the last call (``history`` minus the turn sampled
+    # since): what the next request most likely starts with, byte for byte.
+    last_messages: tuple[Message, ...] = ()
+    parts: int = 0
+    version: int = 0
+    closed: bool = False
+
+    def extended_by(self, conv: Conversation) -> bool:
+        """Does ``conv`` continue this segment (same tools, history as its prefix)?
+
+        Runs on every call over the whole history. Fast path: harnesses resend
+        the previous request's messages unchanged, so one C-level tuple compare
+        covers them and only the turn sampled since is checked in Python."""
+        h, msgs = self.history, conv.messages
+        if self.closed or len(msgs) < len(h) or conv.tools != self.tools:
+            return False
+        k = len(self.last_messages)
+        start = k if msgs[:k] == self.last_messages else 0
+        for i in range(start, len(h)):
+            m, e = msgs[i], h[i]
+            if e.__class__ is OurTurn:
+                if not recognises(m, e):  # type: ignore[arg-type]
+                    return False
+            elif m != e:
+                return False
+        return True
+
+
+@dataclass(eq=False)
+class Thread:
+    name: str
+    kind: str  # main | subagent | side
+    trainable: bool
+    system: str
+    root: Message | None  # first message of the conversation this thread carries
+    segments: list[Segment] = field(default_factory=list)
+    calls: int = 0
+
+    @property
+    def current(self) -> Segment | None:
+        """The one open segment (segments of a thread are sequential)."""
+        seg = self.segments[-1] if self.segments else None
+        return seg if seg is not None and not seg.closed else None
+
+
+@dataclass
+class Plan:
+    """How one model call maps onto the capture, decided before generation."""
+
+    thread: Thread
+    conv: Conversation
+    prompt: bytes  # int32 LE: every id the engine will see
+    extends: Segment | None
+    base_version: int
+    delta: bytes  # int32 LE context ids appended to ``extends``; empty for a new segment
+    history: list[Entry]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt) // 4
+
+
+@dataclass(frozen=True)
+class Part:
+    """One AppendSegment: ``context`` (mask 0) then ``sampled`` (mask 1)."""
+
+    thread: Thread
+    segment_index: int
+    part_index: int
+    prompt: bytes | None  # only on part 0
+    context: bytes
+    sampled: Sampled | None  # None on a closing part
+    close: bool
+
+
+class TrialCapture:
+    """All threads of one trial. Not thread-safe: call from one event loop."""
+
+    def __init__(
+        self,
+        renderer: Renderer,
+        *,
+        trainable_kinds: Sequence[str] = ("main", "subagent"),
+        main_requires_tools: bool = True,
+        render_check: bool = False,
+    ) -> None:
+        self.renderer = renderer
+        self.threads: dict[str, Thread] = {}
+        self._by_system: dict[str, list[Thread]] = {}
+        self._ours = OurTurns()
+        self._trainable = set(trainable_kinds)
+        self._main_requires_tools = main_requires_tools
+        self._render_check = render_check
+        self._counts = {"subagent": 0, "side": 0}
+        self.render_mismatches = 0
+
+    # -- planning -------------------------------------------------------------
+
+    def plan(self, conv: Conversation) -> Plan:
+        same_system = self._by_system.get(conv.system, [])
+        for thread in same_system:
+            seg = thread.current
+            if seg is not None and seg.extended_by(conv):
+                plan = self._plan_extension(thread, seg, conv)
+                if plan is not None:
+                    return plan
+        thread = self._rewritten(conv, same_system) or self._new_thread(conv)
+        history = [self._ours.find(m) or m for m in conv.messages]
+        prompt = self.renderer.full(conv, _sampled_list(history))
+        return Plan(thread, conv, prompt, None, 0, b"", history)
+
+    def _plan_extension(self, thread: Thread, seg: Segment, conv: Conversation) -> Plan | None:
+        new = conv.messages[len(seg.history) :]
+        if any(self._ours.find(m) is not None for m in new):
+            return None  # an own turn outside this segment: render from scratch to reuse it
+        last = seg.history[-1]
+        assert isinstance(last, OurTurn)
+        delta = self.renderer.extension(last.sampled, new).tobytes()
+        history = [*seg.history, *new]
+        prompt = b"".join((seg.context, delta))  # one copy of the context
+        if self._render_check:
+            full = self.renderer.full(conv, _sampled_list(history))
+            if full != prompt:
+                self.render_mismatches += 1
+                log.warning("incremental render differs from full render", extra=kv(thread=thread.name))
+                return None
+        return Plan(thread, conv, prompt, seg, seg.version, delta, history)
+
+    def _rewritten(self, conv: Conversation, same_system: list[Thread]) -> Thread | None:
+        """The thread a non-extending request rewrites: the one holding the same
+        conversation (same first message: an injected reminder, a retry), else the
+        main thread (one conversation whatever its first message: compaction).
+        Otherwise it is another conversation: a new thread (a parallel sub-agent,
+        another title request)."""
+        first = conv.messages[0] if conv.messages else None
+        same_root = [t for t in same_system if t.root == first]
+        if same_root:
+            return same_root[-1]
+        if not conv.tools and self._main_requires_tools:
+            return None  # a tool-less call under the main prompt is a side call, not the agent
+        return next((t for t in same_system if t.kind == MAIN), None)
+
+    def _new_thread(self, conv: Conversation) -> Thread:
+        if MAIN not in self.threads and (conv.tools or not self._main_requires_tools):
+            name = kind = MAIN
+        else:
+            kind = "subagent" if conv.tools else "side"
+            self._counts[kind] += 1
+            name = f"{kind}-{self._counts[kind]}"
+        root = conv.messages[0] if conv.messages else None
+        thread = Thread(name, kind, kind in self._trainable, conv.system, root)
+        self.threads[name] = thread
+        self._by_system.setdefault(conv.system, []).append(thread)
+        return thread
+
+    # -- committing -----------------------------------------------------------
+
+    def commit(self, plan: Plan, sampled: Sampled, turn: OurTurn) -> list[Part]:
+        """Records a finished call; returns the parts to append, in order. A call
+        that does not extend the thread's open segment (as planned, and still open
+        and unchanged) closes it and opens the next one."""
+        thread, parts = plan.thread, []
+        seg = plan.extends
+        if seg is not None and seg is thread.current and seg.version == plan.base_version:
+            parts.append(Part(thread, seg.index, seg.parts, None, plan.delta, sampled, False))
+            seg.context += plan.delta
+        else:
+            if thread.current is not None:
+                parts.append(self._close(thread, thread.current))
+            seg = Segment(len(thread.segments), plan.conv.tools, bytearray(plan.prompt), [])
+            thread.segments.append(seg)
+            parts.append(Part(thread, seg.index, 0, plan.prompt, b"", sampled, False))
+        seg.context += sampled.ids
+        seg.history = [*plan.history, turn]
+        seg.last_messages = plan.conv.messages
+        seg.parts += 1
+        seg.version += 1
+        thread.root = plan.conv.messages[0] if plan.conv.messages else None
+        thread.calls += 1
+        self._ours.add(turn)
+        return parts
+
+    @staticmethod
+    def _close(thread: Thread, seg: Segment) -> Part:
+        seg.closed = True
+        part = Part(thread, seg.index, seg.parts, None, b"", None, True)
+        seg.parts += 1
+        return part
+
+    def close_all(self) -> list[Part]:
+        return [self._close(t, s) for t in self.threads.values() for s in t.segments if not s.closed]
+
+    def release(self) -> None:
+        """Frees the token and message state of a closed trial; counts stay for its summary."""
+        for thread in self.threads.values():
+            for seg in thread.segments:
+                seg.context, seg.history, seg.last_messages = bytearray(), [], ()
+        self._ours = OurTurns()
+
+
+def _sampled_list(history: Sequence[Entry]) -> list[SampledIds | None]:
+    return [e.sampled if isinstance(e, OurTurn) else None for e in history]
+
+
+def as_messages(history: Sequence[Entry]) -> list[Message]:
+    """For diagnostics: history with our turns as plain assistant messages."""
+    return [e if isinstance(e, Message) else Message("assistant", e.text) for e in history]

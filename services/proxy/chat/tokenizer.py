@@ -1,0 +1,85 @@
+"""The model's tokenizer (the Rust ``tokenizers`` library on the folder's
+tokenizer.json), with the special tokens templates are rendered with and an
+incremental detokenizer for streaming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer as _RustTokenizer
+from tokenizers.decoders import DecodeStream
+
+from harnessrl.arrays import I32
+from harnessrl.errors import ConfigError
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    """Encodes text exactly as ``apply_chat_template(tokenize=True)`` does
+    (special tokens in the text are parsed, none are added)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError(f"{model_dir}: no tokenizer.json (not a Hugging Face model folder?)")
+        self._tok = _RustTokenizer.from_file(str(path))
+        config = _read_json(model_dir / "tokenizer_config.json")
+        self.special_tokens: dict[str, str] = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            text = _token_text(config.get(key))
+            if text is not None:
+                self.special_tokens[key] = text
+        eos = self.special_tokens.get("eos_token")
+        eos_id = self._tok.token_to_id(eos) if eos is not None else None
+        if eos is None or eos_id is None:
+            raise ConfigError(f"{model_dir}: tokenizer_config.json names no usable eos_token")
+        self.eos_text = eos
+        self.eos_id = int(eos_id)
+        stop = {self.eos_id}
+        gen = _read_json(model_dir / "generation_config.json").get("eos_token_id")
+        stop.update(gen if isinstance(gen, list) else [gen] if isinstance(gen, int) else [])
+        self.stop_ids = sorted(stop)
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=I32)
+
+    def decode(self, ids: list[int] | np.ndarray, skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
+
+    def decoder(self) -> IncrementalDecoder:
+        return IncrementalDecoder(self._tok)
+
+
+class IncrementalDecoder:
+    """Turns sampled ids into text as they arrive (handles multi-byte characters
+    split across tokens); special tokens such as eos produce no text."""
+
+    def __init__(self, tok: _RustTokenizer) -> None:
+        self._tok = tok
+        self._stream = DecodeStream(skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str:
+        return self._stream.step(self._tok, int(token_id)) or ""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from e
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions (``/v1/chat/completions``)."""

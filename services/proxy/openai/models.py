@@ -1,0 +1,101 @@
+"""Request models of OpenAI Chat Completions and their translation to the
+canonical conversation; unknown fields are accepted and logged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
+from services.proxy.errors import BadRequest
+from services.proxy.protocol import Loose, text_of
+
+
+class ContentPart(Loose):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(Loose):
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class ChatToolCall(Loose):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(Loose):
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChatTool(Loose):
+    type: str = "function"
+    function: FunctionDef
+
+
+class StreamOptions(Loose):
+    include_usage: bool = False
+
+
+class ChatRequest(Loose):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    stop: str | list[str] | None = None
+
+
+def _arguments(value: str | dict[str, Any]) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def to_conversation(req: ChatRequest) -> Conversation:
+    msgs = req.messages
+    lead = 0
+    while lead < len(msgs) and msgs[lead].role in ("system", "developer"):
+        lead += 1
+    system = "\n\n".join(text_of(m.content) for m in msgs[:lead])
+    out: list[Message] = []
+    for i, m in enumerate(msgs[lead:], lead):
+        role = "system" if m.role == "developer" else "tool" if m.role == "function" else m.role
+        if role == "tool" and not (m.tool_call_id or m.name):
+            raise BadRequest(f"messages.{i}: a tool message needs tool_call_id")
+        calls = tuple(ToolCall(c.id, c.function.name, _arguments(c.function.arguments)) for c in m.tool_calls or ())
+        out.append(
+            Message(
+                role,
+                text_of(m.content),
+                calls if role == "assistant" else (),
+                m.tool_call_id or "",
+                m.reasoning_content or "",
+            )
+        )
+    tools = tuple(
+        Tool(t.function.name, t.function.description, t.function.parameters)
+        for t in req.tools or ()
+        if t.type == "function"
+    )
+    return Conversation(system, tuple(out), tools, protocol="openai")

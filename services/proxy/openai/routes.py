@@ -1,0 +1,106 @@
+"""``POST /trials/<id>/v1/chat/completions``: thin route, streaming and not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from services.proxy.errors import error_body
+from services.proxy.openai.models import ChatRequest, to_conversation
+from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
+from services.proxy.turn import CallParams, Done, ModelCall
+
+router = APIRouter()
+
+
+@router.post("/trials/{trial_id}/v1/chat/completions")
+async def chat_completions(trial_id: str, request: Request) -> Response:
+    trial = authenticate(request, trial_id)
+    body = await parse_request(request, ChatRequest, "openai")
+    core = core_of(request)
+    core.check_model(trial, body.model)
+    params = CallParams(
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        call_id_prefix="call_",
+    )
+    call = ModelCall(core, trial, to_conversation(body), params)
+    await call.start()
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_stream(call, body.model, usage), media_type="text/event-stream")
+    done = await _collect(call)
+    return FastJSON(completion(done, body.model))
+
+
+async def _collect(call: ModelCall) -> Done:
+    async for event in call.events():
+        if isinstance(event, Done):
+            return event
+    raise RuntimeError("generation ended without a result")
+
+
+def _usage(done: Done) -> dict[str, Any]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
+
+
+def _tool_calls(done: Done) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in done.calls
+    ]
+
+
+def completion(done: Done, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": done.content or None}
+    if done.calls:
+        message["tool_calls"] = _tool_calls(done)
+    if done.reasoning:
+        message["reasoning_content"] = done.reasoning
+    return {
+        "id": f"chatcmpl-{done.turn_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": done.finish_reason, "logprobs": None}],
+        "usage": _usage(done),
+    }
+
+
+async def _stream(call: ModelCall, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    base = {
+        "id": f"chatcmpl-{call.turn_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for event in call.events():
+            if isinstance(event, Done):
+                for i, c in enumerate(_tool_calls(event)):
+                    yield chunk({"tool_calls": [{"index": i, **c}]})
+                yield chunk({}, event.finish_reason)
+                if include_usage:
+                    yield sse({**base, "choices": [], "usage": _usage(event)})
+            elif event.kind == "text":
+                yield chunk({"content": event.text})
+            else:
+                yield chunk({"reasoning_content": event.text})
+    except Exception as e:  # noqa: BLE001 - the status line is gone; the SDK reads an error event
+        yield sse(error_body(e, "openai"))
+    yield b"data: [DONE]\n\n"

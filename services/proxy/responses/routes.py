@@ -1,0 +1,272 @@
+"""``POST /trials/<id>/v1/responses``: thin route; the event stream emits
+reasoning, message and function-call items as the model produces them."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from services.proxy.errors import ContextOverflow, error_body
+from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
+from services.proxy.responses.models import ResponsesRequest, to_conversation
+from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
+
+router = APIRouter()
+
+
+@router.post("/trials/{trial_id}/v1/responses")
+async def responses(trial_id: str, request: Request) -> Response:
+    trial = authenticate(request, trial_id)
+    body = await parse_request(request, ResponsesRequest, "responses")
+    core = core_of(request)
+    core.check_model(trial, body.model)
+    conv, custom = to_conversation(body)
+    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, call_id_prefix="call_")
+    call = ModelCall(core, trial, conv, params)
+    await call.start()
+    if body.stream:
+        return StreamingResponse(_Stream(call, body.model, custom).events(), media_type="text/event-stream")
+    async for event in call.events():
+        if isinstance(event, Done):
+            return FastJSON(response_object(call.turn_id, body.model, "completed", _items(event, custom), event))
+    raise RuntimeError("generation ended without a result")
+
+
+def _call_item(c: ToolCallOut, custom: set[str], status: str = "completed") -> dict[str, Any]:
+    if c.name in custom:
+        value = json.loads(c.arguments).get("input", c.arguments)
+        text = value if isinstance(value, str) else json.dumps(value)
+        return {
+            "type": "custom_tool_call",
+            "id": f"ctc_{c.id}",
+            "call_id": c.id,
+            "name": c.name,
+            "input": text,
+            "status": status,
+        }
+    return {
+        "type": "function_call",
+        "id": f"fc_{c.id}",
+        "call_id": c.id,
+        "name": c.name,
+        "arguments": c.arguments,
+        "status": status,
+    }
+
+
+def _reasoning_item(turn: str, text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": f"rs_{turn}", "summary": [{"type": "summary_text", "text": text}]}
+
+
+def _message_item(turn: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    return {"type": "message", "id": f"msg_{turn}", "status": status, "role": "assistant", "content": content}
+
+
+def _items(done: Done, custom: set[str]) -> list[dict[str, Any]]:
+    items = [_reasoning_item(done.turn_id, done.reasoning)] if done.reasoning else []
+    if done.content:
+        items.append(_message_item(done.turn_id, done.content))
+    return items + [_call_item(c, custom) for c in done.calls]
+
+
+def response_object(
+    turn: str, model: str, status: str, output: list[dict[str, Any]], done: Done | None
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "id": f"resp_{turn}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "incomplete_details": None,
+        "error": None,
+    }
+    if done is not None:
+        if done.finish_reason == "length":
+            obj["status"] = "incomplete"
+            obj["incomplete_details"] = {"reason": "max_output_tokens"}
+        obj["usage"] = {
+            "input_tokens": done.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": done.cached_tokens},
+            "output_tokens": done.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+        }
+    return obj
+
+
+class _Stream:
+    def __init__(self, call: ModelCall, model: str, custom: set[str]) -> None:
+        self.call, self.model, self.custom = call, model, custom
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.open: str | None = None  # "reasoning" | "text"
+        self.buffer = ""
+
+    def ev(self, kind: str, **data: Any) -> bytes:
+        self.seq += 1
+        return sse({"type": kind, "sequence_number": self.seq, **data}, kind)
+
+    def _added(self, item: dict[str, Any]) -> bytes:
+        return self.ev("response.output_item.added", output_index=len(self.output), item=item)
+
+    def _close(self) -> list[bytes]:
+        turn, idx, out = self.call.turn_id, len(self.output), []
+        if self.open == "reasoning":
+            part: dict[str, Any] = {"type": "summary_text", "text": self.buffer}
+            item_id = f"rs_{turn}"
+            out.append(
+                self.ev(
+                    "response.reasoning_summary_text.done",
+                    item_id=item_id,
+                    output_index=idx,
+                    summary_index=0,
+                    text=self.buffer,
+                )
+            )
+            out.append(
+                self.ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=item_id,
+                    output_index=idx,
+                    summary_index=0,
+                    part=part,
+                )
+            )
+            item = _reasoning_item(turn, self.buffer)
+        elif self.open == "text":
+            part = {"type": "output_text", "text": self.buffer, "annotations": []}
+            item_id = f"msg_{turn}"
+            out.append(
+                self.ev(
+                    "response.output_text.done", item_id=item_id, output_index=idx, content_index=0, text=self.buffer
+                )
+            )
+            out.append(
+                self.ev("response.content_part.done", item_id=item_id, output_index=idx, content_index=0, part=part)
+            )
+            item = _message_item(turn, self.buffer)
+        else:
+            return out
+        out.append(self.ev("response.output_item.done", output_index=idx, item=item))
+        self.output.append(item)
+        self.open, self.buffer = None, ""
+        return out
+
+    def _open(self, kind: str) -> list[bytes]:
+        out = self._close()
+        turn, idx = self.call.turn_id, len(self.output)
+        part: dict[str, Any]
+        if kind == "reasoning":
+            out.append(self._added({"type": "reasoning", "id": f"rs_{turn}", "summary": []}))
+            part = {"type": "summary_text", "text": ""}
+            out.append(
+                self.ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=f"rs_{turn}",
+                    output_index=idx,
+                    summary_index=0,
+                    part=part,
+                )
+            )
+        else:
+            out.append(self._added(_message_item(turn, "", "in_progress")))
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out.append(
+                self.ev(
+                    "response.content_part.added", item_id=f"msg_{turn}", output_index=idx, content_index=0, part=part
+                )
+            )
+        self.open = kind
+        return out
+
+    async def events(self) -> AsyncIterator[bytes]:
+        turn = self.call.turn_id
+        yield self.ev("response.created", response=response_object(turn, self.model, "in_progress", [], None))
+        yield self.ev("response.in_progress", response=response_object(turn, self.model, "in_progress", [], None))
+        try:
+            async for event in self.call.events():
+                if isinstance(event, Done):
+                    for b in self._close():
+                        yield b
+                    for c in event.calls:
+                        for b in self._call(c):
+                            yield b
+                    final = response_object(turn, self.model, "completed", self.output, event)
+                    yield self.ev("response.completed", response=final)
+                    return
+                if self.open != event.kind:
+                    for b in self._open(event.kind):
+                        yield b
+                self.buffer += event.text
+                idx = len(self.output)
+                if event.kind == "reasoning":
+                    yield self.ev(
+                        "response.reasoning_summary_text.delta",
+                        item_id=f"rs_{turn}",
+                        output_index=idx,
+                        summary_index=0,
+                        delta=event.text,
+                    )
+                else:
+                    yield self.ev(
+                        "response.output_text.delta",
+                        item_id=f"msg_{turn}",
+                        output_index=idx,
+                        content_index=0,
+                        delta=event.text,
+                    )
+        except Exception as e:  # noqa: BLE001 - the status line is gone; the SDK reads response.failed
+            body = error_body(e, "openai")["error"]
+            failed = response_object(turn, self.model, "failed", self.output, None)
+            failed["error"] = {
+                "code": "context_length_exceeded" if isinstance(e, ContextOverflow) else body["code"] or "server_error",
+                "message": body["message"],
+            }
+            yield self.ev("response.failed", response=failed)
+
+    def _call(self, c: ToolCallOut) -> list[bytes]:
+        idx = len(self.output)
+        item = _call_item(c, self.custom)
+        out = [
+            self._added(
+                {**_call_item(c, self.custom, "in_progress"), "arguments": ""}
+                if item["type"] == "function_call"
+                else {**item, "input": "", "status": "in_progress"}
+            )
+        ]
+        if item["type"] == "function_call":
+            out.append(
+                self.ev(
+                    "response.function_call_arguments.delta", item_id=item["id"], output_index=idx, delta=c.arguments
+                )
+            )
+            out.append(
+                self.ev(
+                    "response.function_call_arguments.done", item_id=item["id"], output_index=idx, arguments=c.arguments
+                )
+            )
+        else:
+            out.append(
+                self.ev(
+                    "response.custom_tool_call_input.delta", item_id=item["id"], output_index=idx, delta=item["input"]
+                )
+            )
+            out.append(
+                self.ev(
+                    "response.custom_tool_call_input.done", item_id=item["id"], output_index=idx, input=item["input"]
+                )
+            )
+        out.append(self.ev("response.output_item.done", output_index=idx, item=item))
+        self.output.append(item)
+        return out

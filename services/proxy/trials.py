@@ -1,0 +1,210 @@
+"""The trials a proxy serves: per-trial bearer tokens, capture state, counters,
+and the admin operations (create, summary, close)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.errors import AlreadyExists, ResourceExhausted
+from harnessrl.v1 import capture_pb2, records_pb2
+from services.proxy.capture.records import append_request
+from services.proxy.capture.state import Part, TrialCapture
+from services.proxy.capture.writer import CaptureClient, TrialWriter
+from services.proxy.chat.model import ChatModel
+from services.proxy.engine import EngineClient
+from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialNotFound, WrongTrial
+from services.proxy.settings import Settings
+
+
+class TrialSpec(BaseModel):
+    """Body of ``POST /admin/trials``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
+    run_id: str = Field(min_length=1, max_length=200)
+    task_id: str = Field("", max_length=500)
+    group_id: str = Field("", max_length=500)
+    model: str = Field(
+        "", max_length=500, description="An extra name the harness may ask for (an alias of the served model)."
+    )
+    max_turns: int = Field(0, ge=0, description="Model calls allowed (main and sub-agents); 0 = no limit.")
+
+
+@dataclass(eq=False)
+class Trial:
+    spec: TrialSpec
+    token: str
+    capture: TrialCapture
+    writer: TrialWriter
+    closed: bool = False
+    turns: int = 0
+    context_overflow: bool = False
+    engine_errors: int = 0
+    aborted_turns: int = 0
+    max_turns_reached: bool = False
+    malformed_tool_calls: int = 0
+    closing: asyncio.Future[dict[str, Any]] | None = None
+
+    @property
+    def max_turns(self) -> int:
+        return self.spec.max_turns
+
+    def summary(self) -> dict[str, Any]:
+        threads = [
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "trainable": t.trainable,
+                "num_segments": len(t.segments),
+                "num_turns": t.calls,
+            }
+            for t in self.capture.threads.values()
+        ]
+        return {
+            "trial_id": self.spec.trial_id,
+            "closed": self.closed,
+            "num_segments": sum(x["num_segments"] for x in threads),
+            "num_turns": self.turns,
+            "threads": threads,
+            "context_overflow": self.context_overflow,
+            "engine_error": self.engine_errors > 0,
+            "engine_errors": self.engine_errors,
+            "aborted_turns": self.aborted_turns,
+            "max_turns_reached": self.max_turns_reached,
+            "malformed_tool_calls": self.malformed_tool_calls,
+            "render_mismatches": self.capture.render_mismatches,
+            "capture_error": self.writer.error,
+            "parts_appended": self.writer.appended,
+            "chat_template": self.capture.renderer.template.name,
+            "chat_template_sha256": self.capture.renderer.template.sha256,
+        }
+
+
+class ProxyCore:
+    """The proxy's one service object: model, clients and trials."""
+
+    def __init__(self, settings: Settings, model: ChatModel) -> None:
+        self.settings = settings
+        self.model = model
+        # Client spans only when this process exports traces: they are the largest
+        # fixed cost of a turn otherwise (see bench proxy).
+        tracing = settings.otlp_endpoint is not None
+        token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
+        self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
+        ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None
+        self.capture = CaptureClient(settings.capture_target, ctoken, settings.capture_retries, tracing)
+        self.trials: dict[str, Trial] = {}
+        self._by_token: dict[str, Trial] = {}
+        self._window = settings.context_window
+
+    async def context_window(self) -> int:
+        if self._window is None:
+            health = await self.engine.health()
+            self._window = int(health.context_window) or 8192
+        return self._window
+
+    # -- admin ------------------------------------------------------------------
+
+    def create(self, spec: TrialSpec) -> Trial:
+        existing = self.trials.get(spec.trial_id)
+        if existing is not None:
+            if existing.spec != spec or existing.closed:
+                raise AlreadyExists(f"trial {spec.trial_id} already exists with another body or is closed")
+            return existing
+        if sum(not t.closed for t in self.trials.values()) >= self.settings.max_trials:
+            raise ResourceExhausted(f"this proxy already serves {self.settings.max_trials} open trials")
+        s = self.settings
+        capture = TrialCapture(
+            self.model.renderer,
+            trainable_kinds=s.trainable_thread_kinds,
+            main_requires_tools=s.main_requires_tools,
+            render_check=s.render_check,
+        )
+        trial = Trial(spec, secrets.token_urlsafe(32), capture, self.capture.writer(spec.trial_id))
+        self.trials[spec.trial_id] = trial
+        self._by_token[trial.token] = trial
+        return trial
+
+    def get(self, trial_id: str) -> Trial:
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            raise TrialNotFound(f"no trial {trial_id!r}")
+        return trial
+
+    async def close(self, trial_id: str) -> dict[str, Any]:
+        """Closes every open segment and waits until all parts are durable; idempotent."""
+        trial = self.get(trial_id)
+        if trial.closing is None:
+            trial.closing = asyncio.ensure_future(self._close(trial))
+        return await asyncio.shield(trial.closing)
+
+    async def _close(self, trial: Trial) -> dict[str, Any]:
+        trial.closed = True
+        self._by_token.pop(trial.token, None)
+        for part in trial.capture.close_all():
+            trial.writer.submit(self.append_request(trial, part, "", None))
+        await trial.writer.stop()
+        if trial.writer.error:
+            trial.closing = None  # let a later close report it again
+            raise CaptureFailed(f"trial {trial.spec.trial_id}: capture not durable: {trial.writer.error}")
+        trial.capture.release()
+        self._forget_old_closed()
+        return trial.summary()
+
+    def _forget_old_closed(self) -> None:
+        """A long-running proxy keeps the summaries of its last closed trials, not all."""
+        closed = [t for t, trial in self.trials.items() if trial.closed]
+        for trial_id in closed[: max(0, len(closed) - self.settings.keep_closed_trials)]:
+            del self.trials[trial_id]
+
+    # -- harness traffic ------------------------------------------------------------
+
+    def authenticate(self, trial_id: str, token: str | None) -> Trial:
+        """401 without a valid token (or after close), 403 with another trial's, 404 for an unknown trial."""
+        trial = self.trials.get(trial_id)
+        owner = self._by_token.get(token) if token else None
+        if owner is not None and owner is not trial:
+            if trial is None:
+                raise TrialNotFound(f"no trial {trial_id!r}")
+            raise WrongTrial("this API key belongs to another trial")
+        if trial is None:
+            raise TrialNotFound(f"no trial {trial_id!r}")
+        if owner is None:
+            raise BadToken("missing or invalid API key for this trial")
+        return trial
+
+    def check_model(self, trial: Trial, name: str) -> None:
+        allowed = {trial.spec.model} | set(self.model.names) if trial.spec.model else set(self.model.names)
+        if name not in allowed:
+            raise ModelNotFound(
+                f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}"
+            )
+
+    def append_request(
+        self, trial: Trial, part: Part, finish: str, usage: records_pb2.Usage | None
+    ) -> capture_pb2.AppendSegmentRequest:
+        spec = trial.spec
+        return append_request(
+            spec.run_id,
+            spec.trial_id,
+            spec.task_id,
+            spec.group_id,
+            spec.model or self.model.names[0],
+            self.model.template.sha256,
+            part,
+            finish,
+            usage or records_pb2.Usage(),
+        )
+
+    async def aclose(self) -> None:
+        for trial in list(self.trials.values()):
+            if not trial.closed:
+                await self.close(trial.spec.trial_id)
+        await self.engine.close()
+        await self.capture.close()

@@ -1,0 +1,263 @@
+"""One model call, protocol-agnostic: plan the capture, generate through the
+gateway while streaming text out, parse tool calls, commit the capture.
+
+Nothing is committed unless generation finished: a call that fails or whose
+client goes away mid-generation is aborted and leaves no trace in the capture
+(never a half turn recorded as whole)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harnessrl.arrays import F32, I32, U8
+from harnessrl.logs import kv
+from harnessrl.v1 import gateway_pb2, records_pb2
+from services.proxy.capture.state import OurTurn, Plan, Sampled
+from services.proxy.chat.conversation import Conversation
+from services.proxy.chat.render import SampledIds
+from services.proxy.chat.stream import Delta, OutputStream, StopStrings
+from services.proxy.engine import EngineContextOverflow
+from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
+from services.proxy.trials import ProxyCore, Trial
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CallParams:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] = field(default_factory=list)
+    call_id_prefix: str = "call_"
+
+
+@dataclass(frozen=True)
+class ToolCallOut:
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass
+class Done:
+    """The end of a call: everything a non-streaming response needs."""
+
+    turn_id: str
+    content: str
+    reasoning: str
+    calls: list[ToolCallOut]
+    finish_reason: str  # stop | length | tool_calls
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended the turn, if one did
+
+
+Event = Delta | Done
+
+
+class ModelCall:
+    def __init__(self, core: ProxyCore, trial: Trial, conv: Conversation, params: CallParams) -> None:
+        self.core = core
+        self.trial = trial
+        self.conv = conv
+        self.params = params
+        self.turn_id = uuid.uuid4().hex[:24]
+        self.request_id = f"{trial.spec.trial_id}-{self.turn_id}"
+        self.plan: Plan | None = None
+        self._chunks: AsyncIterator[gateway_pb2.GenerateChunk] | None = None
+        self._first: gateway_pb2.GenerateChunk | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.plan.prompt_tokens if self.plan else 0
+
+    async def start(self) -> None:
+        """Plans and starts generation; every error a harness should get as an HTTP
+        status (overflow, engine down, bad input) is raised here, before any output."""
+        trial, core = self.trial, self.core
+        if trial.max_turns and trial.turns >= trial.max_turns:
+            trial.max_turns_reached = True
+            raise MaxTurnsReached(f"trial {trial.spec.trial_id} reached max_turns={trial.max_turns}")
+        self.plan = plan = trial.capture.plan(self.conv)
+        try:
+            window = await core.context_window()
+        except Exception:
+            trial.engine_errors += 1
+            raise
+        if plan.prompt_tokens >= window:
+            trial.context_overflow = True
+            raise ContextOverflow(plan.prompt_tokens, window)
+        s = core.settings
+        max_tokens = min(self.params.max_tokens or s.default_max_tokens, window - plan.prompt_tokens)
+        sampling = gateway_pb2.SamplingParams(
+            temperature=_pick(s.temperature, self.params.temperature, 1.0),
+            top_p=_pick(s.top_p, self.params.top_p, 1.0),
+            top_k=int(_pick(s.top_k, self.params.top_k, 0)),
+            max_tokens=max_tokens,
+            stop_token_ids=core.model.tokenizer.stop_ids,
+            return_routed_experts=s.return_routed_experts,
+        )
+        request = gateway_pb2.GenerateRequest(
+            request_id=self.request_id,
+            trial_id=trial.spec.trial_id,
+            thread=plan.thread.name,
+            prompt_ids=plan.prompt,
+            sampling=sampling,
+        )
+        self._chunks = core.engine.generate(request)
+        try:
+            self._first = await anext(self._chunks)
+        except EngineContextOverflow as e:
+            trial.context_overflow = True
+            raise ContextOverflow(plan.prompt_tokens, window) from e
+        except Exception:
+            trial.engine_errors += 1
+            raise
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Streams text as it is sampled, then one Done after the capture is committed."""
+        assert self.plan is not None and self._chunks is not None and self._first is not None
+        started = time.monotonic()
+        tok = self.core.model.tokenizer
+        decoder = tok.decoder()
+        out = OutputStream(self.core.model.parser, self.conv.tools, self.core.model.reasoning)
+        stopper = StopStrings(self.params.stop)
+        ids: list[bytes] = []
+        logprobs: list[bytes] = []
+        versions: list[bytes] = []
+        routes: list[np.ndarray] = []
+        last = self._first
+        committed = False
+        try:
+            chunk: gateway_pb2.GenerateChunk | None = self._first
+            while chunk is not None:
+                last = chunk
+                t = chunk.tokens
+                if t.ids:
+                    ids.append(t.ids)
+                    logprobs.append(t.logprobs)
+                    versions.append(t.policy_versions)
+                    if t.routed_experts.data:
+                        routes.append(_routes(t.routed_experts))
+                    text = stopper.feed("".join(decoder.step(i) for i in np.frombuffer(t.ids, I32)))
+                    for delta in out.feed(text):
+                        yield delta
+                if chunk.finish_reason or stopper.hit is not None:
+                    break
+                chunk = await anext(self._chunks, None)
+            if stopper.hit is not None:
+                # Every id received so far was sampled in this context and is kept;
+                # the engine stops sampling the rest.
+                await self._stop_engine()
+            else:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+            for delta in out.feed(stopper.flush()):
+                yield delta
+            final = out.finish()
+            for delta in final.deltas:
+                yield delta
+            engine_finish = "stop" if stopper.hit is not None else last.finish_reason or "stop"
+            sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
+            calls = [
+                ToolCallOut(f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}", c.name, _json(c.arguments))
+                for c in final.calls
+            ]
+            finish = "tool_calls" if calls else ("length" if sampled.finish_reason == "length" else "stop")
+            if final.malformed:
+                self.trial.malformed_tool_calls += 1
+            self._commit(sampled, calls, final.content, finish, last.usage)
+            committed = True
+            log.info(
+                "turn",
+                extra=kv(
+                    trial=self.trial.spec.trial_id,
+                    thread=self.plan.thread.name,
+                    prompt=self.plan.prompt_tokens,
+                    sampled=sampled.num_tokens,
+                    s=round(time.monotonic() - started, 3),
+                ),
+            )
+            yield Done(
+                self.turn_id,
+                final.content,
+                final.reasoning,
+                calls,
+                finish,
+                self.plan.prompt_tokens,
+                sampled.num_tokens,
+                last.usage.cached_prompt_tokens,
+                stopper.hit,
+            )
+        except (EngineUnavailable, EngineFailure, EngineContextOverflow):
+            self.trial.engine_errors += 1
+            raise
+        finally:
+            if not committed:
+                self.trial.aborted_turns += 1
+                await self._stop_engine()
+
+    async def _stop_engine(self) -> None:
+        if self._chunks is not None:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        await self.core.engine.abort(self.request_id)
+
+    def _commit(
+        self, sampled: Sampled, calls: list[ToolCallOut], content: str, finish: str, usage: records_pb2.Usage
+    ) -> None:
+        assert self.plan is not None
+        trial = self.trial
+        if trial.closed:
+            raise TrialNotFound(f"trial {trial.spec.trial_id} was closed during the call")
+        turn = OurTurn(
+            self.turn_id, tuple(c.id for c in calls), content, SampledIds(sampled.ids, sampled.ended_with_eos)
+        )
+        parts = trial.capture.commit(self.plan, sampled, turn)
+        trial.turns += 1
+        for part in parts:
+            trial.writer.submit(self.core.append_request(trial, part, finish if part.sampled is sampled else "", usage))
+
+
+def _pick(forced: float | int | None, requested: float | int | None, default: float) -> float:
+    if forced is not None:
+        return float(forced)
+    return float(requested) if requested is not None else default
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _routes(msg: records_pb2.RoutedExperts) -> np.ndarray:
+    return np.frombuffer(msg.data, dtype=U8).reshape(msg.num_tokens, msg.num_layers, msg.top_k)
+
+
+def _sampled(
+    ids: list[bytes],
+    logprobs: list[bytes],
+    versions: list[bytes],
+    routes: list[np.ndarray],
+    finish: str,
+    stop_ids: list[int],
+) -> Sampled:
+    all_ids = b"".join(ids)
+    arr = np.frombuffer(all_ids, I32)
+    ended = bool(len(arr)) and int(arr[-1]) in stop_ids
+    lp = b"".join(logprobs)
+    ver = b"".join(versions)
+    if len(lp) != len(all_ids) or len(ver) != len(all_ids):
+        lp = lp if len(lp) == len(all_ids) else np.zeros(len(arr), F32).tobytes()
+        ver = ver if len(ver) == len(all_ids) else np.full(len(arr), -1, I32).tobytes()
+        log.warning("engine chunk arrays disagree in length; filled")
+    r = np.concatenate(routes) if routes and sum(len(x) for x in routes) == len(arr) else None
+    return Sampled(all_ids, lp, ver, finish, ended, r)

@@ -1,0 +1,216 @@
+"""The one interface every sandbox backend implements (local bubblewrap,
+Docker, Kubernetes), the capabilities each declares, and the request/result
+records of an exec.
+
+A backend is constructed with the integrity policy and limits it must honour;
+``check_requirements`` refuses to build one whose declared capabilities fall
+short, so a misconfigured deployment fails at start, not in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.sandbox import integrity
+from services.sandbox.errors import CapabilityError
+from services.sandbox.paths import SandboxPaths, TrialDirs
+from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.tasks import Task
+
+
+class Phase(StrEnum):
+    SETUP = "setup"
+    AGENT = "agent"
+    VERIFY = "verify"
+
+
+class Network(StrEnum):
+    """What an exec may reach."""
+
+    NONE = "none"
+    PROXY_ONLY = "proxy-only"
+    PUBLIC = "public"
+
+
+class Capabilities(BaseModel):
+    """What a backend can enforce. Checked against what the settings require."""
+
+    model_config = ConfigDict(frozen=True)
+
+    builds_dockerfile: bool = Field(description="Builds environment/Dockerfile itself.")
+    prebuilt_images: bool = Field(description="Runs [environment] docker_image.")
+    network_isolation: bool = Field(description="Agent phase can be limited to the proxy only.")
+    kills_process_tree: bool = Field(description="Every process of a phase is dead when exec returns.")
+    hides_verifier_files: bool = Field(description="Tests, solution and reward files are invisible to the agent.")
+    memory_limit: bool
+    pids_limit: bool
+    disk_limit: bool
+    wall_time_limit: bool
+    non_root: bool = Field(description="Processes run as a non-root uid with no capabilities.")
+
+
+class Limits(BaseModel):
+    """Resource limits of one sandbox (task values, capped by settings)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    memory_mb: int = Field(default=2048, gt=0)
+    pids: int = Field(default=512, gt=0)
+    storage_mb: int = Field(default=2048, gt=0)
+    cpus: float | None = None
+    output_limit_bytes: int = Field(default=1 << 20, gt=0)
+
+
+class SandboxSpec(BaseModel):
+    """What ``start`` needs."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    trial_id: str
+    task: Task
+    dirs: TrialDirs
+    limits: Limits
+    # Host paths mounted read-only at the same path (harness installs and their interpreters).
+    ro_mounts: tuple[Path, ...] = ()
+    # Worker-side Unix socket that reaches the proxy (bound into the agent phase).
+    proxy_socket: Path | None = None
+
+
+class Sandbox(BaseModel):
+    """A started sandbox. Backends keep their own state in ``handle``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    spec: SandboxSpec
+    paths: SandboxPaths
+    env: dict[str, str] = Field(default_factory=dict, description="The image's ENV plus the task's.")
+    handle: object = None
+
+
+class ExecRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    argv: list[str] = Field(min_length=1)
+    phase: Phase
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    timeout_s: float = Field(gt=0)
+    network: Network = Network.NONE
+    # Inside-sandbox loopback port that forwards to the proxy (PROXY_ONLY only).
+    proxy_port: int | None = None
+    stdin: bytes | None = None
+
+
+class ExecResult(BaseModel):
+    exit_code: int
+    timed_out: bool = False
+    output: bytes = b""
+    output_bytes: int = 0
+    output_truncated: bool = False
+    oom_killed: bool = False
+    pids_limit_hit: bool = False
+    disk_exceeded: bool = False
+    killed_leftovers: int = Field(
+        default=0, description="Processes still alive after the main one exited, then killed."
+    )
+    duration_s: float = 0.0
+
+    def events(self) -> list[str]:
+        flags = {
+            "timed_out": self.timed_out,
+            "output_truncated": self.output_truncated,
+            "oom_killed": self.oom_killed,
+            "pids_limit_hit": self.pids_limit_hit,
+            "disk_exceeded": self.disk_exceeded,
+        }
+        events = [name for name, on in flags.items() if on]
+        if self.killed_leftovers:
+            events.append(f"killed_leftover_processes={self.killed_leftovers}")
+        return events
+
+
+class Backend(abc.ABC):
+    """start -> exec* -> (upload/download)* -> stop. All methods are async."""
+
+    name: ClassVar[str]
+    # Set by each backend before ``Backend.__init__`` checks it (it may depend on the host).
+    capabilities: Capabilities
+
+    def __init__(self, integrity: IntegrityPolicy) -> None:
+        self.integrity = integrity
+        check_requirements(self.name, self.capabilities, integrity)
+
+    @abc.abstractmethod
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        """Builds or fetches the environment and prepares the workspace. Raises EnvSetupError."""
+
+    @abc.abstractmethod
+    async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
+        """Runs a command to completion (or its timeout, or ``cancel``); every process
+        it started is dead on return (unless the integrity policy says otherwise)."""
+
+    @abc.abstractmethod
+    async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
+        """Copies a host file or directory into the sandbox."""
+
+    @abc.abstractmethod
+    async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
+        """Copies a sandbox file or directory to the host."""
+
+    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
+        """Restores the files that decide the verifier's outcome from the pristine
+        snapshot; returns the tamper events. Generic version: round-trips the
+        workspace through the host (backends override it with something cheaper)."""
+        dirs, paths = sandbox.spec.dirs, sandbox.paths
+        pristine, current = dirs.root / "pristine", dirs.root / "current"
+        if not pristine.exists():
+            raise RuntimeError("snapshot_pristine was not called at start")
+        await self.download(sandbox, paths.workdir, current)
+        events = integrity.restore_protected(
+            current, pristine, self.integrity.protected_globs, self.integrity.protected_dirs
+        )
+        if events:
+            await self.upload(sandbox, current, paths.workdir)
+        return events
+
+    async def snapshot_pristine(self, sandbox: Sandbox) -> None:
+        """Keeps a host copy of the workspace as it was before the agent (generic version)."""
+        await self.download(sandbox, sandbox.paths.workdir, sandbox.spec.dirs.root / "pristine")
+
+    async def cleanup_orphans(self) -> int:
+        """Removes what dead workers left behind (safe while other workers run);
+        returns how many sandboxes it removed. Workers call it at start."""
+        return 0
+
+    @abc.abstractmethod
+    async def stop(self, sandbox: Sandbox) -> None:
+        """Kills whatever is left and releases every resource. Idempotent."""
+
+
+def check_requirements(name: str, caps: Capabilities, integrity: IntegrityPolicy) -> None:
+    """Refuses a backend that cannot enforce the integrity policy it is given."""
+    needed = {
+        "network_isolation": integrity.isolate_network,
+        "kills_process_tree": integrity.kill_agent_processes,
+        "hides_verifier_files": integrity.hide_tests_and_solution or integrity.protect_reward_files,
+        "wall_time_limit": True,
+    }
+    missing = [cap for cap, required in needed.items() if required and not getattr(caps, cap)]
+    if missing:
+        raise CapabilityError(f"backend {name!r} lacks capabilities {missing} that the integrity policy requires")
+
+
+def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:
+    """Unpacks a tar of sandbox path ``src`` (arcname = its name) so that it lands at ``dst``."""
+    import io
+    import tarfile
+
+    dst.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dst.parent if dst.name == src.name else dst, filter="data")

@@ -1,0 +1,185 @@
+"""Builds and runs one bubblewrap invocation: the host system read-only, the
+given directories bound in, sensitive host files hidden, a fresh /tmp, all
+namespaces unshared, a non-root uid with no capabilities.
+
+With ``host_uid`` set and a root worker, the sandbox also drops to that
+unprivileged host uid (``setpriv``), so an escape would land on a uid that owns
+nothing; every mounted path must then be traversable by it (bubblewrap 0.8
+resolves bind sources as the calling user). The chain is::
+
+    sh (joins the exec's cgroups) -> prlimit -> setpriv -> bwrap -> command
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.sandbox.backends.limits import BoundedOutput, drain
+from services.sandbox.settings import LocalBackendSettings
+
+SANDBOX_UID = 1000
+SANDBOX_USER = "agent"
+
+
+@dataclass(frozen=True)
+class Mount:
+    src: Path
+    dest: str
+    writable: bool = False
+
+
+@dataclass
+class Invocation:
+    argv: list[str]
+    pass_fds: list[int] = field(default_factory=list)
+
+    def close_fds(self) -> None:
+        for fd in self.pass_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pass_fds = []
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    timed_out: bool
+    output: BoundedOutput
+    duration_s: float
+    cancelled_by: str = ""
+
+
+def host_uid(settings: LocalBackendSettings) -> int | None:
+    """The unprivileged host uid to drop to before bwrap (root workers with ``host_uid`` set), else None:
+    the sandbox's uid 1000 then maps to the worker's own uid, still with no capabilities."""
+    return settings.host_uid if os.geteuid() == 0 and settings.host_uid is not None else None
+
+
+def build(
+    settings: LocalBackendSettings,
+    *,
+    argv: list[str],
+    mounts: list[Mount],
+    env: dict[str, str],
+    cwd: str,
+    uid_inside: int = SANDBOX_UID,
+    share_net: bool = False,
+    unshare_pid: bool = True,
+    tmp_size_mb: int = 512,
+    cgroup_procs: list[str] | None = None,
+    rlimits: dict[str, int] | None = None,
+) -> Invocation:
+    """The argv (and file descriptors to pass) for one sandboxed command."""
+    inv = Invocation(argv=[])
+    prefix: list[str] = []
+    if cgroup_procs:
+        joins = " ".join(f"echo $$ > {shlex.quote(p)};" for p in cgroup_procs)
+        prefix += ["/bin/sh", "-c", f'{joins} exec "$@"', "sh"]
+    limits = {"core": 0, **(rlimits or {})}
+    prefix += ["prlimit", *(f"--{name}={value}" for name, value in sorted(limits.items())), "--"]
+    uid = host_uid(settings)
+    if uid is not None:
+        prefix += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    args = [settings.bwrap, "--unshare-user", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if unshare_pid:
+        args.append("--unshare-pid")
+    if not share_net:
+        args.append("--unshare-net")
+    args += ["--uid", str(uid_inside), "--gid", str(uid_inside), "--cap-drop", "ALL"]
+    args += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+    for key, value in sorted(env.items()):
+        args += ["--setenv", key, value]
+    args += _system_mounts(settings)
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    args += ["--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp", "--dir", "/run"]
+    for hidden in settings.hidden_paths:
+        if os.path.isdir(hidden):
+            args += ["--tmpfs", hidden]
+        elif os.path.lexists(hidden):
+            args += ["--ro-bind", "/dev/null", hidden]
+    for mount in mounts:
+        args += ["--bind" if mount.writable else "--ro-bind", str(mount.src), mount.dest]
+    args += ["--chdir", cwd, "--", *argv]
+    inv.argv = prefix + args
+    return inv
+
+
+def _system_mounts(settings: LocalBackendSettings) -> list[str]:
+    args: list[str] = []
+    for raw in (*settings.system_paths, *settings.extra_ro_paths):
+        path = Path(raw)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), raw]
+        elif path.exists():
+            args += ["--ro-bind", raw, raw]
+    return args
+
+
+async def run(
+    inv: Invocation,
+    *,
+    timeout_s: float,
+    output_limit: int,
+    stdin: bytes | None = None,
+    stop: list[asyncio.Event] | None = None,
+) -> RunOutcome:
+    """Runs the invocation, capturing bounded stdout+stderr, killing it on timeout
+    or when one of ``stop`` is set (or the caller is cancelled). Returns once the
+    main process has exited."""
+    started = time.monotonic()
+    sink = BoundedOutput(output_limit)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *inv.argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            pass_fds=inv.pass_fds,
+            start_new_session=True,
+        )
+    finally:
+        inv.close_fds()
+    assert proc.stdout is not None
+    if stdin is not None and proc.stdin is not None:
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    reader = asyncio.ensure_future(drain(proc.stdout, sink))
+    waiter = asyncio.ensure_future(proc.wait())
+    stoppers = [asyncio.ensure_future(event.wait()) for event in stop or []]
+    try:
+        done, _ = await asyncio.wait({waiter, *stoppers}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        _kill_group(proc.pid)
+        raise
+    finally:
+        for stopper in stoppers:
+            stopper.cancel()
+    timed_out = not done
+    cancelled_by = "stop" if done and waiter not in done else ""
+    if waiter not in done:
+        _kill_group(proc.pid)
+        await waiter
+    try:
+        await asyncio.wait_for(reader, timeout=5)
+    except TimeoutError:
+        reader.cancel()  # a leftover holds the pipe open; the caller kills it
+    code = proc.returncode if proc.returncode is not None else -9
+    return RunOutcome(code, timed_out, sink, time.monotonic() - started, cancelled_by)
+
+
+def _kill_group(pid: int) -> None:
+    """Kills the wrapper's process group; bwrap's --die-with-parent takes the sandbox with it."""
+    try:
+        os.killpg(pid, 9)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,171 @@
+"""The sandbox's clients of other services, over their public contracts only:
+the proxy's HTTP admin API (register a trial, close it: segments durable) and
+the capture store's FinalizeTrajectory; plus the worker-side Unix-socket
+relay that lets a network-less sandbox reach the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harnessrl.errors import HarnessError, Unavailable
+from harnessrl.rpc import connect
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc
+from services.sandbox.lifecycle import REASON_TO_PROTO, TrialOutcome, TrialSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProxyTrial:
+    trial_id: str
+    token: str
+    base_path: str
+
+
+@dataclass
+class ProxySummary:
+    """The proxy's close answer (INTERFACES.md)."""
+
+    num_segments: int = 0
+    num_turns: int = 0
+    threads: list[Any] = field(default_factory=list)
+    context_overflow: bool = False
+    engine_error: bool = False
+    max_turns_reached: bool = False
+    malformed_tool_calls: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProxySummary:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+class ProxyAdmin:
+    """``POST /admin/trials`` and ``POST /admin/trials/<id>/close``."""
+
+    def __init__(self, url: str, admin_token: str | None, timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    async def register(self, spec: TrialSpec, task_id: str) -> ProxyTrial:
+        body = {
+            "trial_id": spec.trial_id,
+            "run_id": spec.run_id,
+            "task_id": task_id,
+            "group_id": spec.group_id,
+            "model": spec.model,
+            "max_turns": spec.max_turns,
+        }
+        data = await self._post("/admin/trials", body)
+        return ProxyTrial(trial_id=data["trial_id"], token=data["token"], base_path=data["base_path"])
+
+    async def close(self, trial_id: str) -> ProxySummary:
+        return ProxySummary.from_json(await self._post(f"/admin/trials/{trial_id}/close", None))
+
+    async def _post(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            resp = await self._client.post(path, json=body)
+        except httpx.HTTPError as e:
+            raise Unavailable(f"proxy at {self.url} unreachable: {e}") from e
+        if resp.status_code >= 300:
+            raise HarnessError(f"proxy {path} answered {resp.status_code}: {resp.text[:500]}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class CaptureFinalizer:
+    """FinalizeTrajectory, once per trial, after the proxy's close returned."""
+
+    def __init__(self, target: str, token: str | None) -> None:
+        self._channel = connect(target, token)
+        self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
+
+    async def finalize(self, spec: TrialSpec, task_id: str, outcome: TrialOutcome) -> bool:
+        request = capture_pb2.FinalizeTrajectoryRequest(
+            run_id=spec.run_id,
+            trial_id=spec.trial_id,
+            task_id=task_id,
+            group_id=spec.group_id,
+            group_size=spec.group_size,
+            step=spec.step,
+            harness=spec.harness,
+            reward=outcome.reward or 0.0,
+            has_reward=outcome.reward is not None,
+            termination_reason=REASON_TO_PROTO[outcome.termination_reason],
+            timings=outcome.timings.to_proto(),
+            verifier_summary=outcome.verifier_summary[-4000:],
+            harness_exit_code=outcome.harness_exit_code,
+            metadata={"policy_version": str(spec.policy_version), "tamper_events": str(len(outcome.tamper_events))},
+        )
+        response = await self._stub.FinalizeTrajectory(request, timeout=60)
+        return bool(response.group_ready)
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+
+class UnixRelay:
+    """A per-trial Unix socket on the worker that relays every connection to
+    the proxy (its Unix socket or TCP address). Bound into the agent phase, it
+    is the sandbox's only way out."""
+
+    def __init__(self, path: Path, *, tcp: tuple[str, int] | None = None, uds: Path | None = None) -> None:
+        self.path = path
+        self.tcp, self.uds = tcp, uds
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> UnixRelay:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        os.chmod(self.path, 0o666)
+        return self
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if self.uds is not None:
+                up_reader, up_writer = await asyncio.open_unix_connection(str(self.uds))
+            else:
+                assert self.tcp is not None
+                up_reader, up_writer = await asyncio.open_connection(*self.tcp)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        for w in (writer, up_writer):
+            with contextlib.suppress(Exception):
+                w.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            if writer.can_write_eof():
+                writer.write_eof()

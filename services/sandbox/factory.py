@@ -1,0 +1,27 @@
+"""Builds the worker-side objects from settings (backend, proxy and capture
+clients, runner, worker), so the CLI, the server and tests wire them the same way."""
+
+from __future__ import annotations
+
+from services.sandbox.backends import create_backend
+from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
+from services.sandbox.queue.base import TrialQueue
+from services.sandbox.runner import TrialRunner
+from services.sandbox.settings import Settings
+from services.sandbox.worker import Worker
+
+
+def build_runner(settings: Settings) -> TrialRunner:
+    proxy = None
+    if settings.proxy_url:
+        token = settings.proxy_admin_token.get_secret_value() if settings.proxy_admin_token else None
+        proxy = ProxyAdmin(settings.proxy_url, token)
+    capture = None
+    if settings.capture_target:
+        token = settings.capture_token.get_secret_value() if settings.capture_token else None
+        capture = CaptureFinalizer(settings.capture_target, token)
+    return TrialRunner(settings, create_backend(settings), proxy=proxy, capture=capture)
+
+
+def build_worker(settings: Settings, queue: TrialQueue, name: str | None = None) -> Worker:
+    return Worker(settings, queue, build_runner(settings), name=name)

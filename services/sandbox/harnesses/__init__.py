@@ -1,0 +1,24 @@
+"""Registry of harness adapters by name; an unknown name lists the valid ones."""
+
+from __future__ import annotations
+
+from services.sandbox.errors import UnknownName
+from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, ModelAccess
+from services.sandbox.harnesses.builtin import NopHarness, OracleHarness, ShellHarness
+from services.sandbox.harnesses.npm_harnesses import ClaudeCode, Codex, OpenCode
+from services.sandbox.harnesses.python_harnesses import MiniSweAgent, OpenHandsSdk
+
+HARNESSES: dict[str, type[HarnessAdapter]] = {
+    cls.name: cls
+    for cls in (ClaudeCode, OpenCode, Codex, MiniSweAgent, OpenHandsSdk, ShellHarness, OracleHarness, NopHarness)
+}
+
+
+def get_harness(name: str) -> HarnessAdapter:
+    try:
+        return HARNESSES[name]()
+    except KeyError:
+        raise UnknownName(f"unknown harness {name!r}; valid harnesses: {sorted(HARNESSES)}") from None
+
+
+__all__ = ["HARNESSES", "AgentCommand", "AgentContext", "HarnessAdapter", "ModelAccess", "get_harness"]

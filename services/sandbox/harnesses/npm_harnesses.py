@@ -1,0 +1,155 @@
+"""Harnesses installed with npm under ``tools/npm`` (Claude Code, OpenCode,
+Codex). Each is pointed at the trial's proxy URL with the trial token through
+its own documented settings, with telemetry and update checks off."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harnessrl import paths
+from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
+
+
+def npm_prefix() -> Path:
+    return paths.tools_dir() / "npm"
+
+
+def _bin(name: str) -> Path:
+    return npm_prefix() / "node_modules" / ".bin" / name
+
+
+def _model(ctx: AgentContext) -> str:
+    return ctx.model or "harnessrl-policy"
+
+
+class _NpmHarness(HarnessAdapter):
+    binary: str
+
+    def install_paths(self) -> list[Path]:
+        return [npm_prefix()]
+
+    def check_installed(self) -> None:
+        super().check_installed()
+        if not _bin(self.binary).exists():
+            from services.sandbox.errors import EnvSetupError
+
+            raise EnvSetupError(f"harness {self.name!r}: {_bin(self.binary)} not found; run scripts/setup")
+
+    def xdg_env(self, ctx: AgentContext) -> dict[str, str]:
+        home = str(ctx.paths.home)
+        return {
+            "XDG_CONFIG_HOME": f"{home}/.config",
+            "XDG_DATA_HOME": f"{home}/.local/share",
+            "XDG_CACHE_HOME": f"{home}/.cache",
+            "XDG_STATE_HOME": f"{home}/.local/state",
+            "NO_UPDATE_NOTIFIER": "1",
+            "NPM_CONFIG_UPDATE_NOTIFIER": "false",
+        }
+
+
+class ClaudeCode(_NpmHarness):
+    name = "claude-code"
+    binary = "claude"
+
+    def prepare(self, ctx: AgentContext) -> AgentCommand:
+        env = {
+            **self.xdg_env(ctx),
+            "ANTHROPIC_BASE_URL": ctx.proxy_root or "",
+            "ANTHROPIC_API_KEY": ctx.token or "",
+            # Side calls (titles, summaries) use the "small fast" model: the policy too.
+            "ANTHROPIC_SMALL_FAST_MODEL": _model(ctx),
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": _model(ctx),
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_BUG_COMMAND": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "IS_SANDBOX": "1",
+        }
+        argv = [str(_bin(self.binary)), "-p", ctx.instruction, "--output-format", "json", "--model", _model(ctx)]
+        argv += ["--dangerously-skip-permissions"]
+        if ctx.max_turns:
+            argv += ["--max-turns", str(ctx.max_turns)]
+        return AgentCommand(argv=argv, env=env)
+
+    def log_paths(self) -> list[str]:
+        return [".claude/projects"]
+
+
+class OpenCode(_NpmHarness):
+    """The turn limit is the proxy's (``max_turns`` at registration): OpenCode has no CLI flag for it."""
+
+    name = "opencode"
+    binary = "opencode"
+
+    def prepare(self, ctx: AgentContext) -> AgentCommand:
+        model = _model(ctx)
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {
+                "harnessrl": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "harnessrl",
+                    "options": {"baseURL": ctx.base_url, "apiKey": ctx.token},
+                    "models": {model: {"name": model}},
+                }
+            },
+            "model": f"harnessrl/{model}",
+            "autoupdate": False,
+            "share": "disabled",
+        }
+        write_text(ctx.runtime / "opencode.json", json.dumps(config, indent=1))
+        env = {
+            **self.xdg_env(ctx),
+            "OPENCODE_CONFIG": str(ctx.paths.runtime / "opencode.json"),
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+        }
+        return AgentCommand(argv=[str(_bin(self.binary)), "run", ctx.instruction], env=env)
+
+    def log_paths(self) -> list[str]:
+        return [".local/share/opencode"]
+
+
+class Codex(_NpmHarness):
+    """Codex speaks only the Responses API; the turn limit is the proxy's."""
+
+    name = "codex"
+    binary = "codex"
+
+    def prepare(self, ctx: AgentContext) -> AgentCommand:
+        codex_home = ctx.home / ".codex"
+        config = "\n".join(
+            [
+                f'model = "{_model(ctx)}"',
+                'model_provider = "harnessrl"',
+                'approval_policy = "never"',
+                'sandbox_mode = "danger-full-access"',
+                "check_for_update_on_startup = false",
+                "",
+                "[analytics]",
+                "enabled = false",
+                "",
+                "[model_providers.harnessrl]",
+                'name = "harnessrl"',
+                f'base_url = "{ctx.base_url}"',
+                'wire_api = "responses"',
+                'env_key = "HARNESSRL_API_KEY"',
+                "",
+            ]
+        )
+        write_text(codex_home / "config.toml", config)
+        env = {
+            **self.xdg_env(ctx),
+            "CODEX_HOME": str(ctx.paths.home / ".codex"),
+            "HARNESSRL_API_KEY": ctx.token or "",
+        }
+        argv = [str(_bin(self.binary)), "exec", "--skip-git-repo-check"]
+        argv += ["--dangerously-bypass-approvals-and-sandbox", ctx.instruction]
+        return AgentCommand(argv=argv, env=env)
+
+    def log_paths(self) -> list[str]:
+        return [".codex/sessions"]

@@ -1,0 +1,86 @@
+"""Harnesses installed as Python venvs under ``tools/`` (mini-swe-agent,
+OpenHands SDK). A venv needs its base interpreter too, so both are mounted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harnessrl import paths
+from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
+
+OPENHANDS_DRIVER = Path(__file__).with_name("openhands_driver.py")
+
+
+def venv_mounts(venv: Path) -> list[Path]:
+    """The venv and the prefix of the interpreter it was made from (``home`` in pyvenv.cfg)."""
+    mounts = [venv]
+    cfg = venv / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                mounts.append(Path(value.strip()).parent)
+    return mounts
+
+
+def _model(ctx: AgentContext) -> str:
+    return ctx.model or "harnessrl-policy"
+
+
+class MiniSweAgent(HarnessAdapter):
+    name = "mini-swe-agent"
+
+    @property
+    def venv(self) -> Path:
+        return paths.tools_dir() / "mini-swe-agent"
+
+    def install_paths(self) -> list[Path]:
+        return venv_mounts(self.venv)
+
+    def prepare(self, ctx: AgentContext) -> AgentCommand:
+        config_dir = ctx.paths.home / ".config" / "mini-swe-agent"
+        argv = [str(self.venv / "bin" / "mini"), "-m", f"openai/{_model(ctx)}", "-t", ctx.instruction]
+        argv += ["--yolo", "--exit-immediately", "-c", "mini.yaml"]
+        argv += ["-c", f"model.model_kwargs.api_base={ctx.base_url}", "-c", f"model.model_kwargs.api_key={ctx.token}"]
+        argv += ["-c", f"environment.cwd={ctx.paths.workdir}"]
+        if ctx.max_turns:
+            argv += ["-c", f"agent.step_limit={ctx.max_turns}"]
+        argv += ["-o", str(ctx.paths.agent_logs / "trajectory.json")]
+        env = {
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_GLOBAL_CONFIG_DIR": str(config_dir),
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+        }
+        return AgentCommand(argv=argv, env=env, stdin=b"")
+
+
+class OpenHandsSdk(HarnessAdapter):
+    """Runs the SDK's own Agent and Conversation through a small driver script
+    (the SDK is a library, it has no CLI); nothing in the SDK is changed."""
+
+    name = "openhands-sdk"
+
+    @property
+    def venv(self) -> Path:
+        return paths.tools_dir() / "openhands"
+
+    def install_paths(self) -> list[Path]:
+        return venv_mounts(self.venv)
+
+    def prepare(self, ctx: AgentContext) -> AgentCommand:
+        write_text(ctx.runtime / "openhands_driver.py", OPENHANDS_DRIVER.read_text())
+        argv = [str(self.venv / "bin" / "python"), str(ctx.paths.runtime / "openhands_driver.py")]
+        env = {
+            "OPENHANDS_SUPPRESS_BANNER": "1",
+            "HARNESSRL_MODEL": f"openai/{_model(ctx)}",
+            "HARNESSRL_BASE_URL": ctx.base_url or "",
+            "HARNESSRL_API_KEY": ctx.token or "",
+            "HARNESSRL_INSTRUCTION": ctx.instruction,
+            "HARNESSRL_WORKDIR": str(ctx.paths.workdir),
+            "HARNESSRL_MAX_TURNS": str(ctx.max_turns or 100),
+            "HARNESSRL_LOG_DIR": str(ctx.paths.agent_logs),
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
+        return AgentCommand(argv=argv, env=env)

@@ -1,0 +1,212 @@
+"""The trial lifecycle as data: states, allowed transitions, terminal states,
+termination reasons and the one function that picks a trial's reason.
+
+A trial moves QUEUED -> SETUP -> AGENT -> VERIFY -> TEARDOWN -> DONE. Any
+running state may fall back to QUEUED when its worker loses the lease and the
+retry policy allows another attempt; any state may jump to TEARDOWN (a phase
+failed) or, before it started, to DONE (cancelled while queued).
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.v1 import records_pb2, sandbox_pb2
+
+
+class TrialState(StrEnum):
+    QUEUED = "queued"
+    SETUP = "setup"
+    AGENT = "agent"
+    VERIFY = "verify"
+    TEARDOWN = "teardown"
+    DONE = "done"
+
+
+TERMINAL_STATES: frozenset[TrialState] = frozenset({TrialState.DONE})
+
+VALID_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
+    TrialState.QUEUED: frozenset({TrialState.SETUP, TrialState.DONE}),
+    TrialState.SETUP: frozenset({TrialState.AGENT, TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
+    TrialState.AGENT: frozenset({TrialState.VERIFY, TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
+    TrialState.VERIFY: frozenset({TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
+    TrialState.TEARDOWN: frozenset({TrialState.DONE, TrialState.QUEUED}),
+    TrialState.DONE: frozenset(),
+}
+
+
+class TerminationReason(StrEnum):
+    """Invariant 5: exactly one per trial."""
+
+    COMPLETED = "completed"
+    MAX_TURNS = "max_turns"
+    CONTEXT_OVERFLOW = "context_overflow"
+    AGENT_TIMEOUT = "agent_timeout"
+    VERIFIER_TIMEOUT = "verifier_timeout"
+    ENV_SETUP_FAILED = "env_setup_failed"
+    VERIFIER_ERROR = "verifier_error"
+    ENGINE_ERROR = "engine_error"
+    CANCELLED = "cancelled"
+
+
+# Outcomes of the policy keep their reward; the rest get weight 0 in the loss.
+POLICY_REASONS: frozenset[TerminationReason] = frozenset(
+    {
+        TerminationReason.COMPLETED,
+        TerminationReason.MAX_TURNS,
+        TerminationReason.CONTEXT_OVERFLOW,
+        TerminationReason.AGENT_TIMEOUT,
+    }
+)
+
+
+def is_valid_transition(src: TrialState, dst: TrialState) -> bool:
+    return dst in VALID_TRANSITIONS[src]
+
+
+def decide_termination(
+    *,
+    cancelled: bool = False,
+    setup_failed: bool = False,
+    engine_error: bool = False,
+    verifier_timed_out: bool = False,
+    verifier_failed: bool = False,
+    context_overflow: bool = False,
+    max_turns_reached: bool = False,
+    agent_timed_out: bool = False,
+) -> TerminationReason:
+    """Picks the one reason. Infrastructure failures win over policy outcomes
+    (an infra failure must never pass for a reward), and among policy outcomes
+    the most specific one wins."""
+    ordered = (
+        (cancelled, TerminationReason.CANCELLED),
+        (setup_failed, TerminationReason.ENV_SETUP_FAILED),
+        (engine_error, TerminationReason.ENGINE_ERROR),
+        (verifier_timed_out, TerminationReason.VERIFIER_TIMEOUT),
+        (verifier_failed, TerminationReason.VERIFIER_ERROR),
+        (context_overflow, TerminationReason.CONTEXT_OVERFLOW),
+        (max_turns_reached, TerminationReason.MAX_TURNS),
+        (agent_timed_out, TerminationReason.AGENT_TIMEOUT),
+    )
+    return next((reason for flag, reason in ordered if flag), TerminationReason.COMPLETED)
+
+
+class PhaseTimings(BaseModel):
+    """Wall-clock seconds per phase."""
+
+    setup_s: float = 0.0
+    agent_s: float = 0.0
+    verify_s: float = 0.0
+    teardown_s: float = 0.0
+
+    def to_proto(self) -> records_pb2.PhaseTimings:
+        return records_pb2.PhaseTimings(**self.model_dump())
+
+
+class TrialSpec(BaseModel):
+    """What to run: mirrors ``harnessrl.v1.TrialSpec``. Unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trial_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    run_id: str = ""
+    task_path: str = Field(min_length=1)
+    task_id: str = ""
+    group_id: str = ""
+    group_size: int = Field(default=1, ge=0)
+    step: int = 0
+    harness: str = Field(min_length=1)
+    policy_version: int = 0
+    max_turns: int = Field(default=0, ge=0)
+    agent_timeout_s: float = Field(default=0.0, ge=0)
+    verifier_timeout_s: float = Field(default=0.0, ge=0)
+    harness_options: dict[str, str] = Field(default_factory=dict)
+    model: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: sandbox_pb2.TrialSpec) -> TrialSpec:
+        data: dict[str, Any] = {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
+        data["harness_options"] = dict(msg.harness_options)
+        return cls.model_validate(data)
+
+    def to_proto(self) -> sandbox_pb2.TrialSpec:
+        return sandbox_pb2.TrialSpec(**self.model_dump())
+
+
+class TrialOutcome(BaseModel):
+    """What a finished run of a trial produced (the runner's result)."""
+
+    termination_reason: TerminationReason
+    reward: float | None = None
+    timings: PhaseTimings = Field(default_factory=PhaseTimings)
+    num_segments: int = 0
+    harness_exit_code: int = 0
+    tamper_events: list[str] = Field(default_factory=list)
+    error: str = ""
+    events: list[str] = Field(default_factory=list)
+    verifier_summary: str = ""
+    artifacts_dir: str = ""
+    task_id: str = ""
+
+
+class TrialRecord(BaseModel):
+    """The stored state of a trial (queue + status). Updated only through
+    checked transitions (``transition``)."""
+
+    spec: TrialSpec
+    state: TrialState = TrialState.QUEUED
+    attempt: int = 0
+    worker: str = ""
+    cancel_requested: bool = False
+    outcome: TrialOutcome | None = None
+    error: str = ""
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def trial_id(self) -> str:
+        return self.spec.trial_id
+
+    def transition(self, dst: TrialState, **changes: Any) -> TrialRecord:
+        """A copy in state ``dst``; raises ValueError on a transition the table forbids."""
+        if not is_valid_transition(self.state, dst):
+            raise ValueError(f"trial {self.trial_id}: invalid transition {self.state} -> {dst}")
+        return self.model_copy(update={"state": dst, "updated_at": time.time(), **changes})
+
+    def to_status(self) -> sandbox_pb2.TrialStatus:
+        out = self.outcome
+        status = sandbox_pb2.TrialStatus(
+            trial_id=self.trial_id,
+            run_id=self.spec.run_id,
+            state=_STATE_TO_PROTO[self.state],
+            attempt=self.attempt,
+            worker=self.worker,
+            error=self.error or (out.error if out else ""),
+            updated_at=self.updated_at,
+        )
+        if out is not None:
+            status.termination_reason = REASON_TO_PROTO[out.termination_reason]
+            status.has_reward = out.reward is not None
+            status.reward = out.reward or 0.0
+            status.timings.CopyFrom(out.timings.to_proto())
+            status.num_segments = out.num_segments
+            status.harness_exit_code = out.harness_exit_code
+            status.tamper_events.extend(out.tamper_events)
+        return status
+
+
+_STATE_TO_PROTO = {
+    TrialState.QUEUED: sandbox_pb2.TRIAL_STATE_QUEUED,
+    TrialState.SETUP: sandbox_pb2.TRIAL_STATE_SETUP,
+    TrialState.AGENT: sandbox_pb2.TRIAL_STATE_AGENT,
+    TrialState.VERIFY: sandbox_pb2.TRIAL_STATE_VERIFY,
+    TrialState.TEARDOWN: sandbox_pb2.TRIAL_STATE_TEARDOWN,
+    TrialState.DONE: sandbox_pb2.TRIAL_STATE_DONE,
+}
+
+REASON_TO_PROTO = {
+    reason: records_pb2.TerminationReason.Value(f"TERMINATION_REASON_{reason.name}") for reason in TerminationReason
+}

@@ -1,0 +1,379 @@
+"""Runs one trial through its phases and decides its one termination reason.
+
+setup    load the task, start the sandbox (layer cache + workspace copy), register
+         the trial with the proxy, write the harness's config
+agent    run the unmodified harness; every process dies with the phase; then the
+         proxy's close makes every segment durable and refuses the token
+verify   restore protected files (tamper events), mount fresh tests, run tests/test.sh,
+         read the reward strictly (missing or invalid is verifier_error, never 0)
+teardown stop the sandbox, keep the artifacts, FinalizeTrajectory on the capture store
+
+Errors inside a phase become termination reasons (``lifecycle.decide_termination``);
+only a bug in this module escapes as an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harnessrl.errors import HarnessError
+from services.sandbox import integrity
+from services.sandbox.backends.base import (
+    Backend,
+    ExecRequest,
+    ExecResult,
+    Limits,
+    Network,
+    Phase,
+    Sandbox,
+    SandboxSpec,
+)
+from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, ProxySummary, ProxyTrial, UnixRelay
+from services.sandbox.errors import EnvSetupError, VerifierError
+from services.sandbox.harnesses import AgentContext, HarnessAdapter, ModelAccess, get_harness
+from services.sandbox.lifecycle import (
+    PhaseTimings,
+    TerminationReason,
+    TrialOutcome,
+    TrialSpec,
+    TrialState,
+    decide_termination,
+)
+from services.sandbox.paths import TrialDirs
+from services.sandbox.settings import Settings
+from services.sandbox.tasks import NetworkMode, Task, load_task
+
+log = logging.getLogger(__name__)
+
+StateCallback = Callable[[TrialState], Awaitable[None]]
+_SUMMARY_BYTES = 4000
+
+
+@dataclass
+class _Trial:
+    """Mutable state of one run of a trial (flags feed decide_termination)."""
+
+    spec: TrialSpec
+    dirs: TrialDirs
+    artifacts: Path
+    task: Task | None = None
+    harness: HarnessAdapter | None = None
+    sandbox: Sandbox | None = None
+    relay: UnixRelay | None = None
+    relay_dir: Path | None = None
+    proxy_trial: ProxyTrial | None = None
+    proxy_registered: bool = False
+    summary: ProxySummary = field(default_factory=ProxySummary)
+    timings: PhaseTimings = field(default_factory=PhaseTimings)
+    flags: dict[str, bool] = field(default_factory=dict)
+    reward: float | None = None
+    exit_code: int = 0
+    tamper: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    verifier_summary: str = ""
+
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id or (self.task.task_id if self.task else "")
+
+
+class TrialRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        proxy: ProxyAdmin | None = None,
+        capture: CaptureFinalizer | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.proxy = proxy
+        self.capture = capture
+
+    async def run(
+        self, spec: TrialSpec, *, cancel: asyncio.Event | None = None, on_state: StateCallback | None = None
+    ) -> TrialOutcome:
+        cancel = cancel or asyncio.Event()
+        dirs = TrialDirs(self.settings.work_dir / f"{spec.trial_id}-{uuid.uuid4().hex[:8]}")
+        artifacts = self.settings.artifacts_dir / (spec.run_id or "_") / spec.trial_id
+        t = _Trial(spec=spec, dirs=dirs, artifacts=artifacts)
+
+        async def enter(state: TrialState) -> None:
+            if on_state is not None:
+                await on_state(state)
+
+        try:
+            await enter(TrialState.SETUP)
+            await self._timed(t, "setup_s", self._setup(t))
+            if self._go_on(t, cancel):
+                await enter(TrialState.AGENT)
+                await self._timed(t, "agent_s", self._agent(t, cancel))
+            if self._go_on(t, cancel):
+                await enter(TrialState.VERIFY)
+                await self._timed(t, "verify_s", self._verify(t, cancel))
+        finally:
+            await enter(TrialState.TEARDOWN)
+            await self._timed(t, "teardown_s", self._teardown(t))
+        t.flags["cancelled"] = t.flags.get("cancelled", False) or cancel.is_set()
+        return self._outcome(t)
+
+    @staticmethod
+    async def _timed(t: _Trial, field_name: str, work: Awaitable[None]) -> None:
+        started = time.monotonic()
+        try:
+            await work
+        finally:
+            setattr(t.timings, field_name, getattr(t.timings, field_name) + time.monotonic() - started)
+
+    @staticmethod
+    def _go_on(t: _Trial, cancel: asyncio.Event) -> bool:
+        if cancel.is_set():
+            t.flags["cancelled"] = True
+        return not (t.flags.get("cancelled") or t.flags.get("setup_failed"))
+
+    # -- setup -----------------------------------------------------------------
+    async def _setup(self, t: _Trial) -> None:
+        try:
+            t.task = load_task(t.spec.task_path)
+            t.harness = get_harness(t.spec.harness)
+            t.harness.check_installed()
+            proxy_socket = await self._open_proxy(t)
+            sandbox_spec = SandboxSpec(
+                trial_id=t.spec.trial_id,
+                task=t.task,
+                dirs=t.dirs,
+                limits=self._limits(t.task),
+                ro_mounts=tuple(t.harness.install_paths()),
+                proxy_socket=proxy_socket,
+            )
+            t.sandbox = await self.backend.start(sandbox_spec)
+            await self.backend.snapshot_pristine(t.sandbox)
+            if not self.settings.integrity.hide_tests_and_solution:
+                # Defence switched off (red-team only): the agent phase sees both.
+                await self.backend.upload(t.sandbox, t.task.tests_dir, t.sandbox.paths.tests)
+                if t.task.solution_dir.is_dir():
+                    await self.backend.upload(t.sandbox, t.task.solution_dir, t.sandbox.paths.solution)
+        except HarnessError as e:
+            self._fail(t, "setup_failed", f"setup: {e}")
+        except Exception as e:
+            log.exception("setup crashed", extra={"kv": {"trial": t.spec.trial_id}})
+            self._fail(t, "setup_failed", f"setup: {type(e).__name__}: {e}")
+
+    async def _open_proxy(self, t: _Trial) -> Path | None:
+        assert t.harness is not None and t.task is not None
+        access = t.harness.model_access
+        if access == ModelAccess.NONE or (access == ModelAccess.OPTIONAL and self.proxy is None):
+            return None
+        if self.proxy is None:
+            raise EnvSetupError(f"harness {t.harness.name!r} needs a model but no proxy_url is configured")
+        trial = await self.proxy.register(t.spec, t.task_id)
+        t.proxy_registered = True
+        t.proxy_trial = trial
+        if self.settings.proxy_uds_path is not None and self.settings.local.host_uid is None:
+            # The proxy's own socket is bound into the sandbox as it is.
+            return self.settings.proxy_uds_path
+        # No socket of the proxy's (or a sandbox uid that may not connect to it): a
+        # per-trial relay. Unix socket paths are limited to 108 bytes: a short private dir.
+        t.relay_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hrl-"))
+        relay_path = t.relay_dir / "proxy.sock"
+        if self.settings.proxy_uds_path is not None:
+            t.relay = await UnixRelay(relay_path, uds=self.settings.proxy_uds_path).start()
+        else:
+            host_port = self.proxy.url.split("://", 1)[-1].split("/", 1)[0]
+            host, _, port = host_port.rpartition(":")
+            t.relay = await UnixRelay(relay_path, tcp=(host or "127.0.0.1", int(port or 80))).start()
+        return relay_path
+
+    def _limits(self, task: Task) -> Limits:
+        s, env = self.settings, task.config.environment
+        return Limits(
+            memory_mb=min(env.memory_mb or s.default_memory_mb, s.max_memory_mb),
+            storage_mb=min(env.storage_mb or s.default_storage_mb, s.max_storage_mb),
+            pids=s.pids_limit,
+            cpus=env.cpus,
+            output_limit_bytes=s.output_limit_bytes,
+        )
+
+    # -- agent -----------------------------------------------------------------
+    async def _agent(self, t: _Trial, cancel: asyncio.Event) -> None:
+        assert t.task is not None and t.harness is not None and t.sandbox is not None
+        sandbox, spec = t.sandbox, t.spec
+        token = t.proxy_trial.token if t.proxy_trial else None
+        base_url = None
+        if t.proxy_trial is not None:
+            base_url = f"http://127.0.0.1:{self.settings.proxy_port_in_sandbox}{t.proxy_trial.base_path}"
+        ctx = AgentContext(
+            trial_id=spec.trial_id,
+            task=t.task,
+            instruction=t.task.instruction,
+            model=spec.model,
+            max_turns=spec.max_turns,
+            base_url=base_url,
+            token=token,
+            options=dict(spec.harness_options),
+            paths=sandbox.paths,
+            home=t.dirs.home(Phase.AGENT),
+            runtime=t.dirs.runtime / Phase.AGENT,
+        )
+        try:
+            ctx.home.mkdir(parents=True, exist_ok=True)
+            ctx.runtime.mkdir(parents=True, exist_ok=True)
+            command = t.harness.prepare(ctx)
+            for src, dst in command.uploads:
+                await self.backend.upload(sandbox, src, dst)
+        except HarnessError as e:
+            self._fail(t, "setup_failed", f"harness setup: {e}")
+            return
+        timeout = spec.agent_timeout_s or t.task.config.agent.timeout_sec or self.settings.default_agent_timeout_s
+        request = ExecRequest(
+            argv=command.argv,
+            phase=Phase.AGENT,
+            env=_agent_env(sandbox, command.env),
+            timeout_s=timeout,
+            network=Network.PROXY_ONLY if base_url else Network.NONE,
+            proxy_port=self.settings.proxy_port_in_sandbox if base_url else None,
+            stdin=command.stdin,
+        )
+        result = await self.backend.exec(sandbox, request, cancel)
+        self._record_exec(t, "agent", result)
+        t.exit_code = result.exit_code
+        t.flags["agent_timed_out"] = result.timed_out
+        await self._close_proxy(t)
+        try:
+            await self.backend.download(sandbox, sandbox.paths.agent_logs, t.artifacts / "agent")
+            await asyncio.to_thread(t.harness.collect_logs, ctx, t.artifacts / "harness")
+        except OSError as e:
+            t.events.append(f"collecting the agent's logs failed: {e}")
+
+    async def _close_proxy(self, t: _Trial) -> None:
+        if not t.proxy_registered or self.proxy is None:
+            return
+        t.proxy_registered = False
+        try:
+            t.summary = await self.proxy.close(t.spec.trial_id)
+        except HarnessError as e:
+            # Segments may not be durable: an infrastructure failure, never a reward.
+            self._fail(t, "engine_error", f"proxy close: {e}")
+            return
+        t.flags["engine_error"] = t.flags.get("engine_error", False) or t.summary.engine_error
+        t.flags["context_overflow"] = t.summary.context_overflow
+        t.flags["max_turns_reached"] = t.summary.max_turns_reached
+
+    # -- verify ----------------------------------------------------------------
+    async def _verify(self, t: _Trial, cancel: asyncio.Event) -> None:
+        assert t.task is not None and t.sandbox is not None
+        sandbox, cfg = t.sandbox, t.task.config.verifier
+        if self.settings.integrity.restore_pristine_files:
+            t.tamper = await self.backend.restore_protected(sandbox)
+        await self.backend.upload(sandbox, t.task.tests_dir, sandbox.paths.tests)
+        network = Network.PUBLIC if (cfg.network_mode or NetworkMode.NO_NETWORK) == NetworkMode.PUBLIC else Network.NONE
+        request = ExecRequest(
+            argv=["/bin/bash", str(sandbox.paths.tests / "test.sh")],
+            phase=Phase.VERIFY,
+            env={**_agent_env(sandbox, {}), **cfg.env},
+            timeout_s=t.spec.verifier_timeout_s or cfg.timeout_sec or self.settings.default_verifier_timeout_s,
+            network=network,
+        )
+        result = await self.backend.exec(sandbox, request, cancel)
+        self._record_exec(t, "verifier", result)
+        t.verifier_summary = result.output.decode(errors="replace")[-_SUMMARY_BYTES:]
+        if cancel.is_set():
+            t.flags["cancelled"] = True
+            return
+        if result.timed_out:
+            self._fail(t, "verifier_timed_out", f"verifier ran past {request.timeout_s}s")
+            return
+        verifier_dir = t.artifacts / "verifier"
+        try:
+            await self.backend.download(sandbox, sandbox.paths.verifier_logs, verifier_dir)
+            t.reward = integrity.read_reward(verifier_dir)
+        except (VerifierError, FileNotFoundError) as e:
+            detail = f" (test.sh exited {result.exit_code})" if result.exit_code else ""
+            self._fail(t, "verifier_failed", f"verifier: {e}{detail}")
+
+    # -- teardown --------------------------------------------------------------
+    async def _teardown(self, t: _Trial) -> None:
+        if t.sandbox is not None:
+            try:
+                await self.backend.stop(t.sandbox)
+            except Exception as e:
+                log.exception("stop failed", extra={"kv": {"trial": t.spec.trial_id}})
+                t.errors.append(f"teardown: {e}")
+        elif not self.settings.keep_trial_dirs:
+            await asyncio.to_thread(shutil.rmtree, t.dirs.root, True)
+        await self._close_proxy(t)
+        if t.relay is not None:
+            await t.relay.stop()
+        if t.relay_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, t.relay_dir, True)
+
+    def _outcome(self, t: _Trial) -> TrialOutcome:
+        f = t.flags
+        reason = decide_termination(
+            cancelled=f.get("cancelled", False),
+            setup_failed=f.get("setup_failed", False),
+            engine_error=f.get("engine_error", False),
+            verifier_timed_out=f.get("verifier_timed_out", False),
+            verifier_failed=f.get("verifier_failed", False),
+            context_overflow=f.get("context_overflow", False),
+            max_turns_reached=f.get("max_turns_reached", False),
+            agent_timed_out=f.get("agent_timed_out", False),
+        )
+        no_reward = reason in (TerminationReason.CANCELLED, TerminationReason.ENV_SETUP_FAILED)
+        outcome = TrialOutcome(
+            termination_reason=reason,
+            reward=None if no_reward else t.reward,
+            timings=t.timings,
+            num_segments=t.summary.num_segments,
+            harness_exit_code=t.exit_code,
+            tamper_events=t.tamper,
+            error="; ".join(t.errors),
+            events=t.events,
+            verifier_summary=t.verifier_summary,
+            artifacts_dir=str(t.artifacts),
+            task_id=t.task_id,
+        )
+        t.artifacts.mkdir(parents=True, exist_ok=True)
+        (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))
+        return outcome
+
+    async def finalize(self, spec: TrialSpec, outcome: TrialOutcome) -> None:
+        """FinalizeTrajectory on the capture store (after the proxy's close, which
+        ``run`` already did). Called by whoever reports the trial done, and only
+        while it still owns the trial. Raises if the capture store refuses.
+        A trial with no model call (oracle, nop, a crashed harness) is finalized
+        too, with no segments, so that its group completes."""
+        if self.capture is None:
+            return
+        task_id = outcome.task_id or spec.task_id or Path(spec.task_path).name or "unknown"
+        await self.capture.finalize(spec, task_id, outcome)
+
+    # -- helpers ---------------------------------------------------------------
+    @staticmethod
+    def _fail(t: _Trial, flag: str, message: str) -> None:
+        t.flags[flag] = True
+        t.errors.append(message)
+        log.info("trial phase failed", extra={"kv": {"trial": t.spec.trial_id, "flag": flag, "error": message}})
+
+    @staticmethod
+    def _record_exec(t: _Trial, name: str, result: ExecResult) -> None:
+        t.artifacts.mkdir(parents=True, exist_ok=True)
+        (t.artifacts / f"{name}.log").write_bytes(result.output)
+        t.events += [f"{name}:{event}" for event in result.events()]
+        meta = result.model_dump(exclude={"output"})
+        (t.artifacts / f"{name}.json").write_text(json.dumps(meta, indent=1))
+
+
+def _agent_env(sandbox: Sandbox, extra: dict[str, str]) -> dict[str, str]:
+    base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "TERM": "dumb"}
+    return {**base, **sandbox.env, "TMPDIR": "/tmp", **extra}

@@ -1,0 +1,285 @@
+"""Harbor-format tasks, read natively.
+
+A task is a directory::
+
+    task.toml            schema 1.x: [task] [metadata] [verifier] [agent] [environment] [solution]
+    instruction.md       what the agent is asked to do
+    environment/         Dockerfile and its build context (or [environment] docker_image)
+    tests/test.sh        writes /logs/verifier/reward.txt or reward.json
+    solution/solve.sh    the oracle's solution
+
+Every error names the task directory and the offending field. Fields Harbor
+defines that harnessrl cannot honour (multi-step tasks, GPUs, Windows) are
+rejected with a clear message rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harnessrl.config import format_validation_error
+from services.sandbox.errors import TaskError
+
+SUPPORTED_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class NetworkMode(StrEnum):
+    """Harbor's per-phase network policy. ``allowlist`` needs an egress proxy,
+    which the local backend treats as ``no-network`` (stricter, never looser)."""
+
+    NO_NETWORK = "no-network"
+    PUBLIC = "public"
+    ALLOWLIST = "allowlist"
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos until proven otherwise: a misspelt timeout must not
+    # silently fall back to the default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Author(_Section):
+    name: str
+    email: str | None = None
+
+
+class PackageInfo(_Section):
+    """``[task]``: the task's identity in a registry."""
+
+    name: str = Field(description="org/name")
+    version: str | None = None
+    description: str = ""
+    authors: list[Author] = Field(default_factory=list)
+    keywords: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _org_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v) or ".." in v:
+            raise ValueError(f"must be 'org/name' (letters, digits, '.', '_', '-'), got {v!r}")
+        return v
+
+
+class PhaseNetwork(_Section):
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _hosts_need_allowlist(self) -> PhaseNetwork:
+        if self.allowed_hosts and self.network_mode != NetworkMode.ALLOWLIST:
+            raise ValueError("allowed_hosts is only valid with network_mode = 'allowlist'")
+        return self
+
+
+class AgentConfig(PhaseNetwork):
+    """``[agent]``."""
+
+    timeout_sec: float | None = Field(default=None, gt=0)
+    user: str | int | None = None
+
+
+class VerifierConfig(PhaseNetwork):
+    """``[verifier]``."""
+
+    timeout_sec: float = Field(default=600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | int | None = None
+    environment_mode: str | None = None
+    environment: dict[str, Any] | None = None
+    collect: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _shared_only(self) -> VerifierConfig:
+        if self.environment_mode not in (None, "shared") or self.environment is not None:
+            raise ValueError("only environment_mode = 'shared' is supported (no separate verifier environment)")
+        if self.collect:
+            raise ValueError("[[verifier.collect]] hooks (compose services) are not supported")
+        return self
+
+
+class EnvironmentConfig(PhaseNetwork):
+    """``[environment]``."""
+
+    build_timeout_sec: float = Field(default=600.0, gt=0)
+    docker_image: str | None = None
+    os: str = "linux"
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    storage_mb: int | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, ge=0)
+    gpu_types: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    skills_dir: str | None = None
+    healthcheck: dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    allow_internet: bool | None = None
+
+    @field_validator("os")
+    @classmethod
+    def _linux(cls, v: str) -> str:
+        if v.lower() != "linux":
+            raise ValueError(f"only 'linux' tasks are supported, got {v!r}")
+        return "linux"
+
+    @field_validator("gpus")
+    @classmethod
+    def _no_gpus(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError("GPU tasks are not supported by the sandbox service")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _legacy_allow_internet(self) -> EnvironmentConfig:
+        if self.allow_internet is not None and self.network_mode is None:
+            mode = NetworkMode.PUBLIC if self.allow_internet else NetworkMode.NO_NETWORK
+            object.__setattr__(self, "network_mode", mode)
+        return self
+
+
+class SolutionConfig(_Section):
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class TaskConfig(_Section):
+    """The whole ``task.toml``."""
+
+    schema_version: str = "1.4"
+    task: PackageInfo | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    verifier: VerifierConfig = VerifierConfig()
+    agent: AgentConfig = AgentConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    solution: SolutionConfig = SolutionConfig()
+    source: str | None = None
+    artifacts: list[Any] = Field(default_factory=list)
+    steps: list[Any] | None = None
+    multi_step_reward_strategy: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "version" in data:
+            data = dict(data)
+            data.setdefault("schema_version", data.pop("version"))
+        return data
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _known_version(cls, v: Any) -> str:
+        text = str(v)
+        if text not in SUPPORTED_SCHEMA_VERSIONS:
+            raise ValueError(f"unknown schema version {text!r}; supported: {list(SUPPORTED_SCHEMA_VERSIONS)}")
+        return text
+
+    @field_validator("steps")
+    @classmethod
+    def _single_step(cls, v: list[Any] | None) -> list[Any] | None:
+        if v:
+            raise ValueError("multi-step tasks are not supported")
+        return v
+
+
+class Task(BaseModel):
+    """A parsed task directory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    config: TaskConfig
+    instruction: str
+
+    @property
+    def task_id(self) -> str:
+        """The registry name when the task has one, else the directory name."""
+        return self.config.task.name if self.config.task else self.path.name
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.path / "environment"
+
+    @property
+    def dockerfile(self) -> Path | None:
+        path = self.environment_dir / "Dockerfile"
+        return path if path.is_file() else None
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.path / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.path / "solution"
+
+    def environment_hash(self) -> str:
+        """sha256 of everything that decides the built environment (Dockerfile,
+        build context, image name, env), so a layer cache keyed by it is never stale."""
+        h = hashlib.sha256()
+        h.update(f"image={self.config.environment.docker_image}\n".encode())
+        for key, value in sorted(self.config.environment.env.items()):
+            h.update(f"env {key}={value}\n".encode())
+        if self.environment_dir.is_dir():
+            for path in sorted(self.environment_dir.rglob("*")):
+                rel = path.relative_to(self.environment_dir).as_posix()
+                if path.is_symlink():
+                    h.update(f"link {rel} {os.readlink(path)}\n".encode())
+                elif path.is_file():
+                    h.update(f"file {rel} {path.stat().st_mode & 0o777:o}\n".encode())
+                    h.update(hashlib.sha256(path.read_bytes()).digest())
+                elif path.is_dir():
+                    h.update(f"dir {rel}\n".encode())
+        return h.hexdigest()
+
+
+def load_task(path: str | Path) -> Task:
+    """Parses a task directory; raises TaskError naming the task and field."""
+    root = Path(path).expanduser()
+    name = str(root)
+    if not root.is_dir():
+        raise TaskError(name, "not a directory")
+    config = _load_config(root, name)
+    instruction_file = root / "instruction.md"
+    if not instruction_file.is_file():
+        raise TaskError(name, "missing instruction.md")
+    try:
+        instruction = instruction_file.read_text()
+    except UnicodeDecodeError as e:
+        raise TaskError(name, f"instruction.md is not UTF-8: {e}") from e
+    if not instruction.strip():
+        raise TaskError(name, "instruction.md is empty")
+    if not (root / "tests" / "test.sh").is_file():
+        raise TaskError(name, "missing tests/test.sh (the verifier)")
+    env = config.environment
+    if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file():
+        raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
+    return Task(path=root.resolve(), config=config, instruction=instruction)
+
+
+def _load_config(root: Path, name: str) -> TaskConfig:
+    toml_file = root / "task.toml"
+    if not toml_file.is_file():
+        raise TaskError(name, "missing task.toml")
+    try:
+        data = tomllib.loads(toml_file.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TaskError(name, f"task.toml is not valid TOML: {e}") from e
+    try:
+        return TaskConfig.model_validate(data)
+    except ValidationError as e:
+        raise TaskError(name, f"task.toml: {format_validation_error(e)}") from e

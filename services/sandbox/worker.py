@@ -1,0 +1,128 @@
+"""A sandbox worker: claims trials from the queue, runs up to ``concurrency``
+at once, renews each lease while it runs, and reports the outcome only while
+it still holds the lease (a worker that lost it discards its result: the
+retry owns the trial). Every worker also reaps expired leases, so a dead
+worker's trials are retried or marked without any coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+
+from services.sandbox.errors import LeaseLost
+from services.sandbox.lifecycle import TrialRecord, TrialState
+from services.sandbox.queue.base import Heartbeat, TrialQueue
+from services.sandbox.runner import TrialRunner
+from services.sandbox.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(self, settings: Settings, queue: TrialQueue, runner: TrialRunner, name: str | None = None) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.runner = runner
+        self.name = name or default_worker_name()
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.completed = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serves until ``stop`` is set, then lets running trials finish."""
+        slots = asyncio.Semaphore(self.settings.concurrency)
+        try:
+            orphans = await self.runner.backend.cleanup_orphans()
+            if orphans:
+                log.warning("removed sandboxes of dead workers", extra={"kv": {"count": orphans}})
+        except Exception:
+            log.exception("orphan cleanup failed")
+        reaper = asyncio.ensure_future(self._reap_forever(stop))
+        try:
+            while not stop.is_set():
+                await slots.acquire()
+                record = None
+                try:
+                    record = await self.queue.claim(self.name, self.settings.lease_s, wait_s=0.5)
+                except Exception:
+                    log.exception("claim failed", extra={"kv": {"worker": self.name}})
+                    await asyncio.sleep(1)
+                if record is None:
+                    slots.release()
+                    continue
+                task = asyncio.ensure_future(self._serve(record))
+                self.running[record.trial_id] = task
+                task.add_done_callback(self._released(record.trial_id, slots))
+            if self.running:
+                await asyncio.gather(*self.running.values(), return_exceptions=True)
+        finally:
+            reaper.cancel()
+
+    def _released(self, trial_id: str, slots: asyncio.Semaphore):  # type: ignore[no-untyped-def]
+        def done(_: asyncio.Task[None]) -> None:
+            self.running.pop(trial_id, None)
+            slots.release()
+
+        return done
+
+    async def _reap_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.2, self.settings.lease_s / 3))
+            try:
+                reaped = await self.queue.reap(self.settings.max_attempts)
+                if reaped:
+                    log.warning("reaped expired leases", extra={"kv": {"worker": self.name, "trials": reaped}})
+            except Exception:
+                log.exception("reap failed")
+
+    async def _serve(self, record: TrialRecord) -> None:
+        trial_id = record.trial_id
+        cancel, lost = asyncio.Event(), asyncio.Event()
+
+        async def on_state(state: TrialState) -> None:
+            if state == TrialState.SETUP or lost.is_set():
+                return
+            try:
+                await self.queue.set_state(trial_id, self.name, state)
+            except LeaseLost:
+                lost.set()
+                cancel.set()
+
+        heart = asyncio.ensure_future(self._heartbeat(trial_id, cancel, lost))
+        try:
+            outcome = await self.runner.run(record.spec, cancel=cancel, on_state=on_state)
+            if lost.is_set():
+                log.warning("lease lost; result discarded", extra={"kv": {"trial": trial_id, "worker": self.name}})
+                return
+            await self.runner.finalize(record.spec, outcome)
+            await self.queue.finish(trial_id, self.name, outcome)
+            self.completed += 1
+        except LeaseLost:
+            log.warning("lease lost at finish", extra={"kv": {"trial": trial_id}})
+        except Exception:
+            log.exception("trial crashed in the worker", extra={"kv": {"trial": trial_id}})
+        finally:
+            heart.cancel()
+
+    async def _heartbeat(self, trial_id: str, cancel: asyncio.Event, lost: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                beat = await self.queue.heartbeat(trial_id, self.name, self.settings.lease_s)
+            except Exception:
+                log.exception("heartbeat failed", extra={"kv": {"trial": trial_id}})
+                continue
+            if beat == Heartbeat.LOST:
+                lost.set()
+                cancel.set()
+                return
+            if beat == Heartbeat.CANCEL:
+                cancel.set()

@@ -1,0 +1,193 @@
+"""The real services a proxy test talks to, on 127.0.0.1 free ports in a
+background event loop: the gateway with the scripted engine (real tokenizer,
+JSONL generation log), the real capture store (embedded backend) over gRPC
+with a service credential, and the proxy itself (HTTP and a Unix socket). Tests are synchronous and use
+the official SDKs against it, as harnesses do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+
+from harnessrl.arrays import F32, I32, U8
+from harnessrl.localservers import free_port
+from harnessrl.paths import default_model_dir
+from harnessrl.rpc import connect
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc
+from services.capture_store.server import create_server as create_store
+from services.capture_store.settings import Settings as StoreSettings
+from services.gateway.scripted import read_generation_log
+from services.gateway.server import create_server as create_gateway
+from services.gateway.settings import Settings as GatewaySettings
+from services.proxy.server import RunningProxy
+from services.proxy.server import start as start_proxy
+from services.proxy.settings import Settings as ProxySettings
+
+T = TypeVar("T")
+ADMIN = "admin-secret"
+CAPTURE_TOKEN = "capture-secret"
+MODEL = default_model_dir().name
+
+
+def script(tmp: Path, threads: dict[str, list[dict[str, Any]]], **extra: Any) -> Path:
+    path = tmp / "script.json"
+    path.write_text(json.dumps({"context_window": 65536, "threads": threads, **extra}))
+    return path
+
+
+class Stack:
+    def __init__(self, tmp: Path, script_path: Path | None, engine: str | None = None, **proxy_settings: Any) -> None:
+        """``engine``: the gateway's engine selection; default ``scripted:<script_path>``."""
+        self.tmp = tmp
+        self.log_path = tmp / "engine.jsonl"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.run(self._start(engine or f"scripted:{script_path}", proxy_settings))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout=120)
+
+    async def _start(self, engine: str, proxy_settings: dict[str, Any]) -> None:
+        self.gateway = await create_gateway(GatewaySettings(engine=engine, scripted_log_path=self.log_path))
+        self.store_port = free_port()
+        await self.start_store()
+        base: dict[str, Any] = {
+            "gateway_target": f"127.0.0.1:{self.gateway.port}",
+            "capture_target": f"127.0.0.1:{self.store_port}",
+            "capture_token": CAPTURE_TOKEN,
+            "admin_token": ADMIN,
+            "uds_path": self.tmp / "proxy.sock",
+            "render_check": True,
+        }
+        settings = ProxySettings(**{**base, **proxy_settings})
+        self.proxy: RunningProxy = await start_proxy(settings)
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        return httpx.request(method, f"{self.url}/admin{path}", headers=headers, timeout=60, **kw)
+
+    def new_trial(self, trial_id: str, **spec: Any) -> tuple[str, str]:
+        """Returns (OpenAI-style base URL ending in /v1, token)."""
+        body = {"trial_id": trial_id, "run_id": "run-1", "task_id": "task-1", "group_id": "g-1", **spec}
+        resp = self.admin("POST", "/trials", json=body)
+        assert resp.status_code == 201, resp.text
+        data = resp.json()
+        return f"{self.url}{data['base_path']}", data["token"]
+
+    def close_trial(self, trial_id: str) -> dict[str, Any]:
+        resp = self.admin("POST", f"/trials/{trial_id}/close")
+        assert resp.status_code == 200, resp.text
+        result: dict[str, Any] = resp.json()
+        return result
+
+    async def start_store(self) -> None:
+        """(Re)starts the capture store on its port, over the same files."""
+        settings = StoreSettings(
+            port=self.store_port, store_dir=self.tmp / "capture", fsync=False, auth_token=CAPTURE_TOKEN
+        )
+        self.capture_server = await create_store(settings)
+
+    async def stop_store(self) -> None:
+        await self.capture_server.stop(0)
+
+    def export(self, trial_id: str, run_id: str = "run-1") -> list[dict[str, Any]]:
+        """Every segment of a trial, read back from the capture store (GetTrajectory)."""
+
+        async def get() -> Any:
+            async with connect(f"127.0.0.1:{self.store_port}", CAPTURE_TOKEN) as channel:
+                stub = capture_pb2_grpc.CaptureStoreStub(channel)
+                request = capture_pb2.GetTrajectoryRequest(run_id=run_id, trial_id=trial_id, include_tokens=True)
+                return await stub.GetTrajectory(request)
+
+        try:
+            trajectory = self.run(get())
+        except Exception as e:
+            if "NOT_FOUND" in str(e):
+                return []
+            raise
+        return [_segment_dict(s) for s in trajectory.segments]
+
+    def engine_log(self) -> list[dict[str, Any]]:
+        return read_generation_log(self.log_path) if self.log_path.exists() else []
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            await self.proxy.stop()
+            await self.capture_server.stop(0)  # idempotent if a test stopped it
+            await self.gateway.stop(0)
+
+        self.run(_stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], trial_id: str) -> None:
+    """Invariants 1 and 2 against the engine's own log: every mask-1 token of
+    every segment was sampled by the engine, in exactly the context that
+    precedes it in the segment, with the engine's logprob and version; every
+    generation the engine finished appears in exactly one segment, and one it
+    aborted (a stop string, a client gone) at most once, as a prefix."""
+    gens = [g for g in log if g["trial_id"] == trial_id]
+    used = [0] * len(gens)
+    for seg in segments:
+        ids, mask = seg["response_ids"], seg["response_mask"]
+        assert len(ids) == len(mask) == len(seg["response_logprobs"]) == len(seg["policy_versions"])
+        i = 0
+        while i < len(ids):
+            if not mask[i]:
+                assert seg["response_logprobs"][i] == 0.0 and seg["policy_versions"][i] == -1
+                i += 1
+                continue
+            j = i
+            while j < len(ids) and mask[j]:
+                j += 1
+            context, run = seg["prompt_ids"] + ids[:i], ids[i:j]
+            match = [
+                k
+                for k, g in enumerate(gens)
+                if g["prompt_ids"] == context
+                and (g["sampled_ids"] == run or (g["finish_reason"] == "abort" and g["sampled_ids"][: len(run)] == run))
+            ]
+            assert len(match) == 1, f"{seg['thread']}#{seg['segment_index']}: sampled run at {i} not in engine log"
+            g = gens[match[0]]
+            assert g["thread"] == seg["thread"]
+            assert seg["response_logprobs"][i:j] == [float(x) for x in g["logprobs"][: j - i]]
+            assert seg["policy_versions"][i:j] == g["policy_versions"][: j - i]
+            used[match[0]] += 1
+            i = j
+    expected = [(1,) if g["finish_reason"] != "abort" else (0, 1) for g in gens]
+    assert all(u in e for u, e in zip(used, expected, strict=True)), f"engine generations captured {used} times"
+
+
+def _segment_dict(seg: Any) -> dict[str, Any]:
+    mask = np.frombuffer(seg.response.mask, U8).tolist()
+    runs = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+    return {
+        "trial_id": seg.key.trial_id,
+        "thread": seg.key.thread,
+        "thread_kind": seg.thread_kind,
+        "trainable": seg.trainable,
+        "segment_index": seg.key.segment_index,
+        "prompt_ids": np.frombuffer(seg.prompt_ids, I32).tolist(),
+        "response_ids": np.frombuffer(seg.response.ids, I32).tolist(),
+        "response_mask": mask,
+        "response_logprobs": np.frombuffer(seg.response.logprobs, F32).tolist(),
+        "policy_versions": np.frombuffer(seg.response.policy_versions, I32).tolist(),
+        "num_turns": runs,
+        "closed": seg.closed,
+        "chat_template_sha256": seg.chat_template_sha256,
+    }

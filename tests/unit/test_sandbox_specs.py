@@ -1,0 +1,139 @@
+"""Docker and Kubernetes backends: no engine runs here, so the code that builds
+container specs, pod manifests and network policies is tested directly, the
+backends refuse to start without an engine, and live tests skip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harnessrl.errors import HarnessError
+from services.sandbox.backends import BACKENDS, create_backend
+from services.sandbox.backends.base import (
+    Capabilities,
+    ExecRequest,
+    Limits,
+    Network,
+    Phase,
+    SandboxSpec,
+    check_requirements,
+)
+from services.sandbox.backends.docker import LABEL_MANAGED, container_spec, exec_argv, image_tag
+from services.sandbox.backends.kubernetes import dns_name, network_policy, orphan_selector, pod_manifest
+from services.sandbox.errors import BackendUnavailable, CapabilityError, EnvSetupError, UnknownName
+from services.sandbox.paths import TrialDirs
+from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.tasks import load_task
+from tests.sandbox_support import DEFAULT_TOML, make_task, settings_for
+
+
+def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> SandboxSpec:
+    task = load_task(make_task(tmp_path / "tasks", toml=toml))
+    return SandboxSpec(
+        trial_id="Trial_42.x",
+        task=task,
+        dirs=TrialDirs(tmp_path / "trial"),
+        limits=Limits(memory_mb=1024, storage_mb=512, pids=128, cpus=1.5),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_docker_container_spec(tmp_path: Path) -> None:
+    spec = sandbox_spec(tmp_path, proxy_socket=tmp_path / "proxy.sock", ro_mounts=(Path("/opt/tools"),))
+    kw = container_spec(spec, image_tag(spec), "/app")
+    assert kw["image"].startswith("harnessrl-env:") and kw["network"] == "harnessrl-Trial_42.x"
+    assert kw["labels"] == {LABEL_MANAGED: "true", "io.harnessrl.trial": "Trial_42.x"}
+    assert kw["mem_limit"] == "1024m" and kw["memswap_limit"] == "1024m" and kw["pids_limit"] == 128
+    assert kw["nano_cpus"] == 1_500_000_000 and kw["storage_opt"] == {"size": "512m"}
+    assert kw["cap_drop"] == ["ALL"] and "no-new-privileges" in kw["security_opt"]
+    assert kw["volumes"][str(tmp_path / "proxy.sock")]["bind"].endswith("/proxy.sock")
+    assert kw["volumes"]["/opt/tools"] == {"bind": "/opt/tools", "mode": "ro"}
+    argv, user = exec_argv(
+        ExecRequest(argv=["claude"], phase=Phase.AGENT, timeout_s=60, network=Network.PROXY_ONLY, proxy_port=4100)
+    )
+    assert user == "1000:1000" and argv[:4] == ["timeout", "-s", "KILL", "61"]
+    assert "127.0.0.1:4100" in argv and argv[-1] == "claude"
+
+
+def test_docker_uses_a_prebuilt_image_when_named(tmp_path: Path) -> None:
+    spec = sandbox_spec(tmp_path, toml=DEFAULT_TOML + 'docker_image = "python:3.12-slim"\n')
+    assert image_tag(spec) == "python:3.12-slim"
+
+
+def test_kubernetes_pod_manifest(tmp_path: Path) -> None:
+    spec = sandbox_spec(tmp_path, toml=DEFAULT_TOML + 'docker_image = "registry/env:1"\nworkdir = "/work"\n')
+    pod = pod_manifest(spec, deadline_s=900, namespace="ns", run_id="run 7")
+    assert pod["metadata"]["name"] == "hrl-trial-42-x"
+    assert pod["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "harnessrl-sandbox",
+        "harnessrl.io/trial": "hrl-trial-42-x",
+        "harnessrl.io/run": "run-7",
+    }
+    body = pod["spec"]
+    assert body["activeDeadlineSeconds"] == 900 and body["restartPolicy"] == "Never"
+    assert body["automountServiceAccountToken"] is False
+    (container,) = body["containers"]
+    assert container["image"] == "registry/env:1" and container["workingDir"] == "/work"
+    assert container["resources"]["limits"] == {"memory": "1024Mi", "ephemeral-storage": "512Mi", "cpu": "1.5"}
+    sec = container["securityContext"]
+    assert sec["runAsNonRoot"] and sec["runAsUser"] == 1000 and sec["capabilities"] == {"drop": ["ALL"]}
+    assert not sec["allowPrivilegeEscalation"]
+    assert orphan_selector() == "app.kubernetes.io/managed-by=harnessrl-sandbox"
+
+
+def test_kubernetes_needs_a_prebuilt_image(tmp_path: Path) -> None:
+    with pytest.raises(EnvSetupError, match="docker_image"):
+        pod_manifest(sandbox_spec(tmp_path), deadline_s=60, namespace="ns")
+
+
+def test_kubernetes_network_policies(tmp_path: Path) -> None:
+    spec = sandbox_spec(tmp_path)
+    agent = network_policy(spec, Phase.AGENT, namespace="ns", proxy_port=4100)
+    assert agent["spec"]["podSelector"] == {"matchLabels": {"harnessrl.io/trial": dns_name(spec.trial_id)}}
+    assert agent["spec"]["policyTypes"] == ["Ingress", "Egress"] and agent["spec"]["ingress"] == []
+    to_proxy = agent["spec"]["egress"][0]
+    assert to_proxy["to"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "harnessrl-proxy"}}}]
+    assert to_proxy["ports"] == [{"protocol": "TCP", "port": 4100}]
+    assert network_policy(spec, Phase.VERIFY, namespace="ns", proxy_port=0)["spec"]["egress"] == []
+    assert network_policy(spec, Phase.VERIFY, namespace="ns", proxy_port=0, public=True)["spec"]["egress"] == [{}]
+
+
+def test_dns_names_are_valid() -> None:
+    assert dns_name("A" * 100).startswith("hrl-a") and len(dns_name("A" * 100)) <= 63
+    assert dns_name("x--") == "hrl-x"
+
+
+@pytest.mark.parametrize("backend", ["docker", "kubernetes"])
+def test_backends_without_an_engine_refuse_to_start(tmp_path: Path, backend: str) -> None:
+    try:
+        created = create_backend(settings_for(tmp_path, backend=backend))
+    except BackendUnavailable as e:
+        assert "reachable" in str(e)
+        return
+    pytest.skip(f"a {backend} engine is reachable here ({created.name}); this test is for machines without one")
+
+
+def test_unknown_backend_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(UnknownName, match="local"):
+        create_backend(settings_for(tmp_path, backend="firecracker"))
+    assert set(BACKENDS) == {"local", "docker", "kubernetes"}
+
+
+def test_capabilities_are_checked_against_the_policy() -> None:
+    weak = Capabilities(
+        builds_dockerfile=True,
+        prebuilt_images=False,
+        network_isolation=False,
+        kills_process_tree=True,
+        hides_verifier_files=True,
+        memory_limit=True,
+        pids_limit=True,
+        disk_limit=True,
+        wall_time_limit=True,
+        non_root=True,
+    )
+    with pytest.raises(CapabilityError, match="network_isolation"):
+        check_requirements("weak", weak, IntegrityPolicy())
+    check_requirements("weak", weak, IntegrityPolicy(isolate_network=False))
+    assert issubclass(CapabilityError, HarnessError)
