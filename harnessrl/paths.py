@@ -30,8 +30,10 @@ def default_model_dir() -> Path:
 
 
 def tools_dir() -> Path:
-    """Project-local installs of the real harnesses (npm prefix, venvs)."""
-    return home() / "tools"
+    """Project-local installs of the real harnesses (npm prefix, venvs):
+    ``$HARNESSRL_TOOLS_DIR`` or ``<home>/tools``."""
+    env = os.environ.get("HARNESSRL_TOOLS_DIR")
+    return Path(env).expanduser().resolve() if env else home() / "tools"
 
 
 def runs_dir() -> Path:

@@ -65,3 +65,34 @@ def capture(
         raise typer.BadParameter(f"{backends!r}: choose from embedded, distributed")
     cfg = BenchConfig(backends=chosen, writers=writers, tokens=tokens, pin=pin)
     print_results(run(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
+
+
+@app.command("async")
+def async_(
+    steps: Annotated[int, typer.Option(min=2, help="Trainer steps simulated per row.")] = 30,
+    tasks: Annotated[int, typer.Option(min=1, help="Tasks (groups) per step.")] = 64,
+    group_size: Annotated[int, typer.Option(min=1, help="Rollouts per task.")] = 8,
+    workers: Annotated[int, typer.Option(min=1, help="Concurrent trials.")] = 1024,
+    train_s: Annotated[float, typer.Option(min=0, help="Seconds per optimizer step.")] = 600.0,
+    sync_s: Annotated[float, typer.Option(min=0, help="Seconds per weight sync.")] = 30.0,
+    seed: int = 0,
+    check: Annotated[bool, typer.Option(help="Also run a scaled-down real async loop and compare (~2 min).")] = False,
+) -> None:
+    """Simulated step throughput and trainer idle: sync vs async, staleness 0-3, partial rollout on/off."""
+    from services.trainer import bench as trainer_bench
+
+    trainer_bench.print_async(trainer_bench.SimConfig(tasks, group_size, workers, steps, train_s, sync_s, seed=seed))
+    if check:
+        from stack.async_check import DEFAULT_CHECK, check_table
+
+        check_table(DEFAULT_CHECK)
+
+
+@app.command("trainer")
+def trainer(
+    samples: Annotated[int, typer.Option(min=2, help="Samples per step (one group).")] = 2,
+) -> None:
+    """CPU training tokens/s and peak memory of the default model at 1k and 4k tokens per sample."""
+    from services.trainer import bench as trainer_bench
+
+    trainer_bench.print_trainer(samples)

@@ -28,7 +28,7 @@ def segment_proto(
         key=records_pb2.SegmentKey(run_id=run, trial_id=trial_id, thread=thread, segment_index=index),
         thread_kind=seg.kind,
         trainable=seg.trainable,
-        num_turns=seg.n_parts,
+        num_turns=seg.n_turns,
         finish_reason=seg.finish_reason,
         usage=records_pb2.Usage(
             prompt_tokens=seg.usage[0], completion_tokens=seg.usage[1], cached_prompt_tokens=seg.usage[2]

@@ -106,6 +106,7 @@ class SegRec(_Record):
     started_at: float
     updated_at: float
     n_parts: int = 0
+    n_turns: int = 0  # parts that carried sampled tokens: model calls (a close-only part is none)
     n_tokens: int = 0  # response tokens (all parts)
     n_sampled: int = 0
     finish_reason: str = ""

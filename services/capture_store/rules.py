@@ -174,9 +174,10 @@ def _grow_segment(seg: rec.SegRec, p: PreparedAppend, now: float) -> None:
     if p.part.routes is not None:
         seg.layers, seg.top_k = int(p.part.routes.shape[1]), int(p.part.routes.shape[2])
     seg.n_parts += 1
+    seg.n_turns += p.n_sampled > 0
     seg.n_tokens += p.part.n
     seg.n_sampled += p.n_sampled
-    seg.finish_reason = req.finish_reason
+    seg.finish_reason = req.finish_reason or seg.finish_reason
     seg.usage = [
         seg.usage[0] + req.usage.prompt_tokens,
         seg.usage[1] + req.usage.completion_tokens,

@@ -8,7 +8,7 @@ import logging
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request
+from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harnessrl.logs import kv
@@ -89,6 +89,15 @@ async def parse_request(request: Request, model: type[M], protocol: str) -> M:
     body = parse(model, await read_body(request, core_of(request).settings.max_body_bytes))
     log_unknown(protocol, body)
     return body
+
+
+class FastJSON(Response):
+    """A JSON response rendered by orjson (the responses here are on every turn's path)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

@@ -56,10 +56,16 @@ class Settings(ServiceSettings):
 
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     max_trials: int = Field(10_000, ge=1, description="Open trials this proxy serves at once.")
+    keep_closed_trials: int = Field(
+        10_000, ge=0, description="Summaries of closed trials kept for GET /admin/trials/<id> (oldest dropped)."
+    )
     trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
     main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")
     render_check: bool = Field(
         False, description="Also render every extended turn from scratch and compare (tests; costs O(context))."
     )
     capture_retries: int = Field(5, ge=0, le=100, description="Retries of a failed AppendSegment (idempotent).")
+    gc_tuning: bool = Field(
+        True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
+    )
     engine_timeout_s: float = Field(600.0, gt=0, description="Deadline of one Generate call.")

@@ -86,6 +86,8 @@ class Trial:
             "render_mismatches": self.capture.render_mismatches,
             "capture_error": self.writer.error,
             "parts_appended": self.writer.appended,
+            "chat_template": self.capture.renderer.template.name,
+            "chat_template_sha256": self.capture.renderer.template.sha256,
         }
 
 
@@ -161,7 +163,15 @@ class ProxyCore:
         if trial.writer.error:
             trial.closing = None  # let a later close report it again
             raise CaptureFailed(f"trial {trial.spec.trial_id}: capture not durable: {trial.writer.error}")
+        trial.capture.release()
+        self._forget_old_closed()
         return trial.summary()
+
+    def _forget_old_closed(self) -> None:
+        """A long-running proxy keeps the summaries of its last closed trials, not all."""
+        closed = [t for t, trial in self.trials.items() if trial.closed]
+        for trial_id in closed[: max(0, len(closed) - self.settings.keep_closed_trials)]:
+            del self.trials[trial_id]
 
     # -- harness traffic ------------------------------------------------------------
 

@@ -24,9 +24,9 @@ from harnessrl.v1 import gateway_pb2, records_pb2
 from services.proxy.capture.state import OurTurn, Plan, Sampled
 from services.proxy.chat.conversation import Conversation
 from services.proxy.chat.render import SampledIds
-from services.proxy.chat.stream import Delta, OutputStream
+from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.engine import EngineContextOverflow
-from services.proxy.errors import ContextOverflow, MaxTurnsReached, TrialNotFound
+from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended the turn, if one did
 
 
 Event = Delta | Done
@@ -157,6 +158,7 @@ class ModelCall:
         tok = self.core.model.tokenizer
         decoder = tok.decoder()
         out = OutputStream(self.core.model.parser, self.conv.tools, self.core.model.reasoning)
+        stopper = StopStrings(self.params.stop)
         ids: list[bytes] = []
         logprobs: list[bytes] = []
         versions: list[bytes] = []
@@ -174,18 +176,27 @@ class ModelCall:
                     versions.append(t.policy_versions)
                     if t.routed_experts.data:
                         routes.append(_routes(t.routed_experts))
-                    text = "".join(decoder.step(i) for i in np.frombuffer(t.ids, I32))
+                    text = stopper.feed("".join(decoder.step(i) for i in np.frombuffer(t.ids, I32)))
                     for delta in out.feed(text):
                         yield delta
-                if chunk.finish_reason:
-                    if self.core.tracing:
+                if chunk.finish_reason or stopper.hit is not None:
+                    if chunk.finish_reason and self.core.tracing:
                         await _drain(self._chunks)
                     break
                 chunk = await anext(self._chunks, None)
+            if stopper.hit is not None:
+                # Every id received so far was sampled in this context and is kept;
+                # the engine stops sampling the rest.
+                await self._stop_engine()
+            else:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+            for delta in out.feed(stopper.flush()):
+                yield delta
             final = out.finish()
             for delta in final.deltas:
                 yield delta
-            sampled = _sampled(ids, logprobs, versions, routes, last.finish_reason or "stop", tok.stop_ids)
+            engine_finish = "stop" if stopper.hit is not None else last.finish_reason or "stop"
+            sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
             calls = [
                 ToolCallOut(f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}", c.name, _json(c.arguments))
                 for c in final.calls
@@ -226,8 +237,9 @@ class ModelCall:
                 self.plan.prompt_tokens,
                 sampled.num_tokens,
                 last.usage.cached_prompt_tokens,
+                stopper.hit,
             )
-        except Exception as e:
+        except (EngineUnavailable, EngineFailure, EngineContextOverflow) as e:
             self.trial.engine_errors += 1
             self.span.record_exception(e)
             raise
@@ -235,10 +247,10 @@ class ModelCall:
             if not committed:
                 self.trial.aborted_turns += 1
                 self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
-                await self._abort()
+                await self._stop_engine()
             self._end_span()
 
-    async def _abort(self) -> None:
+    async def _stop_engine(self) -> None:
         if self._chunks is not None:
             await self._chunks.aclose()  # type: ignore[attr-defined]
         await self.core.engine.abort(self.request_id)

@@ -72,7 +72,7 @@ CLAUDE_MAIN = [
 @pytest.fixture
 def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
     threads, extra = request.param
-    s = Stack(tmp_path, script(tmp_path, threads, context_window=200_000, **extra))
+    s = Stack(tmp_path, script(tmp_path, threads, **{"context_window": 200_000, **extra}))
     yield s
     s.stop()
 
@@ -105,6 +105,87 @@ def test_claude_code(stack: Stack, dirs: tuple[Path, Path]) -> None:
     assert result["result"] == "Created hello.txt containing hello."
     assert (work / "hello.txt").read_text() == "hello\n"
     finish(stack, "claude-1", 3)
+
+
+CLAUDE_DELEGATING = [
+    {
+        "content": "Delegating.",
+        "tool_calls": [
+            {
+                "name": "Agent",
+                "arguments": {
+                    "description": "Create file",
+                    "prompt": "Create hello.txt containing hello",
+                    "subagent_type": "general-purpose",
+                },
+            }
+        ],
+    },
+    {"content": "The sub-agent created hello.txt."},
+]
+CLAUDE_SUBAGENT = [
+    {
+        "content": "Writing.",
+        "tool_calls": [{"name": "Bash", "arguments": {"command": "echo hello > hello.txt", "description": "Write"}}],
+    },
+    {"content": "Created hello.txt."},
+]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [({"main": CLAUDE_DELEGATING, "subagent-1": CLAUDE_SUBAGENT, "*": [{"content": "Title"}]}, {})],
+    indirect=True,
+)
+def test_claude_code_sub_agent_is_its_own_thread(stack: Stack, dirs: tuple[Path, Path]) -> None:
+    """Invariant 4 with the real harness: Claude Code's Agent tool runs a sub-agent
+    under its own system prompt; its turns form their own labelled thread."""
+    home, work = dirs
+    base, token = stack.new_trial("claude-agent", model=MODEL)
+    env = {
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": base.removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": token,
+        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    cmd = [
+        str(tool("npm/node_modules/.bin/claude")),
+        "-p",
+        "Create hello.txt containing hello",
+        "--output-format",
+        "json",
+    ]
+    p = run([*cmd, "--model", MODEL, "--allowedTools", "Bash", "--allowedTools", "Agent"], work, env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (work / "hello.txt").read_text() == "hello\n"
+    summary, segments = finish(stack, "claude-agent", 2)
+    threads = {t["name"]: (t["kind"], t["num_turns"]) for t in summary["threads"]}
+    assert threads["subagent-1"] == ("subagent", 2), threads
+    sub = [s for s in segments if s["thread"] == "subagent-1"]
+    assert len(sub) == 1 and sub[0]["trainable"] and sub[0]["num_turns"] == 2
+
+
+@pytest.mark.parametrize("stack", [({"main": CLAUDE_MAIN}, {"context_window": 8000})], indirect=True)
+def test_claude_code_understands_context_overflow(stack: Stack, dirs: tuple[Path, Path]) -> None:
+    """Claude Code's first request (~12k tokens) does not fit an 8k window: it must
+    read the proxy's answer as "prompt too long", and the trial records the overflow."""
+    home, work = dirs
+    base, token = stack.new_trial("claude-overflow", model=MODEL)
+    env = {
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": base.removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": token,
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    cmd = [str(tool("npm/node_modules/.bin/claude")), "-p", "Create hello.txt", "--output-format", "json"]
+    p = run([*cmd, "--model", MODEL], work, env)
+    result = json.loads(p.stdout)
+    assert result["is_error"] and result["terminal_reason"] == "prompt_too_long", result
+    summary = stack.close_trial("claude-overflow")
+    assert summary["context_overflow"] is True and summary["num_turns"] == 0 and summary["engine_errors"] == 0
 
 
 MINI_MAIN = [

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.anthropic.models import SIGNATURE_PREFIX, CountTokensRequest, MessagesRequest, to_conversation
 from services.proxy.errors import error_body
-from services.proxy.protocol import authenticate, core_of, parse_request, sse
+from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.turn import CallParams, Done, ModelCall
 
 router = APIRouter()
@@ -25,14 +25,16 @@ async def messages(trial_id: str, request: Request) -> Response:
     body = await parse_request(request, MessagesRequest, "anthropic")
     core = core_of(request)
     core.check_model(trial, body.model)
-    params = CallParams(body.max_tokens, body.temperature, body.top_p, body.top_k, call_id_prefix="toolu_")
+    params = CallParams(
+        body.max_tokens, body.temperature, body.top_p, body.top_k, list(body.stop_sequences or []), "toolu_"
+    )
     call = ModelCall(core, trial, to_conversation(body), params)
     await call.start()
     if body.stream:
         return StreamingResponse(_stream(call, body.model), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
-            return JSONResponse(message(event, body.model))
+            return FastJSON(message(event, body.model))
     raise RuntimeError("generation ended without a result")
 
 
@@ -68,8 +70,8 @@ def message(done: Done, model: str) -> dict[str, Any]:
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP[done.finish_reason],
-        "stop_sequence": None,
+        "stop_reason": "stop_sequence" if done.stop_sequence else _STOP[done.finish_reason],
+        "stop_sequence": done.stop_sequence,
         "usage": _usage(done),
     }
 
@@ -124,7 +126,8 @@ async def _stream(call: ModelCall, model: str) -> AsyncIterator[bytes]:
                     yield blocks.delta({"type": "input_json_delta", "partial_json": c.arguments})
                 for b in blocks.close():
                     yield b
-                delta = {"stop_reason": _STOP[event.finish_reason], "stop_sequence": None}
+                reason = "stop_sequence" if event.stop_sequence else _STOP[event.finish_reason]
+                delta = {"stop_reason": reason, "stop_sequence": event.stop_sequence}
                 yield sse({"type": "message_delta", "delta": delta, "usage": _usage(event)}, "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
             elif event.kind == "reasoning":

@@ -22,7 +22,8 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
 4. Threads are keyed by the leading system prompt: a request whose system
    prompt is not the main thread's belongs to another, labelled thread; other
    conversations under one system prompt (parallel sub-agents, repeated title
-   requests) are told apart by their first message, each its own thread. A
+   requests) are told apart by their first message, each its own thread; a
+   call without tools under the main prompt is a side call, not the agent. A
    thread is one conversation: its segments are sequential, one open at a time.
 """
 
@@ -256,6 +257,8 @@ class TrialCapture:
         same_root = [t for t in same_system if t.root == first]
         if same_root:
             return same_root[-1]
+        if not conv.tools and self._main_requires_tools:
+            return None  # a tool-less call under the main prompt is a side call, not the agent
         return next((t for t in same_system if t.kind == MAIN), None)
 
     def _new_thread(self, conv: Conversation) -> Thread:
@@ -307,6 +310,13 @@ class TrialCapture:
 
     def close_all(self) -> list[Part]:
         return [self._close(t, s) for t in self.threads.values() for s in t.segments if not s.closed]
+
+    def release(self) -> None:
+        """Frees the token and message state of a closed trial; counts stay for its summary."""
+        for thread in self.threads.values():
+            for seg in thread.segments:
+                seg.context, seg.history, seg.last_messages = bytearray(), [], ()
+        self._ours = OurTurns()
 
 
 def _sampled_list(history: Sequence[Entry]) -> list[SampledIds | None]:

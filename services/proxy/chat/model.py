@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from harnessrl.arrays import I32
 from harnessrl.errors import ConfigError
-from services.proxy.chat.conversation import Tool, tool_for_template
-from services.proxy.chat.render import Renderer
+from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall, tool_for_template
+from services.proxy.chat.render import Renderer, RenderError, SampledIds
 from services.proxy.chat.template import ChatTemplate, resolve_template
 from services.proxy.chat.tokenizer import Tokenizer
 from services.proxy.chat.toolparsers import ToolParser, get_parser
@@ -66,6 +69,7 @@ class ChatModel:
         prefix = self.template.render(messages[:1], tools, add_generation_prompt=True)
         if PROBE_TOOL.name not in prefix:
             raise ConfigError(f"chat template {self.template.name!r} does not render tools; set an override")
+        self._check_incremental()
         if not rendered.startswith(prefix):
             raise ConfigError(f"chat template {self.template.name!r} does not extend its generation prompt")
         body = rendered[len(prefix) :]
@@ -77,3 +81,37 @@ class ChatModel:
                 f"tool parser {self.parser.name!r} does not read the tool calls chat template "
                 f"{self.template.name!r} writes: {json.dumps(body)} parsed as {got}"
             )
+
+    def _check_incremental(self) -> None:
+        """The capture tokenizes only new messages each turn; that is exact only if
+        the template renders a conversation as the concatenation of its turns.
+        Checked here on a conversation with every kind of message, so a template
+        for which it is not true is refused at startup, not found in the data."""
+        tools = (PROBE_TOOL,)
+        eos = self.tokenizer.eos_id
+        turn = SampledIds(np.asarray([*self.tokenizer.encode("ok"), eos], I32).tobytes(), True)
+        cut = SampledIds(np.asarray(self.tokenizer.encode("cut off"), I32).tobytes(), False)
+        call = (ToolCall("c1", PROBE_TOOL.name, json.dumps(PROBE_ARGS)),)
+        steps: list[tuple[SampledIds, list[Message]]] = [
+            (turn, [Message("tool", "result one", tool_call_id="c1"), Message("tool", "two", tool_call_id="c2")]),
+            (cut, [Message("user", "go on"), Message("system", "a mid-conversation system message")]),
+            (turn, []),
+        ]
+        messages = [Message("user", "task")]
+        sampled: list[SampledIds | None] = [None]
+        problem = (
+            f"chat template {self.template.name!r} does not render conversations incrementally "
+            "(a turn's rendering depends on later turns); token-faithful capture cannot use it"
+        )
+        try:
+            context = self.renderer.full(Conversation("system", tuple(messages), tools), sampled)
+            for ids, new in steps:
+                messages.append(Message("assistant", "echo", call))
+                sampled.append(ids)
+                context += ids.ids + self.renderer.extension(ids, new).tobytes()
+                messages += new
+                sampled += [None] * len(new)
+                if context != self.renderer.full(Conversation("system", tuple(messages), tools), sampled):
+                    raise ConfigError(problem)
+        except RenderError as e:
+            raise ConfigError(f"{problem}: {e}") from e

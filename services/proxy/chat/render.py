@@ -15,6 +15,7 @@ agree token for token (invariant 2; tests and ``render_check`` compare them):
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,9 @@ from services.proxy.chat.conversation import Conversation, Message, message_for_
 from services.proxy.chat.template import ChatTemplate
 from services.proxy.chat.tokenizer import Tokenizer
 
-_PH = "\x00hrl-turn-{}\x00"
+# A placeholder no harness can forge: text that happens to contain it must not
+# move where sampled ids are spliced in.
+_PH = "\x00hrl-" + secrets.token_hex(8) + "-{}\x00"
 _ANCHOR = {"role": "user", "content": "."}
 
 

@@ -131,3 +131,31 @@ class OutputStream:
         content = self._emitted if final.startswith(self._emitted) else final
         calls = [] if result.malformed else result.calls
         return Final(self.reasoning, content, calls, result.malformed, out)
+
+
+class StopStrings:
+    """Cuts the model's text at the first stop string (OpenAI ``stop``, Anthropic
+    ``stop_sequences``), which is not returned; text that may be the start of
+    one is held back until it is known not to be."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._buf = ""
+        self.hit: str | None = None
+
+    def feed(self, text: str) -> str:
+        if not self._stops or self.hit is not None:
+            return text if not self._stops else ""
+        self._buf += text
+        found = [(i, s) for s in self._stops if (i := self._buf.find(s)) >= 0]
+        if found:
+            cut, self.hit = min(found)
+            out, self._buf = self._buf[:cut], ""
+            return out
+        keep = _partial_suffix(self._buf, self._stops)
+        out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+        return out
+
+    def flush(self) -> str:
+        out, self._buf = self._buf, ""
+        return out

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.errors import error_body
 from services.proxy.openai.models import ChatRequest, to_conversation
-from services.proxy.protocol import authenticate, core_of, parse_request, sse
+from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.turn import CallParams, Done, ModelCall
 
 router = APIRouter()
@@ -27,6 +27,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
+        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         call_id_prefix="call_",
     )
     call = ModelCall(core, trial, to_conversation(body), params)
@@ -35,7 +36,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_stream(call, body.model, usage), media_type="text/event-stream")
     done = await _collect(call)
-    return JSONResponse(completion(done, body.model))
+    return FastJSON(completion(done, body.model))
 
 
 async def _collect(call: ModelCall) -> Done:

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.errors import ContextOverflow, error_body
-from services.proxy.protocol import authenticate, core_of, parse_request, sse
+from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.responses.models import ResponsesRequest, to_conversation
 from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
 
@@ -33,7 +33,7 @@ async def responses(trial_id: str, request: Request) -> Response:
         return StreamingResponse(_Stream(call, body.model, custom).events(), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
-            return JSONResponse(response_object(call.turn_id, body.model, "completed", _items(event, custom), event))
+            return FastJSON(response_object(call.turn_id, body.model, "completed", _items(event, custom), event))
     raise RuntimeError("generation ended without a result")
 
 

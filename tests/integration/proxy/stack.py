@@ -138,9 +138,10 @@ class Stack:
 def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], trial_id: str) -> None:
     """Invariants 1 and 2 against the engine's own log: every mask-1 token of
     every segment was sampled by the engine, in exactly the context that
-    precedes it in the segment, with the engine's logprob and version; and
-    every generation the engine finished appears in exactly one segment."""
-    gens = [g for g in log if g["trial_id"] == trial_id and g["finish_reason"] != "abort"]
+    precedes it in the segment, with the engine's logprob and version; every
+    generation the engine finished appears in exactly one segment, and one it
+    aborted (a stop string, a client gone) at most once, as a prefix."""
+    gens = [g for g in log if g["trial_id"] == trial_id]
     used = [0] * len(gens)
     for seg in segments:
         ids, mask = seg["response_ids"], seg["response_mask"]
@@ -154,16 +155,22 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
             j = i
             while j < len(ids) and mask[j]:
                 j += 1
-            context = seg["prompt_ids"] + ids[:i]
-            match = [k for k, g in enumerate(gens) if g["prompt_ids"] == context and g["sampled_ids"] == ids[i:j]]
+            context, run = seg["prompt_ids"] + ids[:i], ids[i:j]
+            match = [
+                k
+                for k, g in enumerate(gens)
+                if g["prompt_ids"] == context
+                and (g["sampled_ids"] == run or (g["finish_reason"] == "abort" and g["sampled_ids"][: len(run)] == run))
+            ]
             assert len(match) == 1, f"{seg['thread']}#{seg['segment_index']}: sampled run at {i} not in engine log"
             g = gens[match[0]]
             assert g["thread"] == seg["thread"]
-            assert seg["response_logprobs"][i:j] == [float(x) for x in g["logprobs"]]
-            assert seg["policy_versions"][i:j] == g["policy_versions"]
+            assert seg["response_logprobs"][i:j] == [float(x) for x in g["logprobs"][: j - i]]
+            assert seg["policy_versions"][i:j] == g["policy_versions"][: j - i]
             used[match[0]] += 1
             i = j
-    assert used == [1] * len(gens), f"engine generations captured {used} times"
+    expected = [(1,) if g["finish_reason"] != "abort" else (0, 1) for g in gens]
+    assert all(u in e for u, e in zip(used, expected, strict=True)), f"engine generations captured {used} times"
 
 
 def _segment_dict(seg: Any) -> dict[str, Any]:

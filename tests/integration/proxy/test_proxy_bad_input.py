@@ -246,3 +246,20 @@ def test_max_turns(stack: Stack) -> None:
 
 def test_admin_token_is_required_even_for_reads(stack: Stack) -> None:
     assert httpx.get(f"{stack.url}/admin/trials/x", headers={"Authorization": f"Bearer {ADMIN}x"}).status_code == 401
+
+
+def test_closed_trials_release_their_state_and_old_summaries_are_dropped(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, script(tmp_path, THREADS), keep_closed_trials=1)
+    try:
+        for trial in ("old", "new"):
+            base, token = stack.new_trial(trial)
+            assert post(base, token, chat()).status_code == 200
+            assert stack.close_trial(trial)["num_turns"] == 1
+        assert stack.admin("GET", "/trials/old").status_code == 404
+        assert stack.admin("GET", "/trials/new").json()["num_turns"] == 1
+        core = stack.proxy.servers[0].config.app.state.core  # type: ignore[attr-defined]
+        seg = next(iter(core.get("new").capture.threads.values())).segments[0]
+        assert seg.context == bytearray() and seg.history == [], "a closed trial holds no token state"
+        assert [s["thread"] for s in stack.export("old")] == ["side-1"], "what was captured stays in the store"
+    finally:
+        stack.stop()

@@ -122,3 +122,15 @@ def test_head_probe_and_x_api_key(stack: Stack) -> None:
     body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     r = httpx.post(f"{base}/messages?beta=true", json=body, headers={"x-api-key": token}, timeout=30)
     assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+def test_stop_sequences(stack: Stack) -> None:
+    c = client(stack, "an-5")
+    msgs = [{"role": "user", "content": "What files?"}]
+    r = c.messages.create(
+        model=MODEL, max_tokens=100, system=SYSTEM, messages=msgs, tools=[BASH], stop_sequences=["files"]
+    )  # type: ignore[arg-type]
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == "files"
+    assert [b.type for b in r.content] == ["thinking"] and r.content[0].thinking == "I should list"  # type: ignore[union-attr]
+    assert stack.close_trial("an-5")["num_turns"] == 1
+    check_faithful(stack.export("an-5"), stack.engine_log(), "an-5")

@@ -61,8 +61,10 @@ def test_tool_loop_non_streaming(stack: Stack) -> None:
     summary = stack.close_trial("oa-1")
     assert (summary["num_turns"], summary["num_segments"], summary["render_mismatches"]) == (2, 1, 0)
     assert summary["threads"][0]["name"] == "main"
+    assert summary["chat_template"] == "hermes-chatml" and len(summary["chat_template_sha256"]) == 64
     segments = stack.export("oa-1")
     assert len(segments) == 1 and segments[0]["closed"] and segments[0]["num_turns"] == 2
+    assert segments[0]["chat_template_sha256"] == summary["chat_template_sha256"], "recorded with the capture"
     check_faithful(segments, stack.engine_log(), "oa-1")
 
 
@@ -135,3 +137,18 @@ def test_responses_api_streaming_and_not(stack: Stack) -> None:
     summary = stack.close_trial("oa-5")
     assert (summary["num_turns"], summary["num_segments"]) == (2, 1)
     check_faithful(stack.export("oa-5"), stack.engine_log(), "oa-5")
+
+
+def test_stop_strings_cut_the_text_and_keep_every_sampled_token(stack: Stack) -> None:
+    c = client(stack, "oa-6")
+    messages: list[dict[str, object]] = [{"role": "system", "content": "Agent."}, {"role": "user", "content": "Go."}]
+    r1 = c.chat.completions.create(model=MODEL, messages=messages, tools=[BASH], stop=["look"])  # type: ignore[arg-type]
+    assert r1.choices[0].message.content == "Let me" and r1.choices[0].finish_reason == "stop"
+    assert r1.choices[0].message.tool_calls is None
+    messages.append({"role": "assistant", "content": "Let me"})
+    messages.append({"role": "user", "content": "Go on."})
+    r2 = c.chat.completions.create(model=MODEL, messages=messages, tools=[BASH])  # type: ignore[arg-type]
+    assert r2.choices[0].message.content == "There is one file: a.txt. Done."
+    summary = stack.close_trial("oa-6")
+    assert (summary["num_turns"], summary["num_segments"]) == (2, 1), "the cut turn is recognised and extended"
+    check_faithful(stack.export("oa-6"), stack.engine_log(), "oa-6")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from harnessrl import arrays
+from harnessrl.v1 import records_pb2
 from tests.integration.test_capture.conftest import Store, append_request, tokens
 
 
@@ -204,3 +205,15 @@ async def test_trajectory_too_large_for_one_message_is_refused_clearly(make_stor
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "without tokens" in (info.value.details() or "")
         assert (await store.get("r1", "t1", include_tokens=False)).segments[0].num_turns == 1
+
+
+async def test_close_only_part_is_not_a_turn(store: Store) -> None:
+    """The proxy closes a segment with an empty part: it is no model call and
+    keeps the last call's finish reason."""
+    await store.append(append_request("r1", "t1"))
+    close = append_request("r1", "t1", part=1, close=True)
+    close.tokens.CopyFrom(records_pb2.TokenArrays())
+    close.finish_reason = ""
+    await store.append(close)
+    seg = (await store.get("r1", "t1")).segments[0]
+    assert (seg.num_turns, seg.closed, seg.finish_reason) == (1, True, "tool_calls")

@@ -155,7 +155,7 @@ def test_rewrites_close_the_segment_and_open_a_new_one(harness: Harness, rewrite
     if rewrite == "reminder":
         msgs = (Message("user", "task\n<system-reminder>x</system-reminder>"), a1, t1, a2, t2)
     elif rewrite == "compaction":
-        msgs = (Message("user", "Summary of the conversation so far: ..."), Message("user", "continue"))
+        msgs = (Message("user", "Summary of the conversation so far: ..."), Message("user", "continue"))  # same tools
     elif rewrite == "tools":
         msgs, tools = (u, a1, t1, a2, t2), (BASH, EDIT)
     elif rewrite == "retry":
@@ -294,3 +294,24 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
     h.check_invariants()
     assert h.capture.render_mismatches == 0
     assert all(seg["closed"] for seg in h.segments().values())
+
+
+def test_bench_overhead_rows_are_well_formed(renderer: Renderer) -> None:
+    """The benchmark's code path (not its timings): a session grows, turns extend."""
+    from harnessrl.paths import default_model_dir
+    from services.proxy.bench import measure_overhead
+    from services.proxy.chat.model import ChatModel
+
+    model = ChatModel.load(default_model_dir(), [], "auto", {"SmolLM2-135M-Instruct": "hermes-chatml"}, "hermes", True)
+    [row] = measure_overhead(model, (600,), 2)
+    assert row.context_tokens >= 600 and row.core_median_ms > 0 and row.naive_median_ms > 0
+
+
+def test_a_tool_less_call_under_the_main_prompt_is_a_side_call(harness: Harness) -> None:
+    u = Message("user", "task")
+    a1, _ = harness.call(conv(u))
+    _, side = harness.call(conv(Message("user", "Summarize the session in 5 words"), tools=()), with_tool=False)
+    assert side.thread.name == "side-1"
+    _, p3 = harness.call(conv(u, a1, Message("tool", "r", tool_call_id="call_1")))
+    assert p3.extends is not None and p3.thread.name == "main", "the main segment was not disturbed"
+    harness.check_invariants()

@@ -150,3 +150,14 @@ def test_responses_items_form_assistant_turns() -> None:
 def test_parse_refuses_what_is_not_a_json_object(raw: bytes) -> None:
     with pytest.raises(BadRequest, match=r"invalid request|empty"):
         parse(ChatRequest, raw)
+
+
+def test_unknown_fields_are_accepted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    from services.proxy.protocol import log_unknown
+
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "frobnicate": 1, "metadata": {}}'
+    caplog.set_level("INFO", logger="services.proxy.protocol")
+    for _ in range(3):
+        log_unknown("openai-test", parse(ChatRequest, body))
+    logged = [r.kv["field"] for r in caplog.records if r.getMessage() == "ignored request field"]  # type: ignore[attr-defined]
+    assert sorted(logged) == ["frobnicate", "metadata"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool
 from services.proxy.chat.model import ChatModel
-from services.proxy.chat.stream import OutputStream
+from services.proxy.chat.stream import OutputStream, StopStrings
 from services.proxy.chat.toolparsers import PARSERS, HermesParser, JsonParser, Qwen3CoderParser, get_parser
 
 TOOLS = (
@@ -141,3 +141,33 @@ def test_streaming_holds_back_partial_markers() -> None:
     assert s.feed('_call>{"name": "bash"') == []
     final = s.finish()
     assert final.malformed and final.content.startswith("Hello <tool_call>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="abXY", max_size=30), cuts=st.lists(st.integers(1, 5), max_size=20))
+def test_stop_strings_cut_at_the_first_stop_however_the_text_arrives(text: str, cuts: list[int]) -> None:
+    stops = ["XY", "bbb"]
+    found = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    expected = text[: min(found)[0]] if found else text
+    s, out, i = StopStrings(stops), "", 0
+    for n in [*cuts, len(text)]:
+        out += s.feed(text[i : i + n])
+        i += n
+    if s.hit is None:
+        out += s.flush()
+    assert out == expected and (s.hit is not None) == bool(found)
+
+
+def test_preflight_refuses_a_template_that_does_not_render_incrementally(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from harnessrl.paths import default_model_dir
+    from services.proxy.chat.template import BUILTIN_TEMPLATES
+
+    # The hermes override, except that the last message is marked: a turn's
+    # rendering then depends on whether another follows it.
+    plain = "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    source = BUILTIN_TEMPLATES["hermes-chatml"].read_text()
+    assert plain in source
+    marked = tmp_path / "marked.jinja"
+    marked.write_text(source.replace(plain, plain + "{%- if loop.last %}(last){% endif -%}"))
+    with pytest.raises(ConfigError, match="does not render conversations incrementally"):
+        ChatModel.load(default_model_dir(), [], str(marked), {}, "hermes", True)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs the real harnesses, unmodified, into a project-local prefix
+# ($HARNESSRL_TOOLS_DIR, default $HARNESSRL_HOME/tools): Claude Code, OpenCode
+# and Codex from npm; mini-swe-agent (Python 3.11) and the OpenHands SDK
+# (Python 3.12) in venvs of their own. Idempotent (stamps); called by
+# scripts/setup and by the sandbox image (deploy/Dockerfile).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export HARNESSRL_HOME="${HARNESSRL_HOME:-$ROOT/.harnessrl}"
+TOOLS="${HARNESSRL_TOOLS_DIR:-$HARNESSRL_HOME/tools}"
+STAMPS="$TOOLS/.stamps"
+mkdir -p "$TOOLS" "$STAMPS"
+
+# Exact versions; the sandbox's adapters expect these (preflight checks them).
+CLAUDE_CODE_VERSION=2.1.332
+OPENCODE_VERSION=1.18.33
+CODEX_VERSION=0.171.0
+MINI_SWE_AGENT_VERSION=2.4.6
+OPENHANDS_VERSION=1.58.2
+
+step() { printf '==> %s\n' "$*" >&2; }
+done_with() { [[ -f "$STAMPS/$1" && "$(cat "$STAMPS/$1")" == "$2" ]]; }
+mark() { printf '%s' "$2" >"$STAMPS/$1"; }
+
+npm_harnesses() {
+  local key="claude-code@$CLAUDE_CODE_VERSION opencode-ai@$OPENCODE_VERSION codex@$CODEX_VERSION"
+  done_with npm "$key" && return
+  step "npm: $key"
+  mkdir -p "$TOOLS/npm"
+  npm install --prefix "$TOOLS/npm" --no-audit --no-fund --no-package-lock --loglevel=error \
+    "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "opencode-ai@$OPENCODE_VERSION" "@openai/codex@$CODEX_VERSION"
+  mark npm "$key"
+}
+
+# A Python 3.12 interpreter (OpenHands SDK needs it): on PATH, or a pyenv build.
+python312() {
+  local c
+  for c in "${PYTHON312:-}" python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+    if [[ -n "$c" ]] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then echo "$c"; return; fi
+  done
+  echo "setup: no Python 3.12 found (needed by the OpenHands SDK); install one or set SETUP_SKIP_HARNESSES=1" >&2
+  return 1
+}
+
+python_harness() { # NAME PYTHON PACKAGES...
+  local name=$1 python=$2; shift 2
+  local key="$*"
+  done_with "$name" "$key" && [[ -x "$TOOLS/$name/bin/python" ]] && return
+  step "$name: $*"
+  rm -rf "$TOOLS/$name"
+  "$python" -m venv "$TOOLS/$name"
+  "$TOOLS/$name/bin/python" -m pip install -q --upgrade pip
+  "$TOOLS/$name/bin/python" -m pip install -q "$@"
+  mark "$name" "$key"
+}
+
+npm_harnesses
+python_harness mini-swe-agent "${PYTHON311:-python3.11}" "mini-swe-agent==$MINI_SWE_AGENT_VERSION"
+# The OpenHands SDK needs Python >= 3.12.
+python_harness openhands "$(python312)" "openhands-sdk==$OPENHANDS_VERSION" "openhands-tools==$OPENHANDS_VERSION"

@@ -1,0 +1,80 @@
+"""The trainer process: the gRPC service (Status, Metrics) plus, when a capture
+store is configured, the training loop; resumes from its newest checkpoint.
+
+A restart loses nothing: groups not yet acknowledged are redelivered by the
+capture store, groups already trained are remembered (``consumed_groups.json``)
+and skipped, and weights, optimizer state and counters come back bit-exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from harnessrl.rpc import RunningServer
+from services.trainer import checkpoint
+from services.trainer.engine import CpuTrainer
+from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
+from services.trainer.server import create_server
+from services.trainer.service import TrainerService
+from services.trainer.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class TrainerApp:
+    """Owns the service, the server and (optionally) the loop task."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        out = settings.resolved_output_dir()
+        self.service = TrainerService(settings.run_id, out / "tensorboard" if settings.capture_target else None)
+        self.server: RunningServer | None = None
+        self.task: asyncio.Task[object] | None = None
+        self._source: ReadyGroupSource | None = None
+        self._sync: GatewaySync | None = None
+
+    async def start(self) -> RunningServer:
+        self.server = await create_server(self.settings, self.service)
+        if self.settings.capture_target:
+            self.task = asyncio.ensure_future(self._train())
+        else:
+            self.service.set_state("waiting")
+        return self.server
+
+    async def _train(self) -> object:
+        s = self.settings
+        token = s.service_token.get_secret_value() if s.service_token else None
+        trainer = await asyncio.to_thread(CpuTrainer, s)
+        latest = checkpoint.latest(s.resolved_output_dir())
+        if latest is not None:
+            await asyncio.to_thread(trainer.restore, latest)
+            self.service.set_progress(trainer.step, trainer.policy_version)
+            log.warning("resumed", extra={"kv": {"checkpoint": str(latest), "step": trainer.step}})
+        assert s.capture_target is not None
+        self._source = ReadyGroupSource(s.capture_target, s.run_id, s.consumer_group, token)
+        await self._source.start()
+        if s.gateway_target:
+            self._sync = GatewaySync(s.gateway_target, s.rollout.partial_rollout, s.rollout.pause_timeout_s, token)
+        try:
+            return await TrainingLoop(s, trainer, self._source, self.service, self._sync).run()
+        except Exception as e:
+            log.exception("training loop failed")
+            self.service.alert(f"training loop failed: {type(e).__name__}: {e}")
+            raise
+
+    async def stop(self) -> None:
+        await self.stop_training()
+        if self.server is not None:
+            await self.server.stop()
+
+    async def stop_training(self) -> None:
+        """Cancels the loop (unacked groups will be redelivered) and closes the clients."""
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        if self._source is not None:
+            await self._source.close()
+        if self._sync is not None:
+            await self._sync.close()
+        self.service.close()

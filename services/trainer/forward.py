@@ -1,0 +1,131 @@
+"""Teacher-forced logprobs of captured tokens, in micro-batches by token budget.
+
+Rows are left-padded so every response ends at the last position: the model
+then only needs the last ``max_response + 1`` logits (``logits_to_keep``),
+not a [tokens, vocab] matrix for long prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from services.trainer.samples import Sample
+
+# A hook for routing replay (R3): given the padded batch, a context manager
+# under which forward (and backward) see the captured routes.
+RouteContext = Callable[["Batch"], contextlib.AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A padded micro-batch: ``samples[i]`` sits in row i, right-aligned."""
+
+    samples: tuple[Sample, ...]
+    input_ids: torch.Tensor  # [B, T] int64, left-padded
+    attention_mask: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    keep: int  # logits kept at the end of each row
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def plan(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
+    """Packs sample indices into micro-batches of at most ``token_budget`` padded
+    tokens (longest first; a sample over the budget goes alone). Deterministic."""
+    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i].input_ids), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i in order:
+        length = len(samples[i].input_ids)
+        if current and max(width, length) * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), width), dtype=torch.long)
+    for row, s in enumerate(samples):
+        ids[row, width - len(s.input_ids) :] = torch.from_numpy(s.input_ids)
+        attn[row, width - len(s.input_ids) :] = 1
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    keep = max(s.response_len for s in samples) + 1
+    return Batch(tuple(samples), ids, attn, positions, keep)
+
+
+def response_logprobs(model: torch.nn.Module, batch: Batch) -> list[torch.Tensor]:
+    """Logprob of every response token of each sample under ``model``, [R] each."""
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=batch.keep,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float()  # position p predicts token p+1
+    targets = batch.input_ids[:, -(batch.keep - 1) :]
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    lp = picked - torch.logsumexp(logits, dim=-1)
+    return [lp[row, lp.shape[1] - s.response_len :] for row, s in enumerate(batch.samples)]
+
+
+@contextlib.contextmanager
+def _no_context(_batch: Batch) -> Iterator[None]:
+    yield
+
+
+def batches(samples: Sequence[Sample], token_budget: int) -> list[Batch]:
+    return [collate([samples[i] for i in group]) for group in plan(samples, token_budget)]
+
+
+def logprobs_no_grad(
+    model: torch.nn.Module, samples: Sequence[Sample], token_budget: int, routes: RouteContext | None = None
+) -> list[torch.Tensor]:
+    """Response logprobs for every sample, in input order, without a graph."""
+    result: list[torch.Tensor | None] = [None] * len(samples)
+    index = {id(s): i for i, s in enumerate(samples)}
+    with torch.no_grad():
+        for batch in batches(samples, token_budget):
+            with (routes or _no_context)(batch):
+                for s, lp in zip(batch.samples, response_logprobs(model, batch), strict=True):
+                    result[index[id(s)]] = lp.detach()
+    return [r for r in result if r is not None]
+
+
+def backward_through(
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    grads: Sequence[torch.Tensor],
+    token_budget: int,
+    routes: RouteContext | None = None,
+) -> None:
+    """Accumulates dL/dθ = Σ_t dL/dlp_t · dlp_t/dθ into ``.grad``, one micro-batch at a time.
+
+    ``grads[i]`` is dL/dlp for sample i's policy tokens, taken from the loss
+    evaluated on a no-grad pass with the same weights. This is what makes a
+    loss that couples tokens across segments and micro-batches (GSPO's
+    trajectory ratio, seq-mean aggregation) exact under micro-batching.
+    """
+    index = {id(s): i for i, s in enumerate(samples)}
+    for batch in batches(samples, token_budget):
+        with (routes or _no_context)(batch):
+            lps = response_logprobs(model, batch)
+            surrogate = torch.zeros(())
+            for s, lp in zip(batch.samples, lps, strict=True):
+                g = grads[index[id(s)]]
+                surrogate = surrogate + (lp[torch.from_numpy(s.mask)] * g).sum()
+            surrogate.backward()

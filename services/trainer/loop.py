@@ -1,0 +1,286 @@
+"""The async training loop: ready groups in (WatchReady, acked after use),
+bounded staleness, one optimizer step per batch, checkpoint, weight sync.
+
+Rollouts never wait for the optimizer: groups arrive on the WatchReady stream
+while a step runs (the step runs in a worker thread so the stream, acks and
+the Status/Metrics RPCs keep flowing). The optimizer waits as little as
+possible: with staleness k it trains on whatever is ready and at most k
+versions old. A group is as old as its oldest sampled token; older than k
+versions -> dropped, acked and counted. k = 0 is synchronous training (the
+same code): only groups sampled entirely by the current weights are used.
+
+Partial rollout: a weight sync is Pause -> UpdateWeights -> Resume on the
+gateway; in-flight generations continue on the new weights, so one response
+can carry several policy versions. Those tokens are importance-corrected per
+token in the loss (``losses.is_weights``), each against the logprob of the
+version that sampled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from harnessrl import arrays
+from harnessrl.errors import Unavailable
+from harnessrl.rpc import connect
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2
+from services.trainer import checkpoint
+from services.trainer.engine import CpuTrainer, StepResult
+from services.trainer.service import TrainerService
+from services.trainer.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadyBatchGroup:
+    ready: capture_pb2.ReadyGroup
+    trajectories: list[records_pb2.Trajectory]
+
+    def min_version(self) -> int | None:
+        """The oldest policy version of any sampled token of the group."""
+        seen = [v for t in self.trajectories for v in t.policy_versions_seen]
+        if seen:
+            return int(min(seen))
+        versions = []
+        for t in self.trajectories:
+            for seg in t.segments:
+                v = arrays.unpack_i32(seg.response.policy_versions, "policy_versions")
+                versions += [int(x) for x in v if x >= 0]
+        return min(versions) if versions else None
+
+
+class ReadyGroupSource:
+    """A WatchReady subscription: ready groups with their trajectories; acks on demand.
+
+    Unacknowledged groups are redelivered to the next subscriber of the same
+    consumer group, so a restarted trainer loses nothing it had not trained on.
+    """
+
+    def __init__(self, target: str, run_id: str, consumer_group: str, token: str | None = None) -> None:
+        self._target, self._run_id, self._group, self._token = target, run_id, consumer_group, token
+        self._requests: asyncio.Queue[capture_pb2.WatchReadyRequest | None] = asyncio.Queue()
+        self._ready: asyncio.Queue[capture_pb2.ReadyGroup | BaseException] = asyncio.Queue()
+        self._channel: grpc.aio.Channel | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+
+    async def start(self, consumer: str = "trainer-0") -> None:
+        self._channel = connect(self._target, self._token)
+        self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
+        sub = capture_pb2.WatchReadyRequest.Subscribe(
+            run_id=self._run_id, consumer_group=self._group, consumer=consumer
+        )
+        await self._requests.put(capture_pb2.WatchReadyRequest(subscribe=sub))
+        self._reader = asyncio.ensure_future(self._read(self._stub.WatchReady(self._outgoing())))
+
+    async def _outgoing(self) -> AsyncIterator[capture_pb2.WatchReadyRequest]:
+        while (req := await self._requests.get()) is not None:
+            yield req
+        self._drained.set()
+
+    async def _read(self, call: AsyncIterator[capture_pb2.ReadyGroup]) -> None:
+        try:
+            async for ready in call:
+                await self._ready.put(ready)
+        except grpc.aio.AioRpcError as e:
+            await self._ready.put(Unavailable(f"WatchReady on {self._target}: {e.code().name}: {e.details()}"))
+
+    def pending(self) -> int:
+        return self._ready.qsize()
+
+    async def next(self, wait_s: float | None = None) -> ReadyBatchGroup:
+        """The next ready group with its trajectories; TimeoutError after ``wait_s``."""
+        item = await asyncio.wait_for(self._ready.get(), wait_s)
+        if isinstance(item, BaseException):
+            raise item
+        trajectories = []
+        for trial in item.trial_ids:
+            req = capture_pb2.GetTrajectoryRequest(run_id=item.run_id, trial_id=trial, include_tokens=True)
+            try:
+                trajectories.append(await self._stub.GetTrajectory(req))
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise Unavailable(f"GetTrajectory {trial}: {e.code().name}: {e.details()}") from e
+                log.warning("trajectory of a ready group is missing", extra={"kv": {"trial": trial}})
+        return ReadyBatchGroup(item, trajectories)
+
+    async def ack(self, group_id: str) -> None:
+        await self._requests.put(
+            capture_pb2.WatchReadyRequest(ack=capture_pb2.WatchReadyRequest.Ack(group_id=group_id))
+        )
+
+    async def close(self, grace_s: float = 0.5) -> None:
+        """Sends the queued acks, gives the store ``grace_s`` to apply them, then hangs up.
+
+        An ack lost in a crash only means a redelivery, which ``TrainingLoop``
+        recognises (it remembers the groups it consumed) and skips.
+        """
+        await self._requests.put(None)
+        if self._reader is not None and not self._reader.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), grace_s)
+            await asyncio.sleep(grace_s)
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+
+
+class BatchLauncher(Protocol):
+    """Starts the trials of one step's batch (tasks x G rollouts) with the given policy version.
+
+    The loop calls it to keep ``max_staleness + 1`` batches ahead of the
+    optimizer: batch s starts once the weights reach version s - k, so k = 0
+    is synchronous and nothing it launches can be more than k versions old
+    when it starts.
+    """
+
+    async def launch(self, step: int, policy_version: int) -> None: ...
+
+
+class WeightSync(Protocol):
+    async def publish(self, version: int, checkpoint_path: str) -> dict[str, float]: ...
+
+
+class GatewaySync:
+    """Publishes a checkpoint to the rollout gateway: Pause -> UpdateWeights -> Resume."""
+
+    def __init__(self, target: str, partial_rollout: bool, pause_timeout_s: float, token: str | None = None) -> None:
+        self._channel = connect(target, token)
+        self._stub = gateway_pb2_grpc.RolloutGatewayStub(self._channel)
+        self._partial = partial_rollout
+        self._pause_timeout = pause_timeout_s
+
+    async def publish(self, version: int, checkpoint_path: str) -> dict[str, float]:
+        started = time.monotonic()
+        held = 0
+        if self._partial:
+            held = (await self._stub.Pause(gateway_pb2.PauseRequest(timeout_s=self._pause_timeout))).held
+        try:
+            await self._stub.UpdateWeights(
+                gateway_pb2.UpdateWeightsRequest(version=version, checkpoint_path=checkpoint_path)
+            )
+        finally:
+            if self._partial:
+                await self._stub.Resume(gateway_pb2.ResumeRequest())
+        return {"sync/seconds": time.monotonic() - started, "sync/held_requests": float(held)}
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class TrainingLoop:
+    """Consumes ready groups until ``max_steps`` (or cancellation)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        trainer: CpuTrainer,
+        source: ReadyGroupSource,
+        service: TrainerService,
+        sync: WeightSync | None = None,
+        launcher: BatchLauncher | None = None,
+    ) -> None:
+        self.settings, self.trainer, self.source, self.service, self.sync = settings, trainer, source, service, sync
+        self.launcher = launcher
+        self.launched = self.trainer.step
+        self.output_dir = settings.resolved_output_dir()
+        self.dropped: Counter[str] = Counter()
+        self.consumed = self._load_consumed()
+
+    def _consumed_path(self) -> Path:
+        return self.output_dir / "consumed_groups.json"
+
+    def _load_consumed(self) -> set[str]:
+        """Groups trained on or dropped by an earlier run of this loop (redeliveries are skipped)."""
+        path = self._consumed_path()
+        return set(json.loads(path.read_text())) if path.exists() else set()
+
+    def _save_consumed(self) -> None:
+        path = self._consumed_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(sorted(self.consumed)))
+        os.replace(tmp, path)
+
+    async def run(self) -> list[StepResult]:
+        results: list[StepResult] = []
+        rollout = self.settings.rollout
+        try:
+            while not rollout.max_steps or len(results) < rollout.max_steps:
+                await self._admit()
+                batch = await self._collect()
+                if batch is None:
+                    break
+                results.append(await self._step(batch))
+            self.service.set_state("done")
+        except BaseException:
+            self.service.set_state("failed")
+            raise
+        return results
+
+    async def _admit(self) -> None:
+        if self.launcher is None:
+            return
+        while self.launched < self.trainer.policy_version + self.settings.rollout.max_staleness + 1:
+            await self.launcher.launch(self.launched, self.trainer.policy_version)
+            self.launched += 1
+
+    async def _collect(self) -> list[ReadyBatchGroup] | None:
+        """``groups_per_step`` fresh-enough groups; stale ones are acked and counted."""
+        rollout = self.settings.rollout
+        batch: list[ReadyBatchGroup] = []
+        while len(batch) < rollout.groups_per_step:
+            self.service.set_state("waiting", self.source.pending())
+            try:
+                group = await self.source.next(rollout.wait_timeout_s or None)
+            except TimeoutError:
+                log.warning("no ready group within %.1fs; stopping", rollout.wait_timeout_s)
+                return None
+            if group.ready.group_id in self.consumed:
+                self.dropped["dropped/duplicate_groups"] += 1
+                await self.source.ack(group.ready.group_id)
+                continue
+            oldest = group.min_version()
+            staleness = self.trainer.policy_version - oldest if oldest is not None else 0
+            if staleness > rollout.max_staleness:
+                self.dropped["dropped/stale_groups"] += 1
+                self.consumed.add(group.ready.group_id)
+                log.info("dropped stale group", extra={"kv": {"group": group.ready.group_id, "staleness": staleness}})
+                await self.source.ack(group.ready.group_id)
+                continue
+            batch.append(group)
+        return batch
+
+    async def _step(self, batch: list[ReadyBatchGroup]) -> StepResult:
+        self.service.set_state("training", self.source.pending())
+        groups = [(g.ready.group_id, g.trajectories) for g in batch]
+        result = await asyncio.to_thread(self.trainer.train_step, groups)
+        result.metrics.update({k: float(v) for k, v in self.dropped.items()})
+        result.metrics["batch/groups"] = float(len(batch))
+        path = checkpoint.step_dir(self.output_dir, result.step)
+        await asyncio.to_thread(self.trainer.save, path)
+        checkpoint.prune(self.output_dir, self.settings.keep_checkpoints)
+        self.consumed.update(g.ready.group_id for g in batch)
+        self._save_consumed()
+        for g in batch:  # durable in a checkpoint: safe to acknowledge
+            await self.source.ack(g.ready.group_id)
+        if self.sync is not None and result.updated and result.step % self.settings.rollout.sync_every == 0:
+            self.service.set_state("syncing")
+            result.metrics.update(await self.sync.publish(result.policy_version, str(path)))
+        result.metrics["trainer/idle_fraction"] = self.service.idle_fraction()
+        self.service.record_step(result.step, result.policy_version, result.metrics, result.alerts)
+        return result

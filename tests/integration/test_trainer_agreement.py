@@ -1,0 +1,102 @@
+"""``harnessrl train agreement``: a captured run, read over gRPC, against real weights."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harnessrl import paths
+from harnessrl.localservers import free_port
+from services.trainer.engine import load_model
+from tests.trainer_fakes import FakeCaptureStore, sample, serve
+from tests.trainer_support import segment, trajectory
+
+pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
+
+
+def captured_run(store: FakeCaptureStore, perturb: float = 0.0) -> None:
+    """Two trajectories sampled by the real model, one with two segments; ``perturb`` shifts recorded logprobs."""
+    model = load_model(paths.default_model_dir(), gradient_checkpointing=False).eval()
+    gen = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(2):
+        segs = []
+        for k in range(1 + i):
+            prompt = [1, 9690, 198, 19556, 28, 2 + k, 198]
+            ids, lps = sample(model, prompt, 5, gen)
+            lps = [lp - perturb * (j % 5 == 0) for j, lp in enumerate(lps)]
+            segs.append(segment(prompt, ids, [1] * 5, lps, [3] * 5, index=k))
+        trajs.append(trajectory(f"t{i}", "g0", float(i), segs, run_id="r1"))
+    store.add_group("r1", "g0", trajs)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harnessrl", "train", "agreement", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+    )
+
+
+async def test_agreement_command_reports_near_perfect_agreement_for_same_weights(tmp_path: Path) -> None:
+    store = FakeCaptureStore()
+    captured_run(store)
+    out = tmp_path / "report.json"
+    async with serve(store) as target:
+        proc = await asyncio.to_thread(
+            run_cli, "--run", "r1", "--model", str(paths.default_model_dir()), "--out", str(out), "--capture", target
+        )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    overall = report["overall"]
+    assert overall["agreement/tokens"] == 15  # 3 segments x 5 sampled tokens
+    assert overall["agreement/pearson"] > 0.9999
+    assert overall["agreement/max_abs_diff"] < 1e-3
+    assert overall["agreement/ess"] > 0.999
+    assert set(report["by_policy_version"]) == {"3"}
+    assert report["alerts"] == []
+    assert store.requests["GetTrajectory"] == 2
+    assert "pearson" in proc.stdout
+
+
+async def test_agreement_flags_a_mismatch(tmp_path: Path) -> None:
+    store = FakeCaptureStore()
+    captured_run(store, perturb=6.0)
+    from services.trainer import offline
+
+    async with serve(store) as target:
+        data = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "r.json")
+    assert data["overall"]["agreement/max_abs_diff"] > 5.9
+    assert data["alerts"]
+    assert data["worst_segments"][0]["max_abs_diff"] > 0.99
+
+
+def test_agreement_bad_input_is_a_clear_error_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    proc = run_cli("--run", "r1", "--model", str(tmp_path / "nope"), "--out", str(out), "--capture", "127.0.0.1:1")
+    assert proc.returncode == 2 and "not a model folder" in proc.stderr
+    port = free_port()
+    model = str(paths.default_model_dir())
+    proc = run_cli("--run", "r1", "--model", model, "--out", str(out), "--capture", f"127.0.0.1:{port}")
+    assert proc.returncode == 2 and "capture store at" in proc.stderr
+    assert not out.exists()
+
+
+async def test_agreement_unknown_run_is_not_found(tmp_path: Path) -> None:
+    store = FakeCaptureStore()
+    out = tmp_path / "report.json"
+    async with serve(store) as target:
+        proc = await asyncio.to_thread(
+            run_cli, "--run", "nope", "--model", str(paths.default_model_dir()), "--out", str(out), "--capture", target
+        )
+    assert proc.returncode == 2 and "no finalized trajectory" in proc.stderr
+    assert not out.exists()
