@@ -133,14 +133,14 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
     @app.get("/api/runs/{run_id}/analysis")
     async def api_analysis(run_id: str) -> dict[str, Any]:
         run = service.open(run_id)
-        return {"enabled": analyst.enabled, "candidates": AnalysisStore(run.path).load()}
+        return {"enabled": analyst.enabled, "candidates": AnalysisStore(run.path, settings.analysis.store_dir).load()}
 
     @app.post("/api/runs/{run_id}/analysis")
     async def api_analyse(run_id: str) -> dict[str, Any]:
         run = service.open(run_id)
         anomalies = anomaly_summary(run_id, await service.summary(run_id))
         found = await analyst.candidates(anomalies)
-        return {"candidates": AnalysisStore(run.path).add(found), "summary": anomalies}
+        return {"candidates": AnalysisStore(run.path, settings.analysis.store_dir).add(found), "summary": anomalies}
 
     @app.post("/api/runs/{run_id}/analysis/{candidate_id}")
     async def api_verdict(run_id: str, candidate_id: str, request: Request) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
         except json.JSONDecodeError as e:
             raise InvalidArgument(f"body must be JSON {{'verdict': ...}}: {e}") from e
         verdict = body.get("verdict") if isinstance(body, dict) else None
-        return AnalysisStore(run.path).decide(candidate_id, str(verdict))
+        return AnalysisStore(run.path, settings.analysis.store_dir).decide(candidate_id, str(verdict))
 
     if (settings.web_dir / "assets").is_dir():
         app.mount("/assets", StaticFiles(directory=settings.web_dir / "assets"), name="assets")

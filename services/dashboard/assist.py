@@ -130,16 +130,21 @@ def parse_candidates(content: str, limit: int) -> list[dict[str, Any]]:
 class AnalysisStore:
     """Candidates and verdicts of one run: ``<run>/dashboard/analysis.json``, written atomically."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "dashboard" / "analysis.json"
+    def __init__(self, run_dir: Path, store_dir: Path | None = None) -> None:
+        base = store_dir / run_dir.name if store_dir is not None else run_dir / "dashboard"
+        self.path = base / "analysis.json"
 
     def load(self) -> list[dict[str, Any]]:
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
-        except (OSError, json.JSONDecodeError) as e:
-            raise FailedPrecondition(f"{self.path} is unreadable: {e}") from e
+        except OSError as e:
+            raise FailedPrecondition(
+                f"cannot keep analysis candidates in {self.path}: {e} (set [dashboard.analysis] store_dir)"
+            ) from e
+        except json.JSONDecodeError as e:
+            raise FailedPrecondition(f"{self.path} is not valid JSON: {e}") from e
         return list(data.get("candidates", []))
 
     def add(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -160,8 +165,13 @@ class AnalysisStore:
         raise NotFound(f"no candidate {candidate_id!r}")
 
     def _save(self, items: list[dict[str, Any]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".analysis-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"candidates": items}, f, indent=1)
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".analysis-")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"candidates": items}, f, indent=1)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            raise FailedPrecondition(
+                f"cannot keep analysis candidates in {self.path}: {e} (set [dashboard.analysis] store_dir)"
+            ) from e

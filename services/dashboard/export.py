@@ -57,7 +57,7 @@ async def export_run(service: DashboardService, run_id: str, out: Path, *, force
         "overview": {**overview, "live": False, "status": None},
         "summary": summary,
         "trajectories": rows,
-        "analysis": AnalysisStore(run.path).load(),
+        "analysis": AnalysisStore(run.path, service.settings.analysis.store_dir).load(),
         "skipped": skipped,
     }
     size = await asyncio.to_thread(_write, index, out, static, views)

@@ -85,6 +85,8 @@ class DashboardService:
                     "problems": len(run.problems),
                 }
             )
+        # Newest first (run.json's created_at, Unix seconds), then by name.
+        out.sort(key=lambda r: (-r["created_at"] if isinstance(r["created_at"], int | float) else 0.0, r["run_id"]))
         return out
 
     async def gather(self, run_id: str, *, with_rows: bool = True) -> RunState:

@@ -29,6 +29,11 @@ class AnalysisSettings(BaseModel):
     api_key: SecretStr | None = Field(None, description="Bearer key of the endpoint; stays server-side.")
     timeout_s: float = Field(60.0, gt=0, le=600, description="Timeout of one analysis request.")
     max_candidates: int = Field(5, ge=1, le=20, description="Most candidate explanations kept from one answer.")
+    store_dir: Path | None = Field(
+        None,
+        description="Where candidates and verdicts are kept (<dir>/<run>/analysis.json); default: the run "
+        "directory's dashboard/ folder (set it when run directories are mounted read-only).",
+    )
 
 
 class AlertSettings(BaseModel):

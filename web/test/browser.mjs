@@ -134,6 +134,15 @@ try {
   const noRun = await page.goto(`${cfg.url}/runs/no-such-run`);
   check(noRun.status() === 404, 'unknown run: 404 page');
 
+  // --- a run directory with problems says what is missing, and still shows what it has
+  await page.goto(`${cfg.url}/runs/${cfg.compareRun}`);
+  await page.waitForSelector('[data-panel="overview"]');
+  await chartsReady();
+  const problems = await text('#banner .problems');
+  check(problems.includes('names no capture store'), `broken run: the banner names what is missing (${problems})`);
+  check((await series('overview')).includes('train reward:3'), 'broken run: its metrics still render');
+  await shot('broken-run');
+
   // --- compare
   await page.goto(`${cfg.url}/compare?runs=${cfg.runId},${cfg.compareRun}`);
   await page.waitForSelector('[data-panel="compare"] canvas');

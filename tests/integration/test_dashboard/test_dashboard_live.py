@@ -179,6 +179,19 @@ async def test_assisted_analysis_errors_are_clear(runs_root: Path) -> None:
             async with dashboard(runs_root, **settings) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
                 resp = await c.post(f"/api/runs/{RUN_ID}/analysis")
                 assert resp.status_code == status and words in resp.json()["error"], resp.text
+    blocked = runs_root / "not-a-dir"
+    blocked.write_text("")  # a store_dir that cannot be created (run dirs mounted read-only: same answer)
+    async with serve(openai_compatible(ANSWER, seen)) as llm:
+        settings = {"analysis": {"endpoint": f"{llm}/v1", "store_dir": str(blocked / "x")}}
+        async with dashboard(runs_root, **settings) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+            resp = await c.post(f"/api/runs/{RUN_ID}/analysis")
+            assert resp.status_code == 409 and "cannot keep analysis candidates" in resp.json()["error"]
+        elsewhere = runs_root.parent / "analysis"
+        settings = {"analysis": {"endpoint": f"{llm}/v1", "store_dir": str(elsewhere)}}
+        async with dashboard(runs_root, **settings) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+            assert (await c.post(f"/api/runs/{RUN_ID}/analysis")).status_code == 200
+        assert (elsewhere / RUN_ID / "analysis.json").exists()
+        assert not (runs_root / RUN_ID / "dashboard").exists()
     gone = {"analysis": {"endpoint": f"http://127.0.0.1:{free_port()}/v1", "timeout_s": 5}}
     async with dashboard(runs_root, **gone) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         resp = await c.post(f"/api/runs/{RUN_ID}/analysis")
