@@ -195,6 +195,8 @@ def rollout_throughput(rows: list[dict[str, Any]], metrics: list[StepRecord]) ->
     """Sampled tokens per second between consecutive trainer steps (what the engines delivered)."""
     out: dict[int, float] = {}
     done = sorted((r["finalized_at"], r["completion_tokens"]) for r in rows if r["finalized_at"])
+    if not done:
+        return out  # no trajectories: not a measured zero
     for prev, cur in itertools.pairwise(metrics):
         span = cur.wall_time - prev.wall_time
         if span > 0:
