@@ -236,3 +236,16 @@ def _check_out(out: Path) -> None:
         raise InvalidArgument(f"{out.parent} is not a directory")
     if out.is_dir():
         raise InvalidArgument(f"{out} is a directory; give a file name")
+
+
+# `harnessrl capture agreement` is the name users look for when a run looks
+# wrong; the command itself lives with the trainer, whose forward pass it uses.
+def _register_agreement() -> None:
+    from harnessrl.cli.train import agreement
+
+    app.command("agreement", help="Recompute train/inference agreement for a captured run (= train agreement).")(
+        agreement
+    )
+
+
+_register_agreement()

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from typer.testing import CliRunner
 
 from harnessrl.cli.main import app
@@ -17,3 +20,16 @@ def test_help_lists_every_command_group() -> None:
 def test_unknown_command_fails() -> None:
     result = CliRunner().invoke(app, ["frobnicate"])
     assert result.exit_code != 0
+
+
+def test_capture_agreement_is_the_trainers_agreement_command(tmp_path) -> None:
+    out = tmp_path / "report.json"
+    args = ["capture", "agreement", "--run", "r1", "--model", str(tmp_path / "nope"), "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl", *args, "--capture", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "not a model folder" in proc.stderr
+    assert not out.exists()
