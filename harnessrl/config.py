@@ -37,7 +37,8 @@ S = TypeVar("S", bound=BaseSettings)
 class ServiceSettings(BaseSettings):
     """Fields every gRPC service has. Subclasses set ``env_prefix``."""
 
-    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+    # Nested tables come from the environment as HARNESSRL_<SECTION>_<TABLE>__<FIELD>.
+    model_config = SettingsConfigDict(extra="forbid", validate_default=True, env_nested_delimiter="__")
 
     host: str = Field("127.0.0.1", description="Address to bind; 127.0.0.1 unless deployed.")
     port: int = Field(0, ge=0, le=65535, description="Port to bind; 0 picks a free one.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings, load_section
@@ -66,3 +66,20 @@ def test_secrets_are_not_printed(tmp_path: Path) -> None:
     settings = load_section(DemoSettings, write(tmp_path, "[gateway]\nauth_token = 's3cret'\n"), "gateway")
     assert "s3cret" not in repr(settings)
     assert settings.auth_token is not None and settings.auth_token.get_secret_value() == "s3cret"
+
+
+class Limits(BaseModel):
+    memory_mb: int = Field(512, ge=1)
+
+
+class NestedSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="HARNESSRL_NESTED_", extra="forbid")
+    limits: Limits = Field(default_factory=Limits)
+
+
+def test_nested_tables_come_from_the_environment_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESSRL_NESTED_LIMITS__MEMORY_MB", "2048")
+    assert load_section(NestedSettings, None, "gateway").limits.memory_mb == 2048
+    monkeypatch.setenv("HARNESSRL_NESTED_LIMITS__MEMORY_GB", "2")
+    with pytest.raises(ConfigError, match="unknown setting 'limits.memory_gb'"):
+        load_section(NestedSettings, None, "gateway")
