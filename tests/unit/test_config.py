@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings, load_section
@@ -69,6 +69,7 @@ def test_secrets_are_not_printed(tmp_path: Path) -> None:
 
 
 class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     memory_mb: int = Field(512, ge=1)
 
 
@@ -81,5 +82,5 @@ def test_nested_tables_come_from_the_environment_too(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("HARNESSRL_NESTED_LIMITS__MEMORY_MB", "2048")
     assert load_section(NestedSettings, None, "gateway").limits.memory_mb == 2048
     monkeypatch.setenv("HARNESSRL_NESTED_LIMITS__MEMORY_GB", "2")
-    with pytest.raises(ConfigError, match="unknown setting 'limits.memory_gb'"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'limits\.memory_gb'"):
         load_section(NestedSettings, None, "gateway")
