@@ -11,7 +11,7 @@ import typer
 
 from harnessrl.cli.common import ConfigOption
 
-app = typer.Typer(help="Harbor-format tasks: validate them.", no_args_is_help=True)
+app = typer.Typer(help="Harbor-format tasks and pools: validate, check disjointness.", no_args_is_help=True)
 
 
 @app.command()
@@ -43,4 +43,27 @@ def validate(
             for reason in r.reasons:
                 typer.echo(f"    {reason}")
     if not all(r.ok for r in reports):
+        raise typer.Exit(1)
+
+
+@app.command()
+def disjoint(
+    train: Annotated[list[Path], typer.Argument(help="Training tasks or pools.")],
+    evaluation: Annotated[list[Path], typer.Option("--eval", help="Evaluation tasks or pools (repeatable).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the overlaps as JSON.")] = False,
+) -> None:
+    """Check that no evaluation task overlaps a training task (same id or content: instance level;
+    same [metadata] repo: repository level). Exit 1 with a listing when they overlap."""
+    from stack.disjoint import find_overlaps, format_overlaps, task_dirs
+
+    overlaps = find_overlaps(train, evaluation)
+    if as_json:
+        typer.echo(json.dumps([vars(o) for o in overlaps], indent=1))
+    elif overlaps:
+        typer.echo(format_overlaps(overlaps))
+        typer.secho(f"{len(overlaps)} overlap(s)", fg=typer.colors.RED, err=True)
+    else:
+        n_train, n_eval = len(task_dirs(train)), len(task_dirs(evaluation))
+        typer.echo(f"disjoint: {n_train} training and {n_eval} evaluation tasks share no instance or repository")
+    if overlaps:
         raise typer.Exit(1)
