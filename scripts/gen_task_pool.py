@@ -137,8 +137,8 @@ def echo_family(rng: random.Random, n: int) -> list[Instance]:
                 family="echo",
                 description=f"Write the word {word} to answer.txt.",
                 instruction=(
-                    f"Write the word `{word}` into a file named `answer.txt` in the current directory.\n"
-                    f"For example, run: echo {word} > answer.txt\n"
+                    f"Write the word `{word}` into a file named `answer.txt` in the current directory "
+                    f"by running this command:\n\n```bash\necho {word} > answer.txt\n```\n"
                 ),
                 tests={"test.sh": test},
                 solve=f"#!/bin/bash\necho {word} > answer.txt\n",
