@@ -306,7 +306,7 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
 
 
 class RecordingLauncher:
-    """Launches each batch as one ready group in the real capture store."""
+    """A batch launcher (``launch`` only): each batch is one ready group in the real capture store."""
 
     def __init__(self, capture: str) -> None:
         self.capture = capture
@@ -317,8 +317,8 @@ class RecordingLauncher:
         await put_group(self.capture, f"batch-{step}", policy_version, [1, 0])
 
 
-@pytest.mark.parametrize(("k", "expected"), [(0, [(0, 0), (1, 1)]), (1, [(0, 0), (1, 0), (2, 1)])])
-async def test_loop_admits_batches_k_ahead(
+@pytest.mark.parametrize(("k", "expected"), [(0, [(0, 0), (1, 1)]), (1, [(0, 0), (1, 0)])])
+async def test_batch_launcher_keeps_working(
     capture: str, tmp_path: Path, k: int, expected: list[tuple[int, int]]
 ) -> None:
     settings = Settings(
@@ -334,6 +334,72 @@ async def test_loop_admits_batches_k_ahead(
     results = await asyncio.wait_for(loop.run(), 60)
     await source.close()
     assert len(results) == 2
-    # Batch s starts once the weights reach version s - k: k = 0 is synchronous.
+    # Batch s starts once the weights reach version s - k (k = 0: synchronous); nothing beyond max_steps.
     assert launcher.calls == expected
     assert trainer.trained == [["batch-0"], ["batch-1"]]
+
+
+class GroupLauncher:
+    """A group launcher: each group's trials finish after a random delay (stragglers included)
+    and land in the real capture store, tokens stamped with the version they were admitted at."""
+
+    def __init__(self, capture: str, loop_ref: list[TrainingLoop], seed: int) -> None:
+        self.capture, self.loop_ref = capture, loop_ref
+        self.rng = np.random.default_rng(seed)
+        self.calls: list[tuple[str, int, int, int]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.max_running = 0
+
+    async def launch(self, step: int, policy_version: int) -> None:
+        raise AssertionError("a group launcher is driven group by group")
+
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None:
+        self.calls.append((group_id, step, index, policy_version))
+        self.max_running = max(self.max_running, self.loop_ref[0].admission.running_trials)
+        delay = float(self.rng.choice([0.05, 0.1, 0.6]))
+        self.tasks.append(asyncio.ensure_future(self._finish(group_id, policy_version, delay)))
+
+    async def _finish(self, group_id: str, version: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await put_group(self.capture, group_id, version, [1, 0])
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+async def test_group_launcher_admits_continuously_within_staleness(capture: str, tmp_path: Path, k: int) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={
+            "groups_per_step": 2,
+            "max_staleness": k,
+            "max_steps": 4,
+            "max_groups_in_flight": 3,
+            "wait_timeout_s": 30,
+        },
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = GroupLauncher(capture, ref, seed=k)
+    trainer = ScriptedTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        results = await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert len(results) == 4 and len(launcher.calls) == 8  # exactly what 4 steps train
+    assert launcher.max_running <= 3  # the fleet bound
+    tag = {gid: v for gid, _, _, v in launcher.calls}
+    for version, groups in enumerate(trainer.trained):
+        assert len(groups) == 2
+        assert all(0 <= version - tag[g] <= k for g in groups), (version, groups, tag)
+    assert all("dropped/stale_groups" not in r.metrics for r in results)
+    if k == 0:  # synchronous: the groups of step s are admitted at version s and trained at step s
+        assert [v for _, _, _, v in launcher.calls] == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert [sorted(g) for g in trainer.trained] == [
+            sorted(gid for gid, step, _, _ in launcher.calls if step == s) for s in range(4)
+        ]
+    else:  # async: groups start before the previous step has finished
+        assert any(v < s for _, s, _, v in launcher.calls)
