@@ -9,14 +9,19 @@ new group (G trials of one task) is admitted and tagged with the policy version
 the gateway serves at that moment (its *tag*). A group is admitted only if it
 cannot exceed staleness k when trained:
 
-    live groups admitted so far  <  (tag - start_version + k + 1) * groups_per_step
+    live groups admitted so far  <  (max(tag - start_version, steps) + k + 1) * groups_per_step
 
-so at most (s - start_version + 1) * B groups carry a tag <= s - k; the steps
-before s consume (s - start_version) * B, which leaves at most B groups whose
-last chance is step s. ``slots`` bounds the rollout fleet in trials: a group
-holds G slots from its admission until it is ready (the loop only learns that a
-group is done, not each trial; the simulator models the same). ``max_groups``
-stops admission once the planned steps have every group they will train.
+where ``steps`` counts the batches selected so far. So at most
+(s - start_version + 1) * B groups carry a tag <= s - k, and the steps before
+the one on weights s consume at least (s - start_version) * B, which leaves at
+most B groups whose last chance is that step. ``steps`` keeps admission going
+when a step consumes its batch without changing the weights (no trainable
+sample: all groups all-pass or all-fail), which would otherwise stall k = 0.
+
+``slots`` bounds the rollout fleet in trials: a group holds G slots from its
+admission until it is ready (the loop only learns that a group is done, not
+each trial; the simulator models the same). ``max_groups`` stops admission once
+the planned steps have every group they will train.
 
 Selection (trainer side), earliest deadline first. A group's deadline is tag +
 k: the last version it may be trained on. The step that trains weights of
@@ -77,6 +82,7 @@ class Admission:
         self.slots, self.start_version, self.max_groups = slots, start_version, max_groups
         self.first_step = start_version if first_step is None else first_step
         self.live = 0  # admitted and not dropped (consumed ones included)
+        self.steps = 0  # batches selected
         self.running_trials = 0
         self._seq = itertools.count()
         self._ready_seq = itertools.count()
@@ -87,7 +93,7 @@ class Admission:
 
     def admissible(self, version: int) -> int:
         """How many groups may start now if tagged ``version``."""
-        window = (version - self.start_version + self.k + 1) * self.b - self.live
+        window = (max(version - self.start_version, self.steps) + self.k + 1) * self.b - self.live
         if self.max_groups is not None:
             window = min(window, self.max_groups - self.live)
         if self.slots is not None:
@@ -161,6 +167,7 @@ class Admission:
             out.batch.append(rec.group_id)
             out.staleness.append(version - rec.tag)
             del self.pending[rec.group_id]
+        self.steps += 1
         return out
 
     def _feasible(self, batch: list[GroupRecord], version: int) -> bool:

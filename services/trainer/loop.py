@@ -39,7 +39,7 @@ from typing import Protocol
 import grpc
 
 from harnessrl import arrays
-from harnessrl.errors import Unavailable
+from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2
 from services.trainer import checkpoint
@@ -218,6 +218,11 @@ class TrainingLoop:
         self.dropped: Counter[str] = Counter()
         self.consumed = self._load_consumed()
         rollout = settings.rollout
+        if sync is not None and rollout.sync_every > rollout.max_staleness + 1:
+            raise ConfigError(
+                f"[trainer.rollout] sync_every = {rollout.sync_every} lets rollouts lag {rollout.sync_every - 1} "
+                f"versions behind the trainer: max_staleness (now {rollout.max_staleness}) must be at least that"
+            )
         self.published = trainer.policy_version  # the version rollouts are sampled with (tag of new groups)
         self.admission = Admission(
             rollout.groups_per_step,

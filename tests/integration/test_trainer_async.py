@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from harnessrl import arrays, paths
+from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import (
     capture_pb2,
@@ -403,3 +404,79 @@ async def test_group_launcher_admits_continuously_within_staleness(capture: str,
         ]
     else:  # async: groups start before the previous step has finished
         assert any(v < s for _, s, _, v in launcher.calls)
+
+
+class IdleStepTrainer(ScriptedTrainer):
+    """Step 2 finds nothing trainable (all groups all-pass or all-fail): the weights stay."""
+
+    def train_step(self, groups: Sequence[tuple[str, Sequence[records_pb2.Trajectory]]]) -> StepResult:
+        if self.step == 1:
+            self.step += 1
+            self.trained.append([gid for gid, _ in groups])
+            return StepResult(self.step, self.policy_version, {}, updated=False)
+        return super().train_step(groups)
+
+
+async def test_sync_admission_goes_on_after_a_step_without_update(capture: str, tmp_path: Path) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={"groups_per_step": 1, "max_staleness": 0, "max_steps": 3, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = GroupLauncher(capture, ref, seed=0)
+    trainer = IdleStepTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        results = await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert [r.updated for r in results] == [True, False, True]
+    assert [v for _, _, _, v in launcher.calls] == [0, 1, 1]  # step 2 kept version 1; step 3's group is on it too
+
+
+class FailingLauncher(GroupLauncher):
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None:
+        if len(self.calls) == 2:
+            raise Unavailable("sandbox service down")
+        await super().launch_group(group_id, step, index, policy_version)
+
+
+async def test_a_launcher_failure_stops_the_loop_with_its_error(capture: str, tmp_path: Path) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={"groups_per_step": 1, "max_staleness": 1, "max_steps": 5, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = FailingLauncher(capture, ref, seed=0)
+    service = TrainerService(RUN)
+    loop = TrainingLoop(settings, ScriptedTrainer(), source, service, launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        with pytest.raises(Unavailable, match="sandbox service down"):
+            await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert service.status().state == "failed"
+
+
+def test_sync_every_beyond_the_staleness_bound_is_a_config_error(tmp_path: Path) -> None:
+    settings = Settings(run_id=RUN, output_dir=tmp_path, rollout={"max_staleness": 0, "sync_every": 2})
+    with pytest.raises(ConfigError, match="sync_every = 2"):
+        TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), sync=object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [-1, "many", 1.5])
+def test_max_groups_in_flight_rejects_bad_values(value: object) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_groups_in_flight"):
+        Settings(rollout={"max_groups_in_flight": value})

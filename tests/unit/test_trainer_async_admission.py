@@ -11,15 +11,16 @@ from services.trainer.admission import Admission
 
 
 def drive(
-    adm: Admission, steps: int, rng: np.random.Generator, slots: int | None
+    adm: Admission, steps: int, rng: np.random.Generator, slots: int | None, keep_p: float = 0.0
 ) -> tuple[list[list[str]], dict[str, int], list[tuple[str, int]]]:
     """Admits whatever the policy allows, trains whenever it selects a batch, else finishes a
-    random running group (any order: stragglers included). Returns batches, tags, admissions."""
+    random running group (any order: stragglers included); a step keeps the weights with
+    probability ``keep_p`` (nothing trainable). Returns batches, tags, admissions."""
     version, running = 0, []
     tags: dict[str, int] = {}
     admissions: list[tuple[str, int]] = []
     batches: list[list[str]] = []
-    while version < steps:
+    while len(batches) < steps:
         for _ in range(adm.admissible(version)):
             step, index = adm.next_slot()
             gid = f"s{step}-g{index}"
@@ -37,7 +38,7 @@ def drive(
                 assert stale == version - tags[gid]
                 assert 0 <= stale <= adm.k
             batches.append(sel.batch)
-            version += 1
+            version += int(rng.random() >= keep_p)
             continue
         assert running, "selection waits for nothing that is running: a deadlock"
         gid = running.pop(int(rng.integers(len(running))))
@@ -56,10 +57,11 @@ def test_k0_is_synchronous_order() -> None:
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
 @pytest.mark.parametrize("slots", [None, 8, 20, 36])
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(6))
 def test_never_stale_never_over_capacity_never_stuck(k: int, slots: int | None, seed: int) -> None:
     adm = Admission(groups_per_step=4, max_staleness=k, group_size=4, slots=slots)
-    batches, _, _ = drive(adm, 12, np.random.default_rng(seed), slots)
+    keep_p = 0.3 if seed % 2 else 0.0  # odd seeds: some steps find nothing to train and keep the weights
+    batches, _, _ = drive(adm, 12, np.random.default_rng(seed), slots, keep_p)
     assert len(batches) == 12
     trained = [g for b in batches for g in b]
     assert len(trained) == len(set(trained))
@@ -85,6 +87,16 @@ def test_k_bounds_how_far_rollouts_run_ahead() -> None:
     assert capped.admissible(5) == 3  # max_groups: 6 in all
     with pytest.raises(ValueError, match="already"):
         capped.admit("a", 0)
+
+
+def test_a_step_that_keeps_the_weights_still_opens_the_window() -> None:
+    adm = Admission(groups_per_step=2, max_staleness=0, group_size=1)
+    for gid in ("a", "b"):
+        adm.admit(gid, 0)
+        adm.ready(gid, 0)
+    assert adm.admissible(0) == 0
+    assert sorted(adm.select(0).batch) == ["a", "b"]
+    assert adm.admissible(0) == 2  # the step found nothing to train: version 0 again, and the next batch starts
 
 
 def test_last_chance_groups_are_waited_for_and_taken_first() -> None:
