@@ -1,6 +1,18 @@
 """Benchmarks of the trainer: ``harnessrl bench async`` (the simulator: sync vs
 async, staleness 0-3, partial rollout on/off) and ``harnessrl bench trainer``
-(CPU training tokens/s and peak memory of SmolLM2 at 1k and 4k tokens/sample)."""
+(CPU training tokens/s and peak memory of SmolLM2 at 1k and 4k tokens/sample).
+
+Assumptions of ``bench async`` (the reference gives its trial distribution,
+not its trainer): an optimizer step takes 300 s and a weight sync 30 s - with
+those, the k = 1 pipeline leaves the trainer ~49% idle, inside the 41-66% the
+reference reports, so they are the train time its figures imply; the fleet
+holds 1024 trials (two batches of 64 x 8); a model call lasts 20 s on average
+(what a gateway without partial rollout must drain before a sync). The
+reference's p99 of 928 s is read as the trial's (``--tail trial``: tight
+trials, most run into the agent's time budget); ``--tail verify`` reads it as
+the verification's (a heavy tail that sync training waits for). Figures are
+steady state: the first 4 steps (the pipeline filling) are left out.
+"""
 
 from __future__ import annotations
 

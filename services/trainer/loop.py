@@ -223,6 +223,12 @@ class TrainingLoop:
                 f"[trainer.rollout] sync_every = {rollout.sync_every} lets rollouts lag {rollout.sync_every - 1} "
                 f"versions behind the trainer: max_staleness (now {rollout.max_staleness}) must be at least that"
             )
+        cap = rollout.max_groups_in_flight
+        if launcher is not None and not hasattr(launcher, "launch_group") and 0 < cap < rollout.groups_per_step:
+            raise ConfigError(
+                f"[trainer.rollout] max_groups_in_flight = {cap} cannot hold one batch of "
+                f"{rollout.groups_per_step} groups, and this launcher starts whole batches"
+            )
         self.published = trainer.policy_version  # the version rollouts are sampled with (tag of new groups)
         self.admission = Admission(
             rollout.groups_per_step,

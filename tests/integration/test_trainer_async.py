@@ -474,6 +474,15 @@ def test_sync_every_beyond_the_staleness_bound_is_a_config_error(tmp_path: Path)
         TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), sync=object())  # type: ignore[arg-type]
 
 
+def test_a_batch_launcher_needs_room_for_a_batch(tmp_path: Path) -> None:
+    rollout = {"groups_per_step": 4, "max_groups_in_flight": 2}
+    settings = Settings(run_id=RUN, output_dir=tmp_path, rollout=rollout)
+    with pytest.raises(ConfigError, match="max_groups_in_flight = 2"):
+        TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), launcher=RecordingLauncher("x"))  # type: ignore[arg-type]
+    ok = TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), launcher=GroupLauncher("x", [], 0))  # type: ignore[arg-type]
+    assert ok.admission.admissible(0) == 2  # a group launcher fills the fleet in waves
+
+
 @pytest.mark.parametrize("value", [-1, "many", 1.5])
 def test_max_groups_in_flight_rejects_bad_values(value: object) -> None:
     from pydantic import ValidationError
