@@ -11,7 +11,8 @@ cannot exceed staleness k when trained:
 
     live groups admitted so far  <  (max(tag - start_version, steps) + k + 1) * groups_per_step
 
-where ``steps`` counts the batches selected so far. So at most
+where ``steps`` counts the steps finished so far (``step_done``: trained, and
+new weights, if any, published). So at most
 (s - start_version + 1) * B groups carry a tag <= s - k, and the steps before
 the one on weights s consume at least (s - start_version) * B, which leaves at
 most B groups whose last chance is that step. ``steps`` keeps admission going
@@ -82,7 +83,8 @@ class Admission:
         self.slots, self.start_version, self.max_groups = slots, start_version, max_groups
         self.first_step = start_version if first_step is None else first_step
         self.live = 0  # admitted and not dropped (consumed ones included)
-        self.steps = 0  # batches selected
+        self.steps = 0  # steps finished
+        self.admitted = 0  # groups ever admitted (names the next one)
         self.running_trials = 0
         self._seq = itertools.count()
         self._ready_seq = itertools.count()
@@ -102,7 +104,7 @@ class Admission:
 
     def next_slot(self) -> tuple[int, int]:
         """(step, index) of the next group: the index-th group of the step-th batch since the start."""
-        return self.first_step + self.live // self.b, self.live % self.b
+        return self.first_step + self.admitted // self.b, self.admitted % self.b
 
     def admit(self, group_id: str | None, version: int) -> GroupRecord:
         """Records an admitted group (``group_id`` None: a batch launcher's group, id unknown yet)."""
@@ -112,6 +114,7 @@ class Admission:
             raise ValueError(f"group {group_id!r} is already admitted")
         rec = GroupRecord(group_id, version, next(self._seq), self.g)
         self.live += 1
+        self.admitted += 1
         self.running_trials += self.g
         if group_id is None:
             self.placeholders.append(rec)
@@ -167,8 +170,12 @@ class Admission:
             out.batch.append(rec.group_id)
             out.staleness.append(version - rec.tag)
             del self.pending[rec.group_id]
-        self.steps += 1
         return out
+
+    def step_done(self) -> None:
+        """The step of the last selected batch is over and its weights (if it changed them) are
+        served: the window moves on even when the version did not."""
+        self.steps += 1
 
     def _feasible(self, batch: list[GroupRecord], version: int) -> bool:
         """After taking ``batch``, can every pending group still be trained by its deadline?"""

@@ -369,6 +369,7 @@ class TrainingLoop:
             self.service.set_state("syncing")
             result.metrics.update(await self.sync.publish(result.policy_version, str(path)))
             self.published = result.policy_version
+        self.admission.step_done()
         result.metrics["trainer/idle_fraction"] = self.service.idle_fraction()
         self.service.record_step(result.step, result.policy_version, result.metrics, result.alerts)
         return result

@@ -267,6 +267,7 @@ class _Sim:
             self.paused_before += self.pause[1]
             self.pause = None
         self.version += 1
+        self.adm.step_done()
         self.training = False
         self.step_ends.append(self.t)
         self.admit()

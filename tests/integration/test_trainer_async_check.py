@@ -8,6 +8,11 @@ seeds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
+from services.trainer.simulator import TrialDistribution
 from stack.async_check import DEFAULT_CHECK, check
 
 
@@ -19,3 +24,11 @@ def test_simulator_predicts_a_real_async_run_within_20_percent() -> None:
         assert abs(r.measured_idle - r.predicted_idle) <= 0.15, r
     sync, k1 = results
     assert k1.measured_steps_per_hour > 1.3 * sync.measured_steps_per_hour  # async is really faster here
+
+
+@pytest.mark.slow
+def test_simulator_predicts_a_heavy_tailed_run_within_20_percent() -> None:
+    """The reference p99 read as the verification's: lognormal agents, a few verifications hang."""
+    cfg = replace(DEFAULT_CHECK, trials=TrialDistribution(tail="verify"))
+    for r in check(cfg, trial_mean_s=3.0, seeds=8):
+        assert r.throughput_error <= 0.20, r

@@ -20,7 +20,8 @@ def drive(
     tags: dict[str, int] = {}
     admissions: list[tuple[str, int]] = []
     batches: list[list[str]] = []
-    while len(batches) < steps:
+
+    def admit_all() -> None:
         for _ in range(adm.admissible(version)):
             step, index = adm.next_slot()
             gid = f"s{step}-g{index}"
@@ -30,19 +31,30 @@ def drive(
             running.append(gid)
             assert slots is None or adm.running_trials <= slots
         assert adm.admissible(version) == 0
-        sel = adm.select(version)
-        assert sel.dropped == []  # nothing this policy admitted is ever dropped
-        if sel.batch:
-            assert len(sel.batch) == adm.b
-            for gid, stale in zip(sel.batch, sel.staleness, strict=True):
-                assert stale == version - tags[gid]
-                assert 0 <= stale <= adm.k
-            batches.append(sel.batch)
-            version += int(rng.random() >= keep_p)
-            continue
-        assert running, "selection waits for nothing that is running: a deadlock"
+
+    def finish_one() -> None:
         gid = running.pop(int(rng.integers(len(running))))
         adm.ready(gid, tags[gid])
+
+    while len(batches) < steps:
+        admit_all()
+        sel = adm.select(version)
+        assert sel.dropped == []  # nothing this policy admitted is ever dropped
+        if not sel.batch:
+            assert running, "selection waits for nothing that is running: a deadlock"
+            finish_one()
+            continue
+        assert len(sel.batch) == adm.b
+        for gid, stale in zip(sel.batch, sel.staleness, strict=True):
+            assert stale == version - tags[gid]
+            assert 0 <= stale <= adm.k
+        batches.append(sel.batch)
+        for _ in range(int(rng.integers(0, 4))):  # while the step trains, groups finish and new ones start
+            if running:
+                finish_one()
+                admit_all()
+        version += int(rng.random() >= keep_p)
+        adm.step_done()
     return batches, tags, admissions
 
 
@@ -96,6 +108,8 @@ def test_a_step_that_keeps_the_weights_still_opens_the_window() -> None:
         adm.ready(gid, 0)
     assert adm.admissible(0) == 0
     assert sorted(adm.select(0).batch) == ["a", "b"]
+    assert adm.admissible(0) == 0  # the step is still running
+    adm.step_done()
     assert adm.admissible(0) == 2  # the step found nothing to train: version 0 again, and the next batch starts
 
 
@@ -106,6 +120,7 @@ def test_last_chance_groups_are_waited_for_and_taken_first() -> None:
     for gid in ("old2", "old3"):
         adm.ready(gid, 0)
     assert adm.select(0).batch == ["old2", "old3"]  # version 0: nothing is due yet, the ready ones go
+    adm.step_done()
     for i in range(2):
         adm.admit(f"new{i}", 1)
     adm.ready("new0", 1)
@@ -134,6 +149,7 @@ def test_batch_launcher_placeholders_bind_to_ready_groups() -> None:
     assert adm.select(0).batch == []  # the other placeholder of version 0 is still running
     adm.ready("y", 0)
     assert sorted(adm.select(0).batch) == ["x", "y"]
+    assert adm.next_slot() == (1, 0)
     assert adm.placeholders == [] and adm.running_trials == 0
 
 
