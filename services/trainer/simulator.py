@@ -125,7 +125,8 @@ class _Sim:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.rng = np.random.default_rng(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)  # trials: the same draws whatever the mode (common random numbers)
+        self.drain_rng = np.random.default_rng([cfg.seed, 1])
         self.adm = Admission(
             cfg.tasks_per_step, cfg.staleness, cfg.group_size, cfg.workers, max_groups=cfg.steps * cfg.tasks_per_step
         )
@@ -256,7 +257,7 @@ class _Sim:
         in_agent = len(self.agent_ends)
         drain = 0.0
         if not cfg.partial_rollout and in_agent:
-            drain = float(self.rng.exponential(cfg.call_mean_s, in_agent).max())
+            drain = float(self.drain_rng.exponential(cfg.call_mean_s, in_agent).max())
         length = drain + cfg.sync_s
         self.pause = (self.t, length)  # model calls wait; agents stall
         self.busy.append((self.t, self.t + length))
