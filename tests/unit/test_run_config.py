@@ -71,7 +71,7 @@ def test_distributed_addresses_connect_instead_of_starting(tmp_path: Path, tasks
     ("text", "expected"),
     [
         ("[gateway]\nport = 1\n", "[run] is missing"),
-        ('[run]\nsteps = 3\n', "[run]: train_tasks: Field required"),
+        ("[run]\nsteps = 3\n", "[run]: train_tasks: Field required"),
         ('[run]\ntrain_tasks = ["x"]\ngroup_sise = 4\n', "unknown setting 'group_sise'"),
         ('[run]\ntrain_tasks = ["x"]\ngroup_size = 0\n', "group_size: Input should be greater than or equal to 1"),
         ('[run]\ntrain_tasks = ["x"]\nsteps = "many"\n', "[run]: steps:"),
