@@ -35,10 +35,14 @@ RL: B groups per version, each step waits for all of them.
 
 Groups the policy did not admit (a redelivery after a restart, or any group
 written to the store by someone else) are *foreign*: they join with their
-oldest sampled version as tag and are dropped (counted) when staler than k.
+oldest sampled version as tag and are dropped (counted) when staler than k; a
+foreign group that is ready before its slot comes up is adopted by ``admit``.
 Launchers that start whole batches without telling group ids are handled with
 anonymous placeholders: a ready group binds the newest placeholder whose tag is
-not newer than its oldest sampled version.
+not newer than its oldest sampled version. Placeholders never hold a step (the
+policy cannot know which group one stands for, or whether it was trained before
+a restart) and expire after their deadline: with a batch launcher, a straggler
+can still become too stale and be dropped - the old batch-level behaviour.
 """
 
 from __future__ import annotations
@@ -102,16 +106,31 @@ class Admission:
             window = min(window, (self.slots - self.running_trials) // self.g)
         return max(window, 0)
 
+    def skip(self) -> None:
+        """Passes over the next slot (its group was trained before a restart): nothing starts."""
+        self.admitted += 1
+
     def next_slot(self) -> tuple[int, int]:
         """(step, index) of the next group: the index-th group of the step-th batch since the start."""
         return self.first_step + self.admitted // self.b, self.admitted % self.b
 
     def admit(self, group_id: str | None, version: int) -> GroupRecord:
-        """Records an admitted group (``group_id`` None: a batch launcher's group, id unknown yet)."""
+        """Records an admitted group (``group_id`` None: a batch launcher's group, id unknown yet).
+
+        A foreign group already known under ``group_id`` (ready before its slot came up, e.g. a
+        redelivery after a restart) is adopted: it takes the slot and needs no launch (its
+        ``trials`` is 0).
+        """
         if self.admissible(version) < 1:
             raise RuntimeError("admission refused: the staleness window or the rollout slots are full")
-        if group_id is not None and group_id in self.pending:
-            raise ValueError(f"group {group_id!r} is already admitted")
+        known = self.pending.get(group_id) if group_id is not None else None
+        if known is not None:
+            if known.admitted:
+                raise ValueError(f"group {group_id!r} is already admitted")
+            known.admitted = True
+            self.live += 1
+            self.admitted += 1
+            return known
         rec = GroupRecord(group_id, version, next(self._seq), self.g)
         self.live += 1
         self.admitted += 1
@@ -159,6 +178,10 @@ class Admission:
                 del self.pending[gid]
                 if rec.admitted:
                     self.live -= 1  # its place in the window goes to a replacement
+        for rec in [p for p in self.placeholders if p.tag + self.k < version]:
+            self.placeholders.remove(rec)  # whatever it stood for can no longer be trained
+            self.live -= 1
+            self.running_trials -= rec.trials
         ready = [r for r in self.pending.values() if r.ready_seq is not None]
         ready.sort(key=lambda r: (r.tag, r.ready_seq))
         if len(ready) < self.b:
@@ -180,7 +203,7 @@ class Admission:
     def _feasible(self, batch: list[GroupRecord], version: int) -> bool:
         """After taking ``batch``, can every pending group still be trained by its deadline?"""
         due: dict[int, int] = {}
-        for r in [*self.pending.values(), *self.placeholders]:
+        for r in self.pending.values():
             if r.tag + self.k >= version:  # past-deadline ones are dropped once ready
                 due[r.tag + self.k] = due.get(r.tag + self.k, 0) + 1
         taken: dict[int, int] = {}

@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -163,10 +162,18 @@ class BatchLauncher(Protocol):
 
 class GroupLauncher(Protocol):
     """Starts ONE group: G trials of the task the index-th group of step ``step``'s batch
-    would use, captured under ``group_id`` (named by the loop, unique per loop run, so a
-    ready group is matched to its admission without a race) with ``policy_version``."""
+    would use, captured under ``group_id`` with ``policy_version``.
+
+    The loop names the group (``group_name``: ``<run>-s<step:05d>-g<index>``), so a ready
+    group is matched to its admission without a race, and a resumed run names the same
+    slots the same way: a launcher skips trials it finds already finalized, and the loop
+    never relaunches a group it trained (nor waits for it)."""
 
     async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None: ...
+
+
+def group_name(run_id: str, step: int, index: int) -> str:
+    return f"{run_id}-s{step:05d}-g{index}"
 
 
 class WeightSync(Protocol):
@@ -243,7 +250,6 @@ class TrainingLoop:
         self._wake = asyncio.Event()
         self._admit_lock = asyncio.Lock()
         self._failure: BaseException | None = None
-        self._prefix = f"{settings.run_id}-{secrets.token_hex(3)}-"
 
     def _consumed_path(self) -> Path:
         return self.output_dir / "consumed_groups.json"
@@ -291,9 +297,12 @@ class TrainingLoop:
             if launch_group is not None:
                 while adm.admissible(version) > 0:
                     step, index = adm.next_slot()
-                    group_id = f"{self._prefix}s{step}-g{index}"
-                    adm.admit(group_id, version)
-                    await launch_group(group_id, step, index, version)
+                    group_id = group_name(self.settings.run_id, step, index)
+                    if group_id in self.consumed:  # trained (or dropped) before a restart
+                        adm.skip()
+                        continue
+                    if adm.admit(group_id, version).ready_seq is None:  # else: redelivered, ready already
+                        await launch_group(group_id, step, index, version)
                 return
             launcher: BatchLauncher = self.launcher  # type: ignore[assignment]
             while adm.admissible(version) >= adm.b:

@@ -489,3 +489,28 @@ def test_max_groups_in_flight_rejects_bad_values(value: object) -> None:
 
     with pytest.raises(ValidationError, match="max_groups_in_flight"):
         Settings(rollout={"max_groups_in_flight": value})
+
+
+async def test_a_resumed_loop_never_relaunches_a_group_it_trained(capture: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "consumed_groups.json").write_text('["run-async-s00000-g0"]')  # trained before a restart
+    settings = Settings(
+        run_id=RUN,
+        output_dir=out,
+        rollout={"groups_per_step": 1, "max_staleness": 0, "max_steps": 1, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = GroupLauncher(capture, ref, seed=0)
+    trainer = ScriptedTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert [c[0] for c in launcher.calls] == ["run-async-s00001-g0"]
+    assert trainer.trained == [["run-async-s00001-g0"]]

@@ -141,6 +141,20 @@ def test_foreign_groups_join_by_their_oldest_version_and_stale_ones_drop() -> No
     assert adm.live == 0 and adm.admissible(3) == 5  # foreign groups take no room in the window
 
 
+def test_a_restart_skips_trained_slots_and_adopts_redelivered_groups() -> None:
+    adm = Admission(groups_per_step=2, max_staleness=1, group_size=1, start_version=3, first_step=3)
+    adm.ready("run-s00004-g0", 3)  # finished before the restart, redelivered before its slot comes up
+    assert adm.next_slot() == (3, 0)
+    adm.skip()  # s3-g0 was trained before the restart
+    assert adm.next_slot() == (3, 1)
+    adm.admit("run-s00003-g1", 3)
+    rec = adm.admit("run-s00004-g0", 3)
+    assert rec.ready_seq is not None and rec.admitted and adm.live == 2 and adm.running_trials == 1
+    assert adm.next_slot() == (4, 1)
+    with pytest.raises(ValueError, match="already admitted"):
+        adm.admit("run-s00003-g1", 3)
+
+
 def test_batch_launcher_placeholders_bind_to_ready_groups() -> None:
     adm = Admission(groups_per_step=2, max_staleness=0, group_size=1)
     adm.admit(None, 0)
@@ -172,3 +186,18 @@ def test_a_group_sampled_by_older_weights_than_its_tag_is_judged_by_its_tokens()
 def test_bad_parameters(kwargs: dict[str, int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Admission(**kwargs)
+
+
+def test_placeholders_never_hold_a_step_and_expire_after_their_deadline() -> None:
+    adm = Admission(groups_per_step=1, max_staleness=1, group_size=1)
+    adm.admit(None, 0)
+    adm.admit(None, 0)  # a batch launcher's group that never shows up (say, trained before a restart)
+    adm.ready("a", 0)
+    assert adm.select(0).batch == ["a"]
+    adm.step_done()
+    adm.admit(None, 1)
+    adm.ready("b", 1)  # binds the version-1 placeholder
+    assert adm.select(1).batch == ["b"]  # the missing version-0 group is due now, but nobody waits for it
+    adm.step_done()
+    assert adm.select(2).batch == [] and adm.placeholders == []  # expired: version 2 cannot train it
+    assert adm.live == 2 and adm.running_trials == 0
