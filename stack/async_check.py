@@ -235,14 +235,18 @@ def check_table(base: SimConfig, trial_mean_s: float = 3.0) -> list[CheckResult]
 
     results = check(base, trial_mean_s)
     table = Table(title=f"simulator vs a real scaled run (mean trial {trial_mean_s:.1f} s, {base.steps} steps)")
-    for col in ("staleness", "measured steps/h", "predicted steps/h", "error", "measured idle", "predicted idle"):
+    cols = ("staleness", "measured steps/h", "predicted steps/h", "error", "measured vs sync", "predicted vs sync")
+    for col in (*cols, "measured idle", "predicted idle"):
         table.add_column(col, justify="right")
+    sync = results[0]
     for r in results:
         table.add_row(
             str(r.staleness),
             f"{r.measured_steps_per_hour:.0f}",
             f"{r.predicted_steps_per_hour:.0f}",
             f"{r.throughput_error:.1%}",
+            f"{r.measured_steps_per_hour / sync.measured_steps_per_hour:.2f}x",
+            f"{r.predicted_steps_per_hour / sync.predicted_steps_per_hour:.2f}x",
             f"{r.measured_idle:.0%}",
             f"{r.predicted_idle:.0%}",
         )
