@@ -93,7 +93,7 @@ def test_missing_harness_binary_and_wrong_version(tmp_path: Path, model: Path, m
     harness = checks(preflight.static_checks(runconfig.load(tmp_path / "run.toml"), []))["harness"]
     assert not harness.ok and harness.detail == f"mini-swe-agent 0.9.0 installed, {want} expected"
     assert harness.fix == "run scripts/setup to reinstall"
-    with pytest.raises(preflight.PreflightFailed, match="harness: mini-swe-agent 0.9.0 installed"):
+    with pytest.raises(preflight.PreflightFailed, match=r"harness: mini-swe-agent 0\.9\.0 installed"):
         preflight.static_checks(runconfig.load(tmp_path / "run.toml"), []).raise_if_failed()
 
 
