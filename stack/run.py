@@ -159,7 +159,8 @@ async def _train(
 
     settings = _trainer_settings(cfg, ends)
     out = settings.resolved_output_dir()
-    service = RecordingTrainerService(cfg.run_id, out / "tensorboard", run_dir)
+    # Imports torch and TensorBoard: seconds the event loop (proxy, dashboard) must not wait.
+    service = await asyncio.to_thread(RecordingTrainerService, cfg.run_id, out / "tensorboard", run_dir)
     server = await create_server(settings, service)
     ends.trainer_target = f"127.0.0.1:{server.port}"
     run_dir.write_info("running", trainer_target=ends.trainer_target, capture_target=ends.capture_target)

@@ -142,3 +142,14 @@ def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "no-such-pool does not exist" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml"])
+def test_example_configs_validate(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    cfg = runconfig.load(path)
+    assert cfg.run.harness == "mini-swe-agent" and cfg.run.steps >= 3 and cfg.run.families == ["echo"]
+    assert cfg.distributed == (name == "distributed.toml")
+    if name == "quickstart.toml":
+        assert cfg.run.train_tasks == [path.parents[1] / "tasks" / "builtin" / "train"]
+        assert cfg.gateway is not None and cfg.gateway.engine == "local" and cfg.capture_store is not None
