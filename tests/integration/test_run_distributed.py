@@ -60,15 +60,19 @@ async def remote(tmp_path: Path, redis_server: RedisServer, s3_server: S3Server)
         await capture.stop(0)
 
 
-async def test_run_against_separately_deployed_services(tmp_path: Path, remote: dict[str, str]) -> None:
-    config = Path(remote["config"])
+def point_at(config: Path, remote: dict[str, str]) -> None:
+    """The test config with the remote addresses and the Redis queue, one step."""
     text = config.read_text().replace("[capture_store]\nfsync = false\n", "")
     text = re.sub(r"(?m)^engine = .*\n", "", text)  # the gateway is not started here
-    text = text.replace(
-        "[run]\n", f'[run]\ncapture_target = "{remote["capture"]}"\ngateway_target = "{remote["gateway"]}"\n'
-    )
+    targets = f'capture_target = "{remote["capture"]}"\ngateway_target = "{remote["gateway"]}"\n'
+    text = text.replace("[run]\n", "[run]\n" + targets)
     text = text.replace("[sandbox]\n", f'[sandbox]\nqueue_url = "{remote["redis"]}"\n')
     config.write_text(text.replace("steps = 2", "steps = 1"))
+
+
+async def test_run_against_separately_deployed_services(tmp_path: Path, remote: dict[str, str]) -> None:
+    config = Path(remote["config"])
+    point_at(config, remote)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "harnessrl", "run", str(config),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
