@@ -39,6 +39,7 @@ from rich.console import Console
 
 from harnessrl.errors import ConfigError
 from stack import pool, preflight
+from stack.disjoint import find_overlaps
 from stack.embedded import Endpoints, services
 from stack.launcher import SandboxLauncher, TrialTemplate
 from stack.progress import Progress, Snapshot
@@ -68,10 +69,6 @@ def resolve_tasks(cfg: RunConfig) -> tuple[list[Path], list[Path]]:
 def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Path]) -> list[str]:
     """Refuses a run whose train and eval tasks overlap (unless allowed); returns the overlaps found."""
     if not evaluation:
-        return []
-    try:
-        from stack.disjoint import find_overlaps  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # the tasks helper's module; absent in an old checkout
         return []
     found = [f"{o.level}: {o.train_task} ~ {o.eval_task} ({o.detail})" for o in find_overlaps(train, evaluation)]
     if found and not cfg.run.allow_overlap:
