@@ -39,6 +39,7 @@ from rich.console import Console
 
 from harnessrl.errors import ConfigError
 from stack import pool, preflight
+from stack.disjoint import find_overlaps
 from stack.embedded import Endpoints, services
 from stack.launcher import SandboxLauncher, TrialTemplate
 from stack.progress import Progress, Snapshot
@@ -68,10 +69,6 @@ def resolve_tasks(cfg: RunConfig) -> tuple[list[Path], list[Path]]:
 def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Path]) -> list[str]:
     """Refuses a run whose train and eval tasks overlap (unless allowed); returns the overlaps found."""
     if not evaluation:
-        return []
-    try:
-        from stack.disjoint import find_overlaps  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # the tasks helper's module; absent in an old checkout
         return []
     found = [f"{o.level}: {o.train_task} ~ {o.eval_task} ({o.detail})" for o in find_overlaps(train, evaluation)]
     if found and not cfg.run.allow_overlap:
@@ -159,7 +156,8 @@ async def _train(
 
     settings = _trainer_settings(cfg, ends)
     out = settings.resolved_output_dir()
-    service = RecordingTrainerService(cfg.run_id, out / "tensorboard", run_dir)
+    # Imports torch and TensorBoard: seconds the event loop (proxy, dashboard) must not wait.
+    service = await asyncio.to_thread(RecordingTrainerService, cfg.run_id, out / "tensorboard", run_dir)
     server = await create_server(settings, service)
     ends.trainer_target = f"127.0.0.1:{server.port}"
     run_dir.write_info("running", trainer_target=ends.trainer_target, capture_target=ends.capture_target)

@@ -1,7 +1,8 @@
 """``harnessrl trial run``: one trial end to end.
 
 This is a composition root (services never import each other; the CLI may):
-it starts, in this process and on 127.0.0.1 free ports, the capture store
+it starts (``stack.embedded.model_stack``), in this process and on 127.0.0.1
+free ports, the capture store
 (embedded) and, when the harness talks to a model, the rollout gateway with
 the chosen engine and the proxy (TCP plus a Unix socket for the sandbox);
 then runs the trial in the local sandbox through their public clients, and

@@ -15,7 +15,7 @@ import pytest
 
 from harnessrl import paths
 from services.dashboard import rundir
-from tests.run_support import make_pool, tiny_model, write_config
+from tests.run_support import AGENT, make_pool, tiny_model, write_config
 
 pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
 
@@ -74,3 +74,40 @@ def test_a_second_fresh_run_with_the_same_id_is_refused(tmp_path: Path, model: P
     (tmp_path / "runs" / "e2e" / "run.json").write_text('{"run_id": "e2e", "status": "done"}')
     proc = harnessrl("run", str(config))
     assert proc.returncode == 2 and "use --resume e2e" in proc.stderr
+
+
+def test_dashboard_serves_the_live_run(tmp_path: Path, model: Path) -> None:
+    import urllib.request
+    from urllib.parse import parse_qs, urlparse
+
+    config = write_config(tmp_path, model, make_pool(tmp_path), run={"steps": 1, "dashboard": True})
+    (tmp_path / "agent.sh").write_text(AGENT + "\nsleep 4\n")  # the run lasts while the test looks
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harnessrl", "run", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = ""
+        for line in proc.stdout:
+            if line.startswith("dashboard: http://127.0.0.1:"):
+                url = line.split(" ", 1)[1].strip()
+                break
+        assert url, "no dashboard URL printed"
+        parsed = urlparse(url)
+        assert parsed.path == "/runs/e2e"
+        token = parse_qs(parsed.query)["token"][0]
+        request = urllib.request.Request(
+            f"{parsed.scheme}://{parsed.netloc}/api/runs/e2e", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = json.loads(response.read())
+        assert "running" in json.dumps(body)
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=300) == 0, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

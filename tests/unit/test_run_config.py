@@ -142,3 +142,33 @@ def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "no-such-pool does not exist" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml"])
+def test_example_configs_validate(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    cfg = runconfig.load(path)
+    assert cfg.run.harness == "mini-swe-agent" and cfg.run.steps >= 3 and cfg.run.families == ["echo"]
+    assert cfg.distributed == (name == "distributed.toml")
+    if name == "quickstart.toml":
+        assert cfg.run.train_tasks == [path.parents[1] / "tasks" / "builtin" / "train"]
+        assert cfg.gateway is not None and cfg.gateway.engine == "local" and cfg.capture_store is not None
+
+
+def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: Path, tasks: Path) -> None:
+    from stack.run import check_overlap, resolve_tasks
+
+    heldout = tmp_path / "heldout"
+    make_task(heldout, "alpha-copy")  # same instruction and tests as pool/alpha: an instance overlap
+    make_task(heldout, "fresh", instruction="Something else entirely.")
+    path = write(tmp_path, minimal(tasks, run=f'eval_tasks = ["{heldout}"]'))
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl", "run", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "train and eval tasks overlap: instance" in proc.stderr
+    assert "allow_overlap = true / --allow-overlap" in proc.stderr and not (tmp_path / "runs").exists()
+    cfg = runconfig.load(path, overrides={"allow_overlap": True})
+    train, evaluation = resolve_tasks(cfg)
+    assert [p.name for p in evaluation] == ["alpha-copy", "fresh"]
+    found = check_overlap(cfg, train, evaluation)  # allowed: reported, not refused
+    assert len(found) >= 1 and all("alpha-copy" in line for line in found)
