@@ -11,7 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from harnessrl.rpc import RunningServer
+import grpc
+
+from harnessrl.errors import Unavailable
+from harnessrl.rpc import RunningServer, connect
+from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
 from services.trainer import checkpoint
 from services.trainer.engine import CpuTrainer
 from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
@@ -20,6 +24,9 @@ from services.trainer.service import TrainerService
 from services.trainer.settings import Settings
 
 log = logging.getLogger(__name__)
+
+_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_SYNC_CHECK_S = 2.0
 
 
 class TrainerApp:
@@ -52,16 +59,60 @@ class TrainerApp:
             self.service.set_progress(trainer.step, trainer.policy_version)
             log.warning("resumed", extra={"kv": {"checkpoint": str(latest), "step": trainer.step}})
         assert s.capture_target is not None
-        self._source = ReadyGroupSource(s.capture_target, s.run_id, s.consumer_group, token)
-        await self._source.start()
+        watchdog = None
         if s.gateway_target:
             self._sync = GatewaySync(s.gateway_target, s.rollout.partial_rollout, s.rollout.pause_timeout_s, token)
+            watchdog = asyncio.ensure_future(self._keep_gateway_in_sync(trainer, s.gateway_target, token))
         try:
-            return await TrainingLoop(s, trainer, self._source, self.service, self._sync).run()
-        except Exception as e:
-            log.exception("training loop failed")
-            self.service.alert(f"training loop failed: {type(e).__name__}: {e}")
-            raise
+            return await self._supervise(trainer, token)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    async def _supervise(self, trainer: CpuTrainer, token: str | None) -> object:
+        """Runs the loop; a capture store or gateway that went away (restart, network)
+        only pauses training: resubscribe with backoff. Unacked groups come back
+        (redelivery) and groups already trained are skipped, so nothing is lost or
+        trained twice. Any other error fails the loop."""
+        s, delay = self.settings, 0.5
+        while True:
+            assert s.capture_target is not None
+            self._source = ReadyGroupSource(s.capture_target, s.run_id, s.consumer_group, token)
+            await self._source.start()
+            try:
+                return await TrainingLoop(s, trainer, self._source, self.service, self._sync).run()
+            except (Unavailable, grpc.aio.AioRpcError) as e:
+                if isinstance(e, grpc.aio.AioRpcError) and e.code() not in _TRANSIENT:
+                    raise self._failed(e) from e
+                log.warning("training paused; reconnecting", extra={"kv": {"error": str(e)[:300], "in_s": delay}})
+                self.service.set_state("waiting")
+                await self._source.close(grace_s=0)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except Exception as e:
+                raise self._failed(e) from e
+
+    def _failed(self, e: Exception) -> Exception:
+        log.exception("training loop failed")
+        self.service.alert(f"training loop failed: {type(e).__name__}: {e}")
+        return e
+
+    async def _keep_gateway_in_sync(self, trainer: CpuTrainer, target: str, token: str | None) -> None:
+        """A gateway that restarted serves its initial weights: publish the newest
+        checkpoint again, so rollouts are not silently sampled by an old policy."""
+        async with connect(target, token) as channel:
+            stub = gateway_pb2_grpc.RolloutGatewayStub(channel)
+            while True:
+                await asyncio.sleep(_SYNC_CHECK_S)
+                try:
+                    health = await stub.Health(gateway_pb2.GatewayHealthRequest(), timeout=5)
+                    version = trainer.policy_version
+                    path = checkpoint.latest(self.settings.resolved_output_dir())
+                    if health.policy_version < version and path is not None and self._sync is not None:
+                        log.warning("gateway behind; republishing", extra={"kv": {"gateway": health.policy_version}})
+                        await self._sync.publish(version, str(path))
+                except grpc.aio.AioRpcError as e:
+                    log.info("gateway check failed", extra={"kv": {"code": e.code().name}})
 
     async def stop(self) -> None:
         await self.stop_training()

@@ -220,7 +220,7 @@ class TrainingLoop:
         results: list[StepResult] = []
         rollout = self.settings.rollout
         try:
-            while not rollout.max_steps or len(results) < rollout.max_steps:
+            while not rollout.max_steps or self.trainer.step < rollout.max_steps:
                 await self._admit()
                 batch = await self._collect()
                 if batch is None:
