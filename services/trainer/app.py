@@ -39,7 +39,7 @@ class TrainerApp:
         self.server: RunningServer | None = None
         self.task: asyncio.Task[object] | None = None
         self._source: ReadyGroupSource | None = None
-        self._sync: GatewaySync | None = None
+        self._sync: TrackedSync | None = None
 
     async def start(self) -> RunningServer:
         self.server = await create_server(self.settings, self.service)
@@ -61,8 +61,9 @@ class TrainerApp:
         assert s.capture_target is not None
         watchdog = None
         if s.gateway_target:
-            self._sync = GatewaySync(s.gateway_target, s.rollout.partial_rollout, s.rollout.pause_timeout_s, token)
-            watchdog = asyncio.ensure_future(self._keep_gateway_in_sync(trainer, s.gateway_target, token))
+            sync = GatewaySync(s.gateway_target, s.rollout.partial_rollout, s.rollout.pause_timeout_s, token)
+            self._sync = TrackedSync(sync, trainer.policy_version, str(latest) if latest is not None else None)
+            watchdog = asyncio.ensure_future(self._keep_gateway_in_sync(self._sync, s.gateway_target, token))
         try:
             return await self._supervise(trainer, token)
         finally:
@@ -97,20 +98,17 @@ class TrainerApp:
         self.service.alert(f"training loop failed: {type(e).__name__}: {e}")
         return e
 
-    async def _keep_gateway_in_sync(self, trainer: CpuTrainer, target: str, token: str | None) -> None:
-        """A gateway that restarted serves its initial weights: publish the newest
-        checkpoint again, so rollouts are not silently sampled by an old policy."""
+    @staticmethod
+    async def _keep_gateway_in_sync(sync: TrackedSync, target: str, token: str | None) -> None:
+        """A gateway that restarted serves its initial weights: hand it the last
+        published checkpoint again, so rollouts are not sampled by an old policy."""
         async with connect(target, token) as channel:
             stub = gateway_pb2_grpc.RolloutGatewayStub(channel)
             while True:
                 await asyncio.sleep(_SYNC_CHECK_S)
                 try:
                     health = await stub.Health(gateway_pb2.GatewayHealthRequest(), timeout=5)
-                    version = trainer.policy_version
-                    path = checkpoint.latest(self.settings.resolved_output_dir())
-                    if health.policy_version < version and path is not None and self._sync is not None:
-                        log.warning("gateway behind; republishing", extra={"kv": {"gateway": health.policy_version}})
-                        await self._sync.publish(version, str(path))
+                    await sync.republish_if_behind(health.policy_version)
                 except grpc.aio.AioRpcError as e:
                     log.info("gateway check failed", extra={"kv": {"code": e.code().name}})
 
@@ -129,3 +127,38 @@ class TrainerApp:
         if self._sync is not None:
             await self._sync.close()
         self.service.close()
+
+
+class TrackedSync:
+    """The loop's weight sync, remembering the last (version, checkpoint) it handed
+    the gateway (or tried to: a gateway down at publish time gets it once back, from
+    ``TrainerApp._keep_gateway_in_sync``).
+    Publishes are serialised, so a republish never overtakes a newer version."""
+
+    def __init__(self, inner: GatewaySync, version: int, checkpoint_path: str | None) -> None:
+        self.inner = inner
+        self.version, self.path = version, checkpoint_path
+        self._lock = asyncio.Lock()
+
+    async def publish(self, version: int, checkpoint_path: str) -> dict[str, float]:
+        """A gateway that is down does not stop training: the step is already
+        checkpointed, and the watchdog hands the weights over once it is back."""
+        async with self._lock:
+            self.version, self.path = version, checkpoint_path
+            try:
+                return await self.inner.publish(version, checkpoint_path)
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in _TRANSIENT:
+                    raise
+                log.warning("gateway unreachable; weights published when it is back", extra={"kv": {"v": version}})
+                return {"sync/failed": 1.0}
+
+    async def republish_if_behind(self, gateway_version: int) -> None:
+        async with self._lock:
+            if self.path is None or gateway_version >= self.version:
+                return
+            log.warning("gateway behind; republishing", extra={"kv": {"gateway": gateway_version, "to": self.version}})
+            await self.inner.publish(self.version, self.path)
+
+    async def close(self) -> None:
+        await self.inner.close()

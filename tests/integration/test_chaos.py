@@ -40,6 +40,8 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import (
     capture_pb2,
     capture_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
     records_pb2,
     sandbox_pb2,
     sandbox_pb2_grpc,
@@ -196,7 +198,7 @@ gradient_checkpointing = false
 [trainer.rollout]
 groups_per_step = 1
 max_steps = {STEPS}
-max_staleness = {STEPS}
+max_staleness = 1
 """
     )
     return config
@@ -224,6 +226,7 @@ class Driver:
         self.sandbox = sandbox_pb2_grpc.SandboxStub(connect(f"127.0.0.1:{ports['sandbox']}"))
         self.trainer = trainer_pb2_grpc.TrainerStub(connect(f"127.0.0.1:{ports['trainer']}"))
         self.store = capture_pb2_grpc.CaptureStoreStub(connect(f"127.0.0.1:{ports['capture']}"))
+        self.gateway = gateway_pb2_grpc.RolloutGatewayStub(connect(f"127.0.0.1:{ports['gateway']}"))
         self.trials: list[str] = []
         self.groups = 0
 
@@ -261,6 +264,10 @@ class Driver:
 
     async def trainer_status(self) -> trainer_pb2.TrainerStatus:
         return await self.trainer.Status(trainer_pb2.StatusRequest(), timeout=10, wait_for_ready=True)
+
+    async def gateway_version(self) -> int:
+        health = await self.gateway.Health(gateway_pb2.GatewayHealthRequest(), timeout=10, wait_for_ready=True)
+        return int(health.policy_version)
 
     async def done_trials(self) -> int:
         return sum([(await self.status(t)).state == sandbox_pb2.TRIAL_STATE_DONE for t in self.trials])
@@ -328,6 +335,13 @@ async def run_chaos(stack: ProcessStack, d: Driver, log: list[str]) -> None:
     await stack.start("worker-1")
 
     await d.submit_group()
+    deadline = time.monotonic() + 300
+    while (await d.trainer_status()).step < 1:  # the gateway then serves a trained version
+        assert time.monotonic() < deadline, "the trainer never finished a step"
+        if await d.done_trials() == len(d.trials):
+            await d.submit_group()
+        await asyncio.sleep(0.5)
+    await d.submit_group()
     await in_agent_phase(d)
     await asyncio.sleep(0.8)
     log.append(f"kill gateway ({await d.done_trials()} trials done)")
@@ -335,11 +349,11 @@ async def run_chaos(stack: ProcessStack, d: Driver, log: list[str]) -> None:
     await asyncio.sleep(1.0)
     await stack.start("gateway")
 
-    await d.submit_group()
-    deadline = time.monotonic() + 300
-    while (await d.trainer_status()).step < 1:
-        assert time.monotonic() < deadline, "the trainer never finished a step"
+    trained = (await d.trainer_status()).policy_version
+    while (await d.gateway_version()) < trained:  # the trainer republishes its weights
+        assert time.monotonic() < deadline, f"the restarted gateway never got version {trained} back"
         await asyncio.sleep(0.5)
+    log.append(f"restarted gateway serves version {await d.gateway_version()} again")
     log.append(f"kill trainer (step {(await d.trainer_status()).step})")
     stack["trainer"].kill()
     await stack.start("trainer")
@@ -374,6 +388,8 @@ async def test_a_run_survives_kills_of_each_service(
         await run_chaos(stack, d, events)
         status = await d.trainer_status()
         assert (status.state, status.step) == ("done", STEPS), (events, status, stack.logs())
+        checkpoints = sorted(p.name for p in (tmp_path / "trainer" / "checkpoints").iterdir())
+        assert checkpoints[-1] == f"step-{STEPS:08d}", checkpoints  # no step redone after the restart
         await check_every_trial(tmp_path, d, events)
     except BaseException:
         print("\n".join(events))
