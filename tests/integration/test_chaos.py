@@ -52,7 +52,6 @@ from stack.procs import ProcessStack
 from tests.sandbox_support import make_task
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
     pytest.mark.skipif(not (default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared"),
 ]
@@ -373,6 +372,7 @@ async def run_chaos(stack: ProcessStack, d: Driver, log: list[str]) -> None:
         await asyncio.sleep(1.0)
 
 
+@pytest.mark.slow
 async def test_a_run_survives_kills_of_each_service(
     tmp_path: Path, redis_server: RedisServer, s3_server: S3Server, s3_bucket: str
 ) -> None:
@@ -454,3 +454,57 @@ async def dead_attempts_unfinalized(d: Driver, trial: str, attempt: int) -> list
         if traj.finalized:
             problems.append(f"{dead}: a dead attempt was finalized")
     return problems
+
+
+async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A worker SIGKILLed mid-trial with no attempt left: the reaper marks the trial
+    done (infrastructure reason) and FinalizeTrajectory records it, so the group is ready."""
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+    from services.sandbox.lifecycle import TrialSpec, TrialState
+    from services.sandbox.queue.redis import RedisQueue
+    from tests.sandbox_support import wait_for_state
+
+    capture = await create_capture(CaptureSettings(store_dir=tmp_path / "store", fsync=False, shutdown_grace_s=0.2))
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        f'[sandbox]\nqueue_url = "{redis_server.url}"\ncapture_target = "127.0.0.1:{capture.port}"\n'
+        f'work_dir = "{tmp_path / "trials"}"\ncache_dir = "{tmp_path / "cache"}"\n'
+        f'artifacts_dir = "{tmp_path / "artifacts"}"\nlease_s = 2.0\nheartbeat_s = 0.5\nmax_attempts = 1\n'
+    )
+    stack = ProcessStack(tmp_path, config)
+    stack.add("worker", ["sandbox", "worker", "-c", str(config), "--name", "w"])
+    queue = RedisQueue(redis_server.url)
+    spec = TrialSpec(
+        trial_id="doomed",
+        run_id=RUN,
+        task_path=str(make_task(tmp_path / "tasks")),
+        group_id="solo",
+        group_size=1,
+        harness="shell",
+        harness_options={"script": "sleep 60"},
+    )
+    try:
+        await queue.submit(spec)
+        await stack.start()
+        await wait_for_state(queue, "doomed", TrialState.AGENT, timeout_s=60)
+        stack["worker"].kill()
+        await stack.start()  # a new worker reaps the expired lease
+        record = await wait_for_state(queue, "doomed", TrialState.DONE, timeout_s=60)
+        assert record.outcome is not None and record.outcome.termination_reason == "env_setup_failed"
+        async with connect(f"127.0.0.1:{capture.port}") as channel:
+            store = capture_pb2_grpc.CaptureStoreStub(channel)
+            req = capture_pb2.GetTrajectoryRequest(run_id=RUN, trial_id="doomed")
+            for _ in range(100):  # finalized right after the reap
+                try:
+                    traj = await store.GetTrajectory(req, timeout=5)
+                    break
+                except Exception:  # noqa: BLE001 - not finalized yet
+                    await asyncio.sleep(0.1)
+        assert traj.finalized and traj.termination_reason == records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED
+    finally:
+        stack.stop_all()
+        await queue.close()
+        await capture.stop(0.2)
