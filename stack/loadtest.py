@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -62,6 +63,7 @@ class LoadConfig:
     concurrency: int = 0  # 0: every trial in flight at once
     distributed: bool = False
     model_dir: Path = field(default_factory=default_model_dir)
+    sandbox: bool = False  # through real bubblewrap sandboxes and sandbox workers (loadtest_sandbox)
 
     def check(self) -> None:
         if self.trials < 1 or self.turns < 1 or self.group_size < 1 or self.concurrency < 0:
@@ -70,6 +72,8 @@ class LoadConfig:
             raise InvalidArgument(f"trials ({self.trials}) must be a multiple of group_size ({self.group_size})")
         if not (self.model_dir / "tokenizer.json").exists():
             raise InvalidArgument(f"{self.model_dir}: no tokenizer.json (run scripts/setup)")
+        if self.sandbox and shutil.which("bwrap") is None:
+            raise InvalidArgument("--sandbox needs bubblewrap (bwrap) on PATH")
 
 
 @dataclass
@@ -248,11 +252,10 @@ async def measure(
     )
 
 
-async def _start_services(root: Path, cfg: LoadConfig, exits: AsyncExitStack) -> tuple[int, int]:
-    """Gateway, capture store and proxy processes; returns (proxy port, capture port)."""
+def write_services_config(root: Path, cfg: LoadConfig, ports: dict[str, int], exits: AsyncExitStack) -> Path:
+    """The config of gateway, capture store and proxy (starting Redis and S3 when distributed)."""
     script = root / "script.json"
     script.write_text(json.dumps({"context_window": 1_000_000, "threads": {"main": [REPLY], "*": [REPLY]}}))
-    ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
     store = f'store_dir = "{root / "capture"}"\n'
     if cfg.distributed:
         (root / "redis").mkdir()
@@ -273,6 +276,13 @@ async def _start_services(root: Path, cfg: LoadConfig, exits: AsyncExitStack) ->
         f'[proxy]\ngateway_target = "127.0.0.1:{ports["gateway"]}"\ncapture_target = "127.0.0.1:{ports["capture"]}"\n'
         f'admin_token = "{ADMIN}"\nmodel_dir = "{cfg.model_dir}"\nmax_trials = 100000\n'
     )
+    return config
+
+
+async def _start_services(root: Path, cfg: LoadConfig, exits: AsyncExitStack) -> tuple[int, int]:
+    """Gateway, capture store and proxy processes; returns (proxy port, capture port)."""
+    ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
+    config = write_services_config(root, cfg, ports, exits)
     procs = ProcessStack(root, config, {**os.environ, "HARNESSRL_SKIP_WARMUP": "1"})
     for noun in ("gateway", "capture", "proxy"):
         procs.add_server(noun, noun, ports[noun])
@@ -287,6 +297,10 @@ async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: 
     with tempfile.TemporaryDirectory(prefix="hrl-bench-e2e-") as tmp:
         async with AsyncExitStack() as exits:
             progress("starting gateway, capture store and proxy" + (" (Redis + S3)" if cfg.distributed else ""))
+            if cfg.sandbox:
+                from stack.loadtest_sandbox import run_sandboxed
+
+                return await run_sandboxed(Path(tmp), cfg, exits, progress)
             proxy_port, capture_port = await _start_services(Path(tmp), cfg, exits)
             channel = connect(f"127.0.0.1:{capture_port}", tracing=False)
             exits.push_async_callback(channel.close)
@@ -301,12 +315,13 @@ async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: 
             return [baseline, loaded]
 
 
-def print_report(rows: list[LoadResult], distributed: bool) -> None:
+def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
     backend = "distributed (Redis + S3)" if distributed else "embedded (SQLite + files)"
-    table = Table(title=f"harnessrl bench e2e: proxy + gateway (scripted) + capture store, {backend}")
+    where = "bubblewrap sandboxes (shell harness) -> " if sandbox else ""
+    table = Table(title=f"harnessrl bench e2e: {where}proxy + gateway (scripted) + capture store, {backend}")
     for column in ("run", "trials", "in flight", "s", "trials/s", "turns/s", "p50 ms", "p99 ms", "lost records"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for r in rows:

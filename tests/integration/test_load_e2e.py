@@ -4,6 +4,7 @@ test, asserting zero lost records (never timing)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,6 +33,14 @@ async def test_sixteen_concurrent_trials_lose_no_record() -> None:
     check_nothing_lost(baseline, 4, 3, 4)
     check_nothing_lost(loaded, 16, 3, 4)
     assert (baseline.concurrency, loaded.concurrency) == (1, 16)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_sandboxed_trials_lose_no_record() -> None:
+    """The same check with every trial in a real bubblewrap sandbox run by a sandbox worker."""
+    baseline, loaded = await run_load(LoadConfig(trials=8, turns=2, group_size=4, sandbox=True))
+    check_nothing_lost(baseline, 4, 2, 4)
+    check_nothing_lost(loaded, 8, 2, 4)
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
