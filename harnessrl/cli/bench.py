@@ -67,6 +67,28 @@ def capture(
     print_results(run(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
 
 
+@app.command("e2e")
+def e2e(
+    trials: Annotated[int, typer.Option(min=1, help="Trials of the loaded row (a multiple of --group-size).")] = 512,
+    turns: Annotated[int, typer.Option(min=1, help="Model calls per trial.")] = 4,
+    group_size: Annotated[int, typer.Option(min=1, help="Trials per group (FinalizeTrajectory readiness).")] = 8,
+    concurrency: Annotated[int, typer.Option(min=0, help="Trials in flight; 0 = all of them.")] = 0,
+    distributed: Annotated[bool, typer.Option(help="Capture store on Redis + S3 instead of SQLite + files.")] = False,
+    sandbox: Annotated[
+        bool, typer.Option(help="Run each trial in a real bubblewrap sandbox (sandbox workers, Redis queue).")
+    ] = False,
+) -> None:
+    """Concurrent trials through proxy, gateway (scripted) and capture store: trials/s, p50/p99
+    latency of a model call vs one trial at a time, and zero lost records (exit 1 otherwise)."""
+    from stack.loadtest import LoadConfig, print_report, run_load
+
+    cfg = LoadConfig(trials, turns, group_size, concurrency, distributed, sandbox=sandbox)
+    rows = asyncio.run(run_load(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
+    print_report(rows, distributed, sandbox)
+    if any(r.lost_records or r.errors for r in rows):
+        raise typer.Exit(1)
+
+
 @app.command("async")
 def async_(
     steps: Annotated[int, typer.Option(min=6, help="Trainer steps simulated per row (4 are warm-up).")] = 30,
