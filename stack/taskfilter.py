@@ -5,7 +5,7 @@ A GRPO group whose G rollouts all pass or all fail has zero advantage and
 teaches nothing, so a training pool should hold tasks the policy solves between
 ``a`` and ``b`` times out of ``k``. Each task gets ``k`` attempts through the
 normal trial path: the embedded model stack of ``harnessrl trial run``
-(``harnessrl.cli.trial.model_stack``: capture store, gateway with the chosen
+(``stack.embedded.model_stack``: capture store, gateway with the chosen
 engine, proxy) and the sandbox's ``TrialRunner`` with the chosen harness.
 
 Choices (the issue is silent on them):
@@ -42,7 +42,7 @@ from services.sandbox.tasks import load_task
 from stack.disjoint import task_dirs
 
 if TYPE_CHECKING:
-    from harnessrl.cli.trial import Endpoints
+    from stack.embedded import Endpoints
 
 
 # The termination reason recorded when the runner itself raised (an infra failure).
@@ -140,7 +140,7 @@ def select(pools: Sequence[Path], families: Sequence[str] = ()) -> list[Path]:
 
 
 async def _attempts(paths: list[Path], cfg: FilterConfig, run_id: str, progress: Progress | None) -> list[TaskResult]:
-    from harnessrl.cli.trial import model_stack
+    from stack.embedded import model_stack
 
     results = [TaskResult(str(p), p.name, load_task(p).task_id, _family(p)) for p in paths]
     with tempfile.TemporaryDirectory(prefix="hrl-filter-") as tmp:
