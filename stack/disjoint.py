@@ -13,8 +13,8 @@ level) that applies:
   when the commits differ; the detail names both commits.
 
 Paths may be task directories or pools (a directory whose immediate
-subdirectories holding ``task.toml`` are its tasks). A path that is neither is
-an ``InvalidArgument``; a malformed task is the sandbox's ``TaskError``.
+subdirectories holding ``task.toml`` are its tasks; ``stack.pool``). A path that
+is neither is a ``ConfigError``; a malformed task is the sandbox's ``TaskError``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harnessrl.errors import InvalidArgument
 from services.sandbox.tasks import Task, load_task
+from stack import pool
 
 Level = Literal["repository", "instance"]
 
@@ -52,20 +52,8 @@ class _Identity:
 
 
 def task_dirs(paths: Iterable[Path]) -> list[Path]:
-    """Each path as itself (a task) or as its tasks (a pool), sorted within a pool."""
-    out: list[Path] = []
-    for path in paths:
-        path = Path(path)
-        if (path / "task.toml").is_file():
-            out.append(path)
-            continue
-        if not path.is_dir():
-            raise InvalidArgument(f"{path}: no such task or pool directory")
-        tasks = sorted(p for p in path.iterdir() if (p / "task.toml").is_file())
-        if not tasks:
-            raise InvalidArgument(f"{path}: neither a task (no task.toml) nor a pool (no subdirectory with task.toml)")
-        out.extend(tasks)
-    return out
+    """Each path as itself (a task) or as its tasks (a pool, sorted): ``stack.pool.tasks_of``."""
+    return [task for path in paths for task in pool.tasks_of(Path(path))]
 
 
 def content_digest(task: Task) -> str:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from harnessrl.errors import InvalidArgument
 from services.sandbox.lifecycle import POLICY_REASONS, TrialSpec
 from services.sandbox.tasks import load_task
-from stack.disjoint import task_dirs
+from stack import pool
 
 if TYPE_CHECKING:
     from stack.embedded import Endpoints
@@ -121,17 +121,9 @@ class FilterReport:
 Progress = Callable[[TaskResult, int, int], None]
 
 
-def _family(path: Path) -> str:
-    return str(load_task(path).config.metadata.get("category", "")) or "(none)"
-
-
 def select(pools: Sequence[Path], families: Sequence[str] = ()) -> list[Path]:
-    """The tasks of ``pools`` (tasks or pools), restricted to ``families`` when given."""
-    paths = task_dirs(pools)
-    if families:
-        paths = [p for p in paths if _family(p) in families]
-        if not paths:
-            raise InvalidArgument(f"no task in {[str(p) for p in pools]} has a family in {list(families)}")
+    """The tasks of ``pools`` (tasks or pools, ``stack.pool.expand``), restricted to ``families`` when given."""
+    paths = pool.expand(pools, families)
     names = Counter(p.name for p in paths)
     dupes = sorted(n for n, c in names.items() if c > 1)
     if dupes:
@@ -142,7 +134,7 @@ def select(pools: Sequence[Path], families: Sequence[str] = ()) -> list[Path]:
 async def _attempts(paths: list[Path], cfg: FilterConfig, run_id: str, progress: Progress | None) -> list[TaskResult]:
     from stack.embedded import model_stack
 
-    results = [TaskResult(str(p), p.name, load_task(p).task_id, _family(p)) for p in paths]
+    results = [TaskResult(str(p), p.name, load_task(p).task_id, pool.family(p) or "(none)") for p in paths]
     with tempfile.TemporaryDirectory(prefix="hrl-filter-") as tmp:
         async with model_stack(cfg.engine, Path(tmp), cfg.model) as ends:
             await _run_all(results, cfg, run_id, ends, progress)

@@ -109,7 +109,7 @@ def test_a_path_that_is_neither_task_nor_pool_is_a_clear_error(tmp_path: Path) -
     empty.mkdir()
     with pytest.raises(InvalidArgument, match="neither a task"):
         find_overlaps([empty], [empty])
-    with pytest.raises(InvalidArgument, match="no such task or pool"):
+    with pytest.raises(InvalidArgument, match="does not exist"):
         find_overlaps([tmp_path / "missing"], [empty])
 
 
@@ -142,4 +142,4 @@ def test_cli_bad_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "no such task or pool" in proc.stderr and "Traceback" not in proc.stderr
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
