@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import shutil
 import tempfile
 import uuid
@@ -108,6 +109,9 @@ class TaskResult:
 class FilterReport:
     config: dict[str, Any]
     started_at: str
+    # False while the run is going (the report is rewritten after each task) or when it was cut short.
+    complete: bool
+    tasks_planned: int
     histogram: dict[str, int]
     families: dict[str, dict[str, Any]]
     kept: list[str]
@@ -196,8 +200,13 @@ def _score(result: TaskResult, cfg: FilterConfig) -> None:
     result.kept = not result.infra_failed and a <= result.solves <= b
 
 
-def summarize(results: list[TaskResult], cfg: FilterConfig, started_at: str) -> FilterReport:
-    """Histogram of solves out of k, per-family counts and rates, kept tasks, infra failures."""
+def summarize(
+    results: list[TaskResult], cfg: FilterConfig, started_at: str, planned: int | None = None
+) -> FilterReport:
+    """Histogram of solves out of k, per-family counts and rates, kept tasks, infra failures,
+    over the finished tasks of ``results`` (``planned``: how many the run has in all)."""
+    planned = len(results) if planned is None else planned
+    results = [r for r in results if r.attempts]
     scored = [r for r in results if not r.infra_failed]
     histogram = {str(n): sum(1 for r in scored if r.solves == n) for n in range(cfg.k + 1)}
     families: dict[str, dict[str, Any]] = {}
@@ -228,7 +237,8 @@ def summarize(results: list[TaskResult], cfg: FilterConfig, started_at: str) -> 
     ]
     config = asdict(cfg) | {"sandbox_config": str(cfg.sandbox_config) if cfg.sandbox_config else None}
     kept = [r.name for r in results if r.kept]
-    return FilterReport(config, started_at, histogram, families, kept, infra, results)
+    complete = len(results) == planned
+    return FilterReport(config, started_at, complete, planned, histogram, families, kept, infra, results)
 
 
 def write_pool(results: list[TaskResult], out: Path) -> None:
@@ -251,14 +261,36 @@ def run_filter(
     out: Path | None = None,
     families: Sequence[str] = (),
     progress: Progress | None = None,
+    report: Path | None = None,
 ) -> FilterReport:
-    """Runs k attempts per task, writes the kept pool to ``out`` (when given), returns the report."""
+    """Runs k attempts per task, writes the kept pool to ``out`` and the report to ``report``
+    (when given; rewritten after each finished task, so an interrupted run keeps what it measured)."""
     paths = select(pools, families)
     if out is not None:
         check_out(out)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     run_id = f"filter-{uuid.uuid4().hex[:8]}"
-    results = asyncio.run(_attempts(paths, cfg, run_id, progress))
+    finished: list[TaskResult] = []
+
+    def on_task(result: TaskResult, done: int, total: int) -> None:
+        finished.append(result)
+        if report is not None:
+            write_report(summarize(finished, cfg, started, len(paths)), report)
+        if progress is not None:
+            progress(result, done, total)
+
+    results = asyncio.run(_attempts(paths, cfg, run_id, on_task))
     if out is not None:
         write_pool(results, out)
-    return summarize(results, cfg, started)
+    final = summarize(results, cfg, started)
+    if report is not None:
+        write_report(final, report)
+    return final
+
+
+def write_report(report: FilterReport, path: Path) -> None:
+    """Writes the JSON report atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    tmp.replace(path)

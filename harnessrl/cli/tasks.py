@@ -76,7 +76,7 @@ def filter_(
     pools: Annotated[list[Path], typer.Argument(help="Tasks or pools to filter.")],
     harness: Annotated[str, typer.Option(help="Harness that runs the attempts (mini-swe-agent, shell, ...).")],
     out: Annotated[Path, typer.Option(help="New (or empty) directory for the kept pool.")],
-    report: Annotated[Path, typer.Option(help="Where to write the JSON report.")],
+    report: Annotated[Path, typer.Option(help="Where to write the JSON report (rewritten after each task).")],
     engine: Annotated[
         str | None,
         typer.Option(help="local | vllm | scripted:FILE | module:Class (default local for model harnesses)."),
@@ -132,9 +132,7 @@ def filter_(
         mark = "infra failure" if result.infra_failed else f"{result.solves}/{k}" + (" kept" if result.kept else "")
         typer.echo(f"[{done}/{total}] {result.name}: {mark}", err=True)
 
-    result = run_filter(pools, cfg, out=out, families=family or (), progress=progress)
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    result = run_filter(pools, cfg, out=out, families=family or (), progress=progress, report=report)
     typer.echo(f"solves out of {k}: " + "  ".join(f"{n}:{c}" for n, c in result.histogram.items()))
     for fam, row in result.families.items():
         typer.echo(f"{fam:12} tasks {row['tasks']:3}  kept {row['kept']:3}  solve rate {row['solve_rate']}")

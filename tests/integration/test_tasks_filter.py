@@ -110,6 +110,7 @@ def test_filter_keeps_exactly_the_tasks_solved_1_to_3_of_4(tmp_path: Path) -> No
     assert {f["termination_reason"] for f in infra["failures"]} == {"env_setup_failed"}
     assert "ONBUILD" in infra["failures"][0]["error"]
     assert report["config"]["keep"] == [1, 3] and report["config"]["harness"] == "shell"
+    assert report["complete"] is True and report["tasks_planned"] == 6
     assert "solves out of 4: 0:1  1:1  2:1  3:1  4:1" in proc.stdout
 
 
@@ -172,6 +173,7 @@ def test_keep_range_and_scoring_rules() -> None:
     result.attempts[2] = Attempt(2, "x.a2", None, "verifier_error")
     _score(result, cfg)
     assert (result.infra_failed, result.kept) == (True, False)
-    report = summarize([result], cfg, "now")
+    report = summarize([result, TaskResult("q", "unfinished", "org/u", "fam")], cfg, "now")
+    assert (report.complete, report.tasks_planned, len(report.tasks)) == (False, 2, 1)
     assert report.histogram == {"0": 0, "1": 0, "2": 0, "3": 0, "4": 0}
     assert report.families["fam"]["solve_rate"] is None and report.infra_failures[0]["task"] == "t"
