@@ -84,26 +84,28 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     console = console or Console()
     train, evaluation = resolve_tasks(cfg)
     for overlap in check_overlap(cfg, train, evaluation):
-        console.print(f"warning: overlap allowed: {overlap}", highlight=False, markup=False)
+        console.print(f"warning: overlap allowed: {overlap}", highlight=False, markup=False, soft_wrap=True)
     if cfg.run.preflight:
         report = preflight.static_checks(cfg, train)
-        preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False))
+        preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))
         report.raise_if_failed()
     run_dir = RunDirectory(cfg)
     fresh = not resume
     run_dir.create(resume=resume)
     run_dir.write_info("running")
-    console.print(f"run {cfg.run_id}: {run_dir.path}", highlight=False, markup=False)
+    console.print(f"run {cfg.run_id}: {run_dir.path}", highlight=False, markup=False, soft_wrap=True)
     outcome = Outcome("failed", EXIT_FAILED)
     try:
         async with services(cfg, dashboard=cfg.run.dashboard) as ends:
             if cfg.run.preflight:
                 assert ends.sandbox_target is not None
                 report = await preflight.live_checks(cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token())
-                preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False))
+                preflight.print_report(
+                    report, lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)
+                )
                 report.raise_if_failed()
             if ends.dashboard_url:
-                console.print(f"dashboard: {ends.dashboard_url}", highlight=False, markup=False)
+                console.print(f"dashboard: {ends.dashboard_url}", highlight=False, markup=False, soft_wrap=True)
             outcome = await _train(cfg, ends, train, run_dir, console)
     except preflight.PreflightFailed:
         if fresh:
@@ -117,7 +119,9 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
         if outcome.status:
             run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done)
     if not cfg.run.dashboard:
-        console.print(f"dashboard: harnessrl dashboard serve --run {run_dir.path}", highlight=False, markup=False)
+        console.print(
+            f"dashboard: harnessrl dashboard serve --run {run_dir.path}", highlight=False, markup=False, soft_wrap=True
+        )
     return outcome
 
 
@@ -172,7 +176,9 @@ async def _train(
             if latest is not None:
                 await asyncio.to_thread(trainer.restore, latest)
                 service.set_progress(trainer.step, trainer.policy_version)
-                console.print(f"resumed from {latest.name} (step {trainer.step})", highlight=False, markup=False)
+                console.print(
+                    f"resumed from {latest.name} (step {trainer.step})", highlight=False, markup=False, soft_wrap=True
+                )
                 if sync is not None:
                     await sync.publish(trainer.policy_version, str(latest))
             remaining = cfg.run.steps - trainer.step
@@ -261,7 +267,12 @@ async def _drive(
         if training.done():
             training.result()  # raises what the loop raised
             return Outcome("done", EXIT_DONE, service.status().step)
-        console.print(f"{stop.signal_name}: stopping (in-flight trials are cancelled)", highlight=False, markup=False)
+        console.print(
+            f"{stop.signal_name}: stopping (in-flight trials are cancelled)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
         return Outcome("stopped", EXIT_STOPPED, service.status().step)
     finally:
         for task in (training, stopper):
@@ -272,3 +283,40 @@ async def _drive(
             log.warning("trials still running after %.0fs: %s", CANCEL_WAIT_S, launcher.in_flight())
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
+
+
+def run_blocking(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
+    """``execute`` on a fresh event loop that does not wait for worker threads at the end.
+
+    ``asyncio.run`` joins the default executor, i.e. waits for an optimizer step
+    still running in a thread after Ctrl-C (minutes on a CPU). Here the loop
+    closes without that wait; ``exit_now`` then ends the process (the step's
+    result is discarded: nothing is saved after a stop, its groups are redelivered
+    on resume)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(execute(cfg, resume=resume, console=console))
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(_settle(pending))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()  # shuts the executor down without waiting
+
+
+async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def exit_now(code: int) -> None:
+    """Leaves without joining worker threads (a stopped run's abandoned optimizer step)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
