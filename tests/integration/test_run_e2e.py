@@ -76,6 +76,7 @@ def test_a_second_fresh_run_with_the_same_id_is_refused(tmp_path: Path, model: P
     assert proc.returncode == 2 and "use --resume e2e" in proc.stderr
 
 
+@pytest.mark.slow
 def test_dashboard_serves_the_live_run(tmp_path: Path, model: Path) -> None:
     import urllib.request
     from urllib.parse import parse_qs, urlparse
