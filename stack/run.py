@@ -84,29 +84,20 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     console = console or Console()
     train, evaluation = resolve_tasks(cfg)
     for overlap in check_overlap(cfg, train, evaluation):
-        console.print(f"warning: overlap allowed: {overlap}", highlight=False, markup=False, soft_wrap=True)
+        _say(console, f"warning: overlap allowed: {overlap}")
     if cfg.run.preflight:
         report = preflight.static_checks(cfg, train)
-        preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))
+        preflight.print_report(report, lambda line: _say(console, line))
         report.raise_if_failed()
     run_dir = RunDirectory(cfg)
     fresh = not resume
     run_dir.create(resume=resume)
     run_dir.write_info("running")
-    console.print(f"run {cfg.run_id}: {run_dir.path}", highlight=False, markup=False, soft_wrap=True)
+    _say(console, f"run {cfg.run_id}: {run_dir.path}")
     outcome = Outcome("failed", EXIT_FAILED)
     try:
-        async with services(cfg, dashboard=cfg.run.dashboard) as ends:
-            if cfg.run.preflight:
-                assert ends.sandbox_target is not None
-                report = await preflight.live_checks(cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token())
-                preflight.print_report(
-                    report, lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)
-                )
-                report.raise_if_failed()
-            if ends.dashboard_url:
-                console.print(f"dashboard: {ends.dashboard_url}", highlight=False, markup=False, soft_wrap=True)
-            outcome = await _train(cfg, ends, train, run_dir, console)
+        with _Stop() as stop:
+            outcome = await _with_services(cfg, train, run_dir, console, stop)
     except preflight.PreflightFailed:
         if fresh:
             shutil.rmtree(run_dir.path, ignore_errors=True)
@@ -119,10 +110,29 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
         if outcome.status:
             run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done)
     if not cfg.run.dashboard:
-        console.print(
-            f"dashboard: harnessrl dashboard serve --run {run_dir.path}", highlight=False, markup=False, soft_wrap=True
-        )
+        _say(console, f"dashboard: harnessrl dashboard serve --run {run_dir.path}")
     return outcome
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+async def _with_services(
+    cfg: RunConfig, train: Sequence[Path], run_dir: RunDirectory, console: Console, stop: _Stop
+) -> Outcome:
+    async with services(cfg, dashboard=cfg.run.dashboard) as ends:
+        if cfg.run.preflight:
+            assert ends.sandbox_target is not None
+            report = await preflight.live_checks(cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token())
+            preflight.print_report(report, lambda line: _say(console, line))
+            report.raise_if_failed()
+        if ends.dashboard_url:
+            _say(console, f"dashboard: {ends.dashboard_url}")
+        if stop.event.is_set():
+            _say(console, f"{stop.signal_name}: stopping before training")
+            return Outcome("stopped", EXIT_STOPPED)
+        return await _train(cfg, ends, train, run_dir, console, stop)
 
 
 class _Stop:
@@ -151,7 +161,7 @@ class _Stop:
 
 
 async def _train(
-    cfg: RunConfig, ends: Endpoints, train: Sequence[Path], run_dir: RunDirectory, console: Console
+    cfg: RunConfig, ends: Endpoints, train: Sequence[Path], run_dir: RunDirectory, console: Console, stop: _Stop
 ) -> Outcome:
     from services.trainer import checkpoint
     from services.trainer.engine import CpuTrainer
@@ -167,33 +177,33 @@ async def _train(
     run_dir.write_info("running", trainer_target=ends.trainer_target, capture_target=ends.capture_target)
     closers: list[Any] = []
     try:
-        with _Stop() as stop:
-            trainer = await asyncio.to_thread(CpuTrainer, settings)
-            latest = checkpoint.latest(out)
-            sync = GatewaySync(ends.gateway_target, True, 60.0, cfg.token()) if ends.gateway_target else None
+        trainer = await asyncio.to_thread(CpuTrainer, settings)
+        latest = checkpoint.latest(out)
+        sync = GatewaySync(ends.gateway_target, True, 60.0, cfg.token()) if ends.gateway_target else None
+        if sync is not None:
+            closers.append(sync)
+        if latest is not None:
+            await asyncio.to_thread(trainer.restore, latest)
+            service.set_progress(trainer.step, trainer.policy_version)
+            _say(console, f"resumed from {latest.name} (step {trainer.step})")
             if sync is not None:
-                closers.append(sync)
-            if latest is not None:
-                await asyncio.to_thread(trainer.restore, latest)
-                service.set_progress(trainer.step, trainer.policy_version)
-                console.print(
-                    f"resumed from {latest.name} (step {trainer.step})", highlight=False, markup=False, soft_wrap=True
-                )
-                if sync is not None:
-                    await sync.publish(trainer.policy_version, str(latest))
-            remaining = cfg.run.steps - trainer.step
-            if remaining <= 0:
-                return Outcome("done", EXIT_DONE, trainer.step)
-            rollout = settings.rollout.model_copy(update={"max_steps": remaining})
-            settings = settings.model_copy(update={"rollout": rollout})
-            source = ReadyGroupSource(ends.capture_target, cfg.run_id, settings.consumer_group, cfg.token())
-            await source.start()
-            closers.insert(0, source)
-            launcher = _launcher(cfg, ends, train)
-            await launcher.start()
-            closers.insert(0, launcher)
-            loop = TrainingLoop(settings, trainer, source, service, sync, launcher)
-            return await _drive(cfg, loop, launcher, service, stop, console)
+                await sync.publish(trainer.policy_version, str(latest))
+        remaining = cfg.run.steps - trainer.step
+        if stop.event.is_set():
+            _say(console, f"{stop.signal_name}: stopping before training")
+            return Outcome("stopped", EXIT_STOPPED, trainer.step)
+        if remaining <= 0:
+            return Outcome("done", EXIT_DONE, trainer.step)
+        rollout = settings.rollout.model_copy(update={"max_steps": remaining})
+        settings = settings.model_copy(update={"rollout": rollout})
+        source = ReadyGroupSource(ends.capture_target, cfg.run_id, settings.consumer_group, cfg.token())
+        await source.start()
+        closers.insert(0, source)
+        launcher = _launcher(cfg, ends, train)
+        await launcher.start()
+        closers.insert(0, launcher)
+        loop = TrainingLoop(settings, trainer, source, service, sync, launcher)
+        return await _drive(cfg, loop, launcher, service, stop, console)
     finally:
         for closer in closers:
             with contextlib.suppress(Exception):
@@ -267,12 +277,7 @@ async def _drive(
         if training.done():
             training.result()  # raises what the loop raised
             return Outcome("done", EXIT_DONE, service.status().step)
-        console.print(
-            f"{stop.signal_name}: stopping (in-flight trials are cancelled)",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+        _say(console, f"{stop.signal_name}: stopping (in-flight trials are cancelled)")
         return Outcome("stopped", EXIT_STOPPED, service.status().step)
     finally:
         for task in (training, stopper):
