@@ -61,7 +61,7 @@ timeout_sec = 300
 timeout_sec = 60
 
 [environment]
-memory_mb = 512
+memory_mb = 2048
 storage_mb = 256
 network_mode = "no-network"
 """

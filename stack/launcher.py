@@ -1,5 +1,7 @@
-"""The real ``BatchLauncher`` of ``harnessrl run``: each step's groups go to the
-Sandbox service over gRPC (``SubmitTrial``), one trace per trial.
+"""The real launcher of ``harnessrl run``: groups go to the Sandbox service over
+gRPC (``SubmitTrial``), one trace per trial. The trainer loop drives it group by
+group (``launch_group``: continuous admission, services/trainer/admission.py);
+``launch`` starts a whole step's batch (the older ``BatchLauncher`` protocol).
 
 Deterministic, so a resumed run never redoes finished work:
 - the tasks of step s are a seeded walk over the pool (a fresh permutation per
@@ -180,6 +182,31 @@ class SandboxLauncher:
                         continue
                     await self._submit(self.template.spec(trial, policy_version))
         self.launched_steps.append(step)
+
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None:
+        """Submits the trials of the ``index``-th group of ``step`` not yet finalized, as ``group_id``.
+
+        The loop names groups like ``group_id()``, so a resumed run finds the trials it already has.
+        """
+        if step >= self.steps:
+            return
+        done = await self.finalized(step)
+        task = task_for(self.tasks, self.seed, step * self.groups_per_step + index)
+        tracer = telemetry.tracer(__name__, "trainer")
+        attributes: dict[str, str | int] = {
+            "harnessrl.run_id": self.template.run_id,
+            "harnessrl.step": step,
+            "harnessrl.group_id": group_id,
+        }
+        with tracer.start_as_current_span("trainer.launch", attributes=attributes):
+            for i in range(self.template.group_size):
+                trial = PlannedTrial(f"{group_id}-{i}", group_id, task, step, i)
+                if trial.trial_id in done:
+                    self.skipped.append(trial.trial_id)
+                    continue
+                await self._submit(self.template.spec(trial, policy_version))
+        if step not in self.launched_steps:
+            self.launched_steps.append(step)
 
     async def _submit(self, spec: sandbox_pb2.TrialSpec) -> None:
         with telemetry.trial_trace("trainer.enqueue", "trainer", telemetry.trial_attributes(spec)):

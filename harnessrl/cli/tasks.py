@@ -83,7 +83,9 @@ def filter_(
     ] = None,
     k: Annotated[int, typer.Option("--k", help="Attempts per task.")] = 4,
     keep: Annotated[str, typer.Option(help="Keep tasks solved A to B times out of k (A-B).")] = "1-3",
-    model: Annotated[str | None, typer.Option(help="Model name the harness is told to use.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model name the harness is told to use (default: the served model's).")
+    ] = None,
     harness_option: Annotated[
         list[str] | None, typer.Option("--harness-option", "-o", help="KEY=VALUE passed to the harness (repeatable).")
     ] = None,
@@ -106,6 +108,10 @@ def filter_(
         options[key] = value
     if engine is None and get_harness(harness).model_access == ModelAccess.REQUIRED:
         engine = "local"
+    if model is None and engine is not None:
+        from harnessrl.paths import default_model_dir
+
+        model = default_model_dir().name  # the name the embedded proxy serves
     if report.exists() and report.is_dir():
         raise InvalidArgument(f"--report {report}: is a directory")
     check_out(out)
@@ -135,3 +141,16 @@ def filter_(
     if result.infra_failures:
         typer.secho(f"{len(result.infra_failures)} task(s) excluded for infra failures (see the report)", err=True)
     typer.echo(f"kept {len(result.kept)} task(s) in {out}; report {report}")
+
+
+@app.command()
+def convert(
+    records: Annotated[Path, typer.Option(help="SWE-bench-style records: a .jsonl or .parquet file.")],
+    repos: Annotated[Path, typer.Option(help="Folder of local git clones (owner__name, owner/name or name).")],
+    out: Annotated[Path, typer.Option(help="New (or empty) directory for the converted tasks.")],
+) -> None:
+    """Convert SWE-bench-style records into Harbor tasks built from local clones (nothing is downloaded)."""
+    from services.sandbox.pools.swe import convert as convert_records
+
+    written = convert_records(records, repos, out)
+    typer.echo(f"wrote {len(written)} task(s) under {out}")

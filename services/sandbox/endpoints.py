@@ -119,7 +119,7 @@ class CaptureFinalizer:
                 **({"trace_id": trace_id} if (trace_id := telemetry.trace_id_of(spec.trace_context)) else {}),
             },
         )
-        response = await self._stub.FinalizeTrajectory(request, timeout=60)
+        response = await self._stub.FinalizeTrajectory(request, timeout=60, wait_for_ready=True)
         return bool(response.group_ready)
 
     async def aclose(self) -> None:

@@ -358,6 +358,16 @@ class TrialRunner:
         (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))
         return outcome
 
+    async def abandon(self, spec: TrialSpec) -> None:
+        """Closes, best effort, the proxy trial of a dead attempt (its worker died
+        mid-trial): its captured parts become durable and its token is refused."""
+        if self.proxy is None:
+            return
+        try:
+            await self.proxy.close(spec.trial_id)
+        except HarnessError as e:
+            log.info("closing a dead attempt failed", extra={"kv": {"trial": spec.trial_id, "error": str(e)}})
+
     async def finalize(self, spec: TrialSpec, outcome: TrialOutcome) -> None:
         """FinalizeTrajectory on the capture store (after the proxy's close, which
         ``run`` already did). Called by whoever reports the trial done, and only

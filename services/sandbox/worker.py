@@ -17,7 +17,7 @@ from opentelemetry import trace
 
 from harnessrl import metrics, telemetry
 from services.sandbox.errors import LeaseLost
-from services.sandbox.lifecycle import TrialRecord, TrialState
+from services.sandbox.lifecycle import TrialRecord, TrialSpec, TrialState
 from services.sandbox.queue.base import Heartbeat, TrialQueue
 from services.sandbox.runner import TrialRunner
 from services.sandbox.settings import Settings
@@ -87,8 +87,17 @@ class Worker:
                 reaped = await self.queue.reap(self.settings.max_attempts)
                 if reaped:
                     log.warning("reaped expired leases", extra={"kv": {"worker": self.name, "trials": reaped}})
+                for trial_id in reaped:
+                    await self._finalize_if_out_of_attempts(trial_id)
             except Exception:
                 log.exception("reap failed")
+
+    async def _finalize_if_out_of_attempts(self, trial_id: str) -> None:
+        """A trial whose workers kept dying is DONE in the queue (infrastructure
+        reason); FinalizeTrajectory records it too, so its group still completes."""
+        record = await self.queue.get(trial_id)
+        if record.state == TrialState.DONE and record.outcome is not None:
+            await self.runner.finalize(attempt_spec(record), record.outcome)
 
     async def _serve(self, record: TrialRecord) -> None:
         """Runs one trial in its own span, a child of the submitter's (the trainer step's) trace."""
@@ -103,6 +112,7 @@ class Worker:
 
     async def _serve_in_span(self, record: TrialRecord) -> None:
         trial_id = record.trial_id
+        spec = attempt_spec(record)
         cancel, lost = asyncio.Event(), asyncio.Event()
 
         async def on_state(state: TrialState) -> None:
@@ -116,11 +126,13 @@ class Worker:
 
         heart = asyncio.ensure_future(self._heartbeat(trial_id, cancel, lost))
         try:
-            outcome = await self.runner.run(record.spec, cancel=cancel, on_state=on_state)
+            if spec is not record.spec:
+                await self.runner.abandon(record.spec.model_copy(update={"trial_id": previous_attempt_id(record)}))
+            outcome = await self.runner.run(spec, cancel=cancel, on_state=on_state)
             if lost.is_set():
                 log.warning("lease lost; result discarded", extra={"kv": {"trial": trial_id, "worker": self.name}})
                 return
-            await self.runner.finalize(record.spec, outcome)
+            await self.runner.finalize(spec, outcome)
             await self.queue.finish(trial_id, self.name, outcome)
             self.completed += 1
         except LeaseLost:
@@ -144,3 +156,17 @@ class Worker:
                 return
             if beat == Heartbeat.CANCEL:
                 cancel.set()
+
+
+def attempt_spec(record: TrialRecord) -> TrialSpec:
+    """The spec one attempt runs under. A retried attempt (its worker died) is a new
+    rollout from scratch, so it is its own trajectory, ``<trial>.attempt-<n>``: the
+    dead attempt's captured turns stay under the previous id, unfinalized (never
+    trained, never given this attempt's reward), and the group counts this one."""
+    if record.attempt <= 1:
+        return record.spec
+    return record.spec.model_copy(update={"trial_id": f"{record.trial_id}.attempt-{record.attempt}"})
+
+
+def previous_attempt_id(record: TrialRecord) -> str:
+    return record.trial_id if record.attempt <= 2 else f"{record.trial_id}.attempt-{record.attempt - 1}"

@@ -64,7 +64,8 @@ class TrialWriter:
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
-                await self._stub.AppendSegment(request, timeout=30)
+                # wait_for_ready: a store that is restarting is waited for (each try up to 15 s), not failed at once.
+                await self._stub.AppendSegment(request, timeout=15, wait_for_ready=True)
                 self.appended += 1
                 return
             except grpc.aio.AioRpcError as e:

@@ -1,0 +1,351 @@
+"""``harnessrl bench e2e``: many concurrent trials through the proxy, the gateway
+(scripted engine) and the capture store, each service its own process, with a
+baseline (one trial at a time) measured in the same run; then proof that no
+record was lost.
+
+Each trial does what a sandbox worker and a harness do, over the same public
+interfaces: register with the proxy's admin API, make ``turns`` chat
+completions through the proxy with tools (a growing conversation, one tool
+result per turn), close the trial (every part durable), and FinalizeTrajectory
+on the capture store. Every trial is in flight at once (``concurrency`` =
+``trials`` unless capped): that is what the proxy, the gateway and the store
+see in a 512-trial step, without 512 sandboxes on the same cores.
+
+Zero lost records means: every turn the proxy answered 200 is in the capture
+store (captured turns == acknowledged turns, per trial), every trial is
+finalized with its outcome, and every group of ``group_size`` became ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harnessrl.errors import InvalidArgument
+from harnessrl.localservers import RedisServer, S3Server, free_port
+from harnessrl.paths import default_model_dir
+from harnessrl.rpc import connect
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
+from stack.procs import ProcessStack
+
+ADMIN = "load-admin"
+RUN = "load"
+REPLY = {"content": "Checking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command in the repository and return its output.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
+SYSTEM = "You are a coding agent working in a repository. " * 20
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    trials: int = 512
+    turns: int = 4
+    group_size: int = 8
+    concurrency: int = 0  # 0: every trial in flight at once
+    distributed: bool = False
+    model_dir: Path = field(default_factory=default_model_dir)
+    sandbox: bool = False  # through real bubblewrap sandboxes and sandbox workers (loadtest_sandbox)
+
+    def check(self) -> None:
+        if self.trials < 1 or self.turns < 1 or self.group_size < 1 or self.concurrency < 0:
+            raise InvalidArgument("trials, turns and group_size must be >= 1, concurrency >= 0")
+        if self.trials % self.group_size:
+            raise InvalidArgument(f"trials ({self.trials}) must be a multiple of group_size ({self.group_size})")
+        if not (self.model_dir / "tokenizer.json").exists():
+            raise InvalidArgument(f"{self.model_dir}: no tokenizer.json (run scripts/setup)")
+        if self.sandbox and shutil.which("bwrap") is None:
+            raise InvalidArgument("--sandbox needs bubblewrap (bwrap) on PATH")
+
+
+@dataclass
+class TrialResult:
+    trial_id: str
+    acked_turns: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    error: str = ""
+    group_ready: bool = False
+
+
+@dataclass
+class LoadResult:
+    """One measured row: what was sent, how fast, and what the store holds."""
+
+    label: str
+    trials: int
+    concurrency: int
+    seconds: float
+    latencies_s: list[float]
+    acked_turns: int
+    captured_turns: int
+    finalized: int
+    groups_ready: int
+    groups: int
+    errors: list[str]
+
+    @property
+    def trials_per_s(self) -> float:
+        return self.trials / self.seconds if self.seconds else 0.0
+
+    @property
+    def lost_records(self) -> int:
+        """Acknowledged turns missing from the store, plus trials not finalized."""
+        return max(0, self.acked_turns - self.captured_turns) + (self.trials - self.finalized)
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else float("nan")
+
+
+class _Http:
+    """A minimal HTTP/1.1 keep-alive client: the load generator shares the cores
+    with what it measures, so it must cost little."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: dict[str, Any] | None, token: str) -> tuple[int, Any]:
+        data = json.dumps(body or {}).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        for _ in range(2):  # a keep-alive connection the server closed: reopen once
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+            assert self.reader is not None
+            self.writer.write(head + data)
+            status_line = await self.reader.readline()
+            if status_line:
+                break
+            self.close()
+        else:
+            raise ConnectionError(f"{path}: the proxy closed the connection")
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        payload = await self.reader.readexactly(length)
+        return int(status_line.split()[1]), json.loads(payload) if payload else None
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def _one_trial(
+    proxy_port: int, store: capture_pb2_grpc.CaptureStoreStub, cfg: LoadConfig, tag: str, index: int
+) -> TrialResult:
+    """Register, ``turns`` model calls, close, finalize: one trial as a worker and a harness run it."""
+    group = index // cfg.group_size
+    result = TrialResult(f"{tag}-{index}")
+    http = _Http(proxy_port)
+    try:
+        spec = {"trial_id": result.trial_id, "run_id": RUN, "task_id": f"task-{group}", "group_id": f"{tag}-g{group}"}
+        status, created = await http.post("/admin/trials", spec, ADMIN)
+        if status != 201:
+            raise RuntimeError(f"register: {status} {created}")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
+        for _ in range(cfg.turns):
+            body = {"model": cfg.model_dir.name, "messages": messages, "tools": TOOLS}
+            started = time.perf_counter()
+            status, reply = await http.post(f"{created['base_path']}/chat/completions", body, created["token"])
+            if status != 200:
+                raise RuntimeError(f"turn {result.acked_turns}: {status} {str(reply)[:200]}")
+            result.latencies_s.append(time.perf_counter() - started)
+            result.acked_turns += 1
+            message = reply["choices"][0]["message"]
+            messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt"}]
+        status, summary = await http.post(f"/admin/trials/{result.trial_id}/close", None, ADMIN)
+        if status != 200:
+            raise RuntimeError(f"close: {status} {summary}")
+    except Exception as e:  # noqa: BLE001 - counted and reported, the trial still finalizes
+        result.error = f"{result.trial_id}: {type(e).__name__}: {e}"
+    finally:
+        http.close()
+    reason = records_pb2.TERMINATION_REASON_ENGINE_ERROR if result.error else records_pb2.TERMINATION_REASON_COMPLETED
+    finalize = capture_pb2.FinalizeTrajectoryRequest(
+        run_id=RUN,
+        trial_id=result.trial_id,
+        task_id=f"task-{group}",
+        group_id=f"{tag}-g{group}",
+        group_size=cfg.group_size,
+        harness="load",
+        reward=float(index % 2),
+        has_reward=not result.error,
+        termination_reason=reason,
+    )
+    response = await store.FinalizeTrajectory(finalize, timeout=120, wait_for_ready=True)
+    result.group_ready = response.group_ready
+    return result
+
+
+async def _captured_turns(store: capture_pb2_grpc.CaptureStoreStub, tag: str) -> tuple[dict[str, int], int]:
+    """Per trial of this row, the model calls the store holds; and how many are finalized."""
+    turns: dict[str, int] = {}
+    finalized, token = 0, ""
+    while True:
+        req = capture_pb2.ListTrajectoriesRequest(run_id=RUN, page_size=1000, page_token=token)
+        page = await store.ListTrajectories(req, timeout=120)
+        for traj in page.trajectories:
+            if traj.trial_id.startswith(f"{tag}-"):
+                turns[traj.trial_id] = sum(s.num_turns for s in traj.segments)
+                finalized += traj.finalized
+        token = page.next_page_token
+        if not token:
+            return turns, finalized
+
+
+async def measure(
+    proxy_port: int, store: capture_pb2_grpc.CaptureStoreStub, cfg: LoadConfig, label: str, tag: str
+) -> LoadResult:
+    """Runs ``cfg.trials`` trials at ``cfg.concurrency`` and checks the store afterwards."""
+    limit = asyncio.Semaphore(cfg.concurrency or cfg.trials)
+
+    async def bounded(i: int) -> TrialResult:
+        async with limit:
+            return await _one_trial(proxy_port, store, cfg, tag, i)
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*(bounded(i) for i in range(cfg.trials)))
+    seconds = time.perf_counter() - started
+    captured, finalized = await _captured_turns(store, tag)
+    errors = [r.error for r in results if r.error]
+    errors += [
+        f"{r.trial_id}: {r.acked_turns} turns acknowledged, {captured.get(r.trial_id, 0)} captured"
+        for r in results
+        if captured.get(r.trial_id, 0) != r.acked_turns
+    ]
+    return LoadResult(
+        label=label,
+        trials=cfg.trials,
+        concurrency=cfg.concurrency or cfg.trials,
+        seconds=seconds,
+        latencies_s=[x for r in results for x in r.latencies_s],
+        acked_turns=sum(r.acked_turns for r in results),
+        captured_turns=sum(min(captured.get(r.trial_id, 0), r.acked_turns) for r in results),
+        finalized=finalized,
+        groups_ready=sum(r.group_ready for r in results),
+        groups=cfg.trials // cfg.group_size,
+        errors=errors,
+    )
+
+
+def write_services_config(root: Path, cfg: LoadConfig, ports: dict[str, int], exits: AsyncExitStack) -> Path:
+    """The config of gateway, capture store and proxy (starting Redis and S3 when distributed)."""
+    script = root / "script.json"
+    script.write_text(json.dumps({"context_window": 1_000_000, "threads": {"main": [REPLY], "*": [REPLY]}}))
+    store = f'store_dir = "{root / "capture"}"\n'
+    if cfg.distributed:
+        (root / "redis").mkdir()
+        (root / "s3").mkdir()
+        redis = RedisServer(dir=root / "redis").start()
+        exits.callback(redis.stop)
+        s3 = S3Server(dir=root / "s3").start()
+        exits.callback(s3.stop)
+        store = (
+            f'backend = "distributed"\nredis_url = "{redis.url}"\ns3_endpoint = "{s3.endpoint}"\n'
+            f's3_bucket = "load"\ns3_create_bucket = true\ns3_access_key = "{s3.access_key}"\n'
+            f's3_secret_key = "{s3.secret_key}"\n'
+        )
+    config = root / "load.toml"
+    config.write_text(
+        f'[gateway]\nengine = "scripted:{script}"\nmodel_path = "{cfg.model_dir}"\n\n'
+        f"[capture_store]\n{store}\n"
+        f'[proxy]\ngateway_target = "127.0.0.1:{ports["gateway"]}"\ncapture_target = "127.0.0.1:{ports["capture"]}"\n'
+        f'admin_token = "{ADMIN}"\nmodel_dir = "{cfg.model_dir}"\nmax_trials = 100000\n'
+    )
+    return config
+
+
+async def _start_services(root: Path, cfg: LoadConfig, exits: AsyncExitStack) -> tuple[int, int]:
+    """Gateway, capture store and proxy processes; returns (proxy port, capture port)."""
+    ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
+    config = write_services_config(root, cfg, ports, exits)
+    procs = ProcessStack(root, config, {**os.environ, "HARNESSRL_SKIP_WARMUP": "1"})
+    for noun in ("gateway", "capture", "proxy"):
+        procs.add_server(noun, noun, ports[noun])
+    exits.callback(procs.stop_all)
+    await procs.start(timeout_s=180)
+    return ports["proxy"], ports["capture"]
+
+
+async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: None) -> list[LoadResult]:
+    """The baseline (one trial at a time, ``group_size`` trials) then the load row, on one stack."""
+    cfg.check()
+    with tempfile.TemporaryDirectory(prefix="hrl-bench-e2e-") as tmp:
+        async with AsyncExitStack() as exits:
+            progress("starting gateway, capture store and proxy" + (" (Redis + S3)" if cfg.distributed else ""))
+            if cfg.sandbox:
+                from stack.loadtest_sandbox import run_sandboxed
+
+                return await run_sandboxed(Path(tmp), cfg, exits, progress)
+            proxy_port, capture_port = await _start_services(Path(tmp), cfg, exits)
+            channel = connect(f"127.0.0.1:{capture_port}", tracing=False)
+            exits.push_async_callback(channel.close)
+            store = capture_pb2_grpc.CaptureStoreStub(channel)
+            warm = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir)
+            await measure(proxy_port, store, warm, "warm-up", "warm")
+            progress("baseline: one trial at a time")
+            base = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir)
+            baseline = await measure(proxy_port, store, base, "baseline (sequential)", "base")
+            progress(f"{cfg.trials} trials, {cfg.concurrency or cfg.trials} in flight")
+            loaded = await measure(proxy_port, store, cfg, f"{cfg.trials} concurrent", "load")
+            return [baseline, loaded]
+
+
+def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = False) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    backend = "distributed (Redis + S3)" if distributed else "embedded (SQLite + files)"
+    where = "bubblewrap sandboxes (shell harness) -> " if sandbox else ""
+    table = Table(title=f"harnessrl bench e2e: {where}proxy + gateway (scripted) + capture store, {backend}")
+    for column in ("run", "trials", "in flight", "s", "trials/s", "turns/s", "p50 ms", "p99 ms", "lost records"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for r in rows:
+        table.add_row(
+            r.label,
+            str(r.trials),
+            str(r.concurrency),
+            f"{r.seconds:.1f}",
+            f"{r.trials_per_s:.2f}",
+            f"{r.acked_turns / r.seconds:.1f}" if r.seconds else "-",
+            f"{r.percentile_ms(50):.1f}",
+            f"{r.percentile_ms(99):.1f}",
+            str(r.lost_records),
+        )
+    console = Console(width=140)
+    console.print(table)
+    base, load = rows[0], rows[-1]
+    console.print(
+        f"throughput x{load.trials_per_s / base.trials_per_s:.1f} vs sequential; "
+        f"p99 x{load.percentile_ms(99) / base.percentile_ms(99):.1f}; "
+        f"{load.acked_turns} turns acknowledged, {load.captured_turns} captured; "
+        f"{load.finalized}/{load.trials} trials finalized; {load.groups_ready}/{load.groups} groups ready; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    )
+    for r in rows:
+        for line in r.errors[:10]:
+            console.print(f"[red]{r.label}: {line}[/red]")
