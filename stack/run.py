@@ -97,7 +97,7 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     outcome = Outcome("failed", EXIT_FAILED)
     try:
         with _Stop() as stop:
-            outcome = await _with_services(cfg, train, run_dir, console, stop)
+            outcome = await _with_services(cfg, (train, evaluation), run_dir, console, stop)
     except preflight.PreflightFailed:
         if fresh:
             shutil.rmtree(run_dir.path, ignore_errors=True)
@@ -119,8 +119,9 @@ def _say(console: Console, text: str) -> None:
 
 
 async def _with_services(
-    cfg: RunConfig, train: Sequence[Path], run_dir: RunDirectory, console: Console, stop: _Stop
+    cfg: RunConfig, pools: tuple[list[Path], list[Path]], run_dir: RunDirectory, console: Console, stop: _Stop
 ) -> Outcome:
+    train, evaluation = pools
     async with services(cfg, dashboard=cfg.run.dashboard) as ends:
         if cfg.run.preflight:
             assert ends.sandbox_target is not None
@@ -132,7 +133,11 @@ async def _with_services(
         if stop.event.is_set():
             _say(console, f"{stop.signal_name}: stopping before training")
             return Outcome("stopped", EXIT_STOPPED)
-        return await _train(cfg, ends, train, run_dir, console, stop)
+        from stack.evaluate import PeriodicEval
+
+        assert ends.sandbox_target is not None
+        periodic = PeriodicEval(cfg, ends.sandbox_target, evaluation, run_dir)
+        return await _train(cfg, ends, train, run_dir, console, stop, periodic)
 
 
 class _Stop:
@@ -161,7 +166,13 @@ class _Stop:
 
 
 async def _train(
-    cfg: RunConfig, ends: Endpoints, train: Sequence[Path], run_dir: RunDirectory, console: Console, stop: _Stop
+    cfg: RunConfig,
+    ends: Endpoints,
+    train: Sequence[Path],
+    run_dir: RunDirectory,
+    console: Console,
+    stop: _Stop,
+    periodic: Any,
 ) -> Outcome:
     from services.trainer import checkpoint
     from services.trainer.engine import CpuTrainer
@@ -203,7 +214,7 @@ async def _train(
         await launcher.start()
         closers.insert(0, launcher)
         loop = TrainingLoop(settings, trainer, source, service, sync, launcher)
-        return await _drive(cfg, loop, launcher, service, stop, console)
+        return await _drive(cfg, loop, launcher, service, stop, console, periodic)
     finally:
         for closer in closers:
             with contextlib.suppress(Exception):
@@ -254,6 +265,7 @@ async def _drive(
     service: RecordingTrainerService,
     stop: _Stop,
     console: Console,
+    periodic: Any,
 ) -> Outcome:
     started = time.monotonic()
 
@@ -270,24 +282,37 @@ async def _drive(
         )
 
     progress = asyncio.ensure_future(Progress(snapshot, console).run())
+    evals = asyncio.ensure_future(_evaluate_periodically(periodic, service))
     training = asyncio.ensure_future(loop.run())
     stopper = asyncio.ensure_future(stop.event.wait())
+    done = False
     try:
         await asyncio.wait({training, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if training.done():
             training.result()  # raises what the loop raised
+            done = True
+            periodic.maybe_start(service.status().step)
+            if periodic.running:
+                _say(console, "waiting for the evaluations under way")
             return Outcome("done", EXIT_DONE, service.status().step)
         _say(console, f"{stop.signal_name}: stopping (in-flight trials are cancelled)")
         return Outcome("stopped", EXIT_STOPPED, service.status().step)
     finally:
-        for task in (training, stopper):
+        for task in (training, stopper, evals):
             task.cancel()
-        await asyncio.gather(training, stopper, return_exceptions=True)
+        await asyncio.gather(training, stopper, evals, return_exceptions=True)
+        await periodic.finish(wait=done and not stop.event.is_set())
         cancelled = await launcher.cancel_in_flight()
         if cancelled and not await launcher.wait_settled(CANCEL_WAIT_S):
             log.warning("trials still running after %.0fs: %s", CANCEL_WAIT_S, launcher.in_flight())
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
+
+
+async def _evaluate_periodically(periodic: Any, service: RecordingTrainerService) -> None:
+    while True:
+        periodic.maybe_start(service.status().step)
+        await asyncio.sleep(1.0)
 
 
 def run_blocking(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
