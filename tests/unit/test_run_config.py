@@ -144,13 +144,13 @@ def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml"])
+@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml", "heldout_curve.toml"])
 def test_example_configs_validate(name: str) -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / name
     cfg = runconfig.load(path)
     assert cfg.run.harness == "mini-swe-agent" and cfg.run.steps >= 3 and cfg.run.families == ["echo"]
     assert cfg.distributed == (name == "distributed.toml")
-    if name == "quickstart.toml":
+    if name != "distributed.toml":
         assert cfg.run.train_tasks == [path.parents[1] / "tasks" / "builtin" / "train"]
         assert cfg.gateway is not None and cfg.gateway.engine == "local" and cfg.capture_store is not None
 
