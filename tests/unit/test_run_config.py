@@ -172,3 +172,13 @@ def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: P
     assert [p.name for p in evaluation] == ["alpha-copy", "fresh"]
     found = check_overlap(cfg, train, evaluation)  # allowed: reported, not refused
     assert len(found) >= 1 and all("alpha-copy" in line for line in found)
+
+
+def test_proxy_gets_the_service_token_for_remote_services() -> None:
+    from services.proxy.settings import Settings as ProxySettings
+    from stack.embedded import _with_tokens
+
+    settings = _with_tokens(ProxySettings.model_validate({"capture_token": "own"}), "shared")
+    assert settings.gateway_token.get_secret_value() == "shared"
+    assert settings.capture_token.get_secret_value() == "own"  # a configured token wins
+    assert _with_tokens(ProxySettings.model_validate({}), None).gateway_token is None
