@@ -103,9 +103,10 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
             shutil.rmtree(run_dir.path, ignore_errors=True)
             outcome.status = ""
         raise
-    except Exception as e:
+    except Exception as e:  # the run failed: recorded in run.json, reported, exit 1
+        log.exception("run failed")
         outcome = Outcome("failed", EXIT_FAILED, error=f"{type(e).__name__}: {e}")
-        raise
+        _say(console, f"run failed: {outcome.error}")
     finally:
         if outcome.status:
             run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done)
