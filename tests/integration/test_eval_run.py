@@ -78,6 +78,7 @@ def test_eval_without_eval_tasks_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_periodic_evaluation_during_a_run(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "tiny")
     run = {"steps": 2, "eval_tasks": [str(eval_pool(tmp_path))], "eval_k": 2, "eval_every": 1}
