@@ -404,6 +404,7 @@ async def check_every_trial(tmp: Path, d: Driver, events: list[str]) -> None:
     reasons: collections.Counter[str] = collections.Counter()
     problems: list[str] = []
     retried: list[str] = []
+    expected_ids: set[str] = set()
     for trial in d.trials:
         status = await d.status(trial)
         reason = records_pb2.TerminationReason.Name(status.termination_reason)
@@ -427,18 +428,36 @@ async def check_every_trial(tmp: Path, d: Driver, events: list[str]) -> None:
         main = [s for s in traj.segments if s.thread_kind == "main"]
         turns = sum(s.num_turns for s in main)
         calls = agent_calls(tmp, captured_id)
-        if status.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED and turns != calls["ok"]:
-            problems.append(f"{trial}: {turns} turns captured, the harness saw {calls['ok']} succeed; {calls}")
+        if turns != calls["ok"]:
+            problems.append(
+                f"{trial}: {turns} turns captured, the harness saw {calls['ok']} succeed ({reason}); {calls}"
+            )
+        expected_ids.add(captured_id)
         captured = collections.Counter(run for s in main for run in sampled_runs(s))
         if sum(captured.values()) != turns:
             problems.append(f"{trial}: {sum(captured.values())} sampled runs for {turns} turns")
         extra = captured - generations[captured_id]
         if extra:
             problems.append(f"{trial}: {sum(extra.values())} captured replies the engine never sampled (or twice)")
+    finalized = await finalized_ids(d)
+    if finalized != expected_ids:
+        problems.append(f"finalized trajectories {sorted(finalized ^ expected_ids)} differ from the submitted trials")
     events.append(f"reasons: {dict(reasons)}; retried: {retried}")
     assert not problems, "\n".join(problems + events)
     assert retried, f"the worker kill interrupted no trial: {events}"
     print("\n".join(events))
+
+
+async def finalized_ids(d: Driver) -> set[str]:
+    """Every finalized trajectory of the run: one per submitted trial, nothing else."""
+    out, token = set(), ""
+    while True:
+        req = capture_pb2.ListTrajectoriesRequest(run_id=RUN, finalized_only=True, page_size=1000, page_token=token)
+        page = await d.store.ListTrajectories(req, timeout=30)
+        out |= {t.trial_id for t in page.trajectories}
+        token = page.next_page_token
+        if not token:
+            return out
 
 
 async def dead_attempts_unfinalized(d: Driver, trial: str, attempt: int) -> list[str]:
@@ -467,7 +486,9 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
     from services.sandbox.queue.redis import RedisQueue
     from tests.sandbox_support import wait_for_state
 
-    capture = await create_capture(CaptureSettings(store_dir=tmp_path / "store", fsync=False, shutdown_grace_s=0.2))
+    capture = await create_capture(
+        CaptureSettings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
+    )
     config = tmp_path / "worker.toml"
     config.write_text(
         f'[sandbox]\nqueue_url = "{redis_server.url}"\ncapture_target = "127.0.0.1:{capture.port}"\n'
