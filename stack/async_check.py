@@ -2,10 +2,12 @@
 (``harnessrl bench async --check``).
 
 The real run is the trainer's own loop (``TrainingLoop``: WatchReady with acks,
-staleness, admission of batches, weight sync) against the real capture store
-over gRPC. Time is scaled down (a 920 s trial becomes a few seconds) and the
-two expensive parts are timed stand-ins: trials sleep for durations drawn from
-the simulator's trial distribution, then write their capture like the proxy and
+the continuous group-level admission of ``services.trainer.admission``, weight
+sync) against the real capture store over gRPC. Time is scaled down (a 920 s
+trial becomes a few seconds) and the two expensive parts are timed stand-ins:
+trials sleep through their phases drawn from the simulator's trial
+distribution (the agent phase stands still while a weight sync pauses model
+calls, as the gateway does), then write their capture like the proxy and
 sandbox do; the optimizer step and the weight sync sleep for ``train_s`` and
 ``sync_s``. The simulator gets the same parameters; both report steps/hour and
 trainer idle fraction.
@@ -51,7 +53,7 @@ class CheckResult:
 def scaled(cfg: SimConfig, trial_mean_s: float) -> SimConfig:
     """The same run with every duration scaled so that a mean trial lasts ``trial_mean_s``."""
     f = trial_mean_s / cfg.trials.mean_s
-    trials = replace(cfg.trials, mean_s=trial_mean_s, verify_p99_s=cfg.trials.verify_p99_s * f)
+    trials = replace(cfg.trials, mean_s=trial_mean_s, p99_s=cfg.trials.p99_s * f)
     return replace(cfg, trials=trials, train_s=cfg.train_s * f, sync_s=cfg.sync_s * f, call_mean_s=cfg.call_mean_s * f)
 
 
@@ -73,62 +75,91 @@ class _TimedTrainer:
 
 
 class _TimedSync:
-    def __init__(self, sync_s: float) -> None:
-        self.sync_s = sync_s
+    """Stands in for Pause -> UpdateWeights -> Resume: model calls (agent phases) stall for ``sync_s``."""
+
+    def __init__(self, sync_s: float, rollouts: _SleepingRollouts) -> None:
+        self.sync_s, self.rollouts = sync_s, rollouts
 
     async def publish(self, version: int, checkpoint_path: str) -> dict[str, float]:
-        await asyncio.sleep(self.sync_s)
+        self.rollouts.pause()
+        try:
+            await asyncio.sleep(self.sync_s)
+        finally:
+            self.rollouts.resume()
         return {}
 
 
 class _SleepingRollouts:
-    """Launches each batch's groups; a trial sleeps its sampled phases, then is captured."""
+    """A group launcher: each trial sleeps its sampled phases, then is captured."""
 
     def __init__(self, cfg: SimConfig, capture: str) -> None:
         self.cfg, self.capture = cfg, capture
         self.rng = np.random.default_rng(cfg.seed)
-        self.workers = asyncio.Semaphore(cfg.workers)
         self.tasks: list[asyncio.Task[None]] = []
+        self._running = asyncio.Event()
+        self._running.set()
+        self._paused = asyncio.Event()
+
+    def pause(self) -> None:
+        self._running.clear()
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self._running.set()
 
     async def launch(self, step: int, policy_version: int) -> None:
-        for task in range(self.cfg.tasks_per_step):
-            group = f"s{step}-t{task}"
-            for i in range(self.cfg.group_size):
-                phases = self.cfg.trials.sample(self.rng, 1)[0]
-                self.tasks.append(asyncio.ensure_future(self._trial(group, i, phases, policy_version)))
+        raise RuntimeError("driven group by group (launch_group)")
+
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None:
+        for i, phases in enumerate(self.cfg.trials.sample(self.rng, self.cfg.group_size)):
+            self.tasks.append(asyncio.ensure_future(self._trial(group_id, i, phases, policy_version)))
+
+    async def _agent(self, seconds: float) -> None:
+        """Sleeps ``seconds`` of agent time: the clock stands still while model calls are paused."""
+        loop = asyncio.get_running_loop()
+        while seconds > 0:
+            await self._running.wait()
+            started = loop.time()
+            try:
+                await asyncio.wait_for(self._paused.wait(), seconds)
+            except TimeoutError:
+                return
+            seconds -= loop.time() - started
 
     async def _trial(self, group: str, index: int, phases: np.ndarray, version: int) -> None:
-        async with self.workers:
-            await asyncio.sleep(float(phases.sum()))
-            trial = f"{group}-{index}"
-            async with connect(self.capture) as channel:
-                stub = capture_pb2_grpc.CaptureStoreStub(channel)
-                key = records_pb2.SegmentKey(run_id=RUN, trial_id=trial, thread="main")
-                tokens = arrays.make_tokens([4, 5], [1, 1], [-1.0, -1.0], [version, version])
-                await stub.AppendSegment(
-                    capture_pb2.AppendSegmentRequest(
-                        key=key,
-                        thread_kind="main",
-                        trainable=True,
-                        prompt_ids=arrays.pack_i32([1, 2, 3]),
-                        tokens=tokens,
-                        close=True,
-                        task_id=group,
-                        group_id=group,
-                    )
+        await asyncio.sleep(float(phases[0]))
+        await self._agent(float(phases[1]))
+        await asyncio.sleep(float(phases[2] + phases[3]))
+        trial = f"{group}-{index}"
+        async with connect(self.capture) as channel:
+            stub = capture_pb2_grpc.CaptureStoreStub(channel)
+            key = records_pb2.SegmentKey(run_id=RUN, trial_id=trial, thread="main")
+            tokens = arrays.make_tokens([4, 5], [1, 1], [-1.0, -1.0], [version, version])
+            await stub.AppendSegment(
+                capture_pb2.AppendSegmentRequest(
+                    key=key,
+                    thread_kind="main",
+                    trainable=True,
+                    prompt_ids=arrays.pack_i32([1, 2, 3]),
+                    tokens=tokens,
+                    close=True,
+                    task_id=group,
+                    group_id=group,
                 )
-                await stub.FinalizeTrajectory(
-                    capture_pb2.FinalizeTrajectoryRequest(
-                        run_id=RUN,
-                        trial_id=trial,
-                        task_id=group,
-                        group_id=group,
-                        group_size=self.cfg.group_size,
-                        reward=float(index % 2),
-                        has_reward=True,
-                        termination_reason=records_pb2.TERMINATION_REASON_COMPLETED,
-                    )
+            )
+            await stub.FinalizeTrajectory(
+                capture_pb2.FinalizeTrajectoryRequest(
+                    run_id=RUN,
+                    trial_id=trial,
+                    task_id=group,
+                    group_id=group,
+                    group_size=self.cfg.group_size,
+                    reward=float(index % 2),
+                    has_reward=True,
+                    termination_reason=records_pb2.TERMINATION_REASON_COMPLETED,
                 )
+            )
 
 
 async def measure(cfg: SimConfig) -> tuple[float, float]:
@@ -146,6 +177,8 @@ async def measure(cfg: SimConfig) -> tuple[float, float]:
                     "groups_per_step": cfg.tasks_per_step,
                     "max_staleness": cfg.staleness,
                     "max_steps": cfg.steps,
+                    "max_groups_in_flight": cfg.workers // cfg.group_size,
+                    "partial_rollout": cfg.partial_rollout,
                 },
             }
         )
@@ -154,7 +187,8 @@ async def measure(cfg: SimConfig) -> tuple[float, float]:
         await source.start()
         rollouts = _SleepingRollouts(cfg, target)
         trainer = _TimedTrainer(cfg.train_s)
-        loop = TrainingLoop(settings, trainer, source, service, _TimedSync(cfg.sync_s), rollouts)  # type: ignore[arg-type]
+        sync = _TimedSync(cfg.sync_s, rollouts)
+        loop = TrainingLoop(settings, trainer, source, service, sync, rollouts)  # type: ignore[arg-type]
         started = time.monotonic()
         try:
             await loop.run()
@@ -189,25 +223,30 @@ def check(base: SimConfig, trial_mean_s: float = 3.0, seeds: int = 8) -> list[Ch
     return out
 
 
+# The bench's default ratios (train 300 s + sync 30 s per 920 s trial), a fleet of two batches, small batches.
 DEFAULT_CHECK = SimConfig(
-    tasks_per_step=8, group_size=4, workers=64, steps=12, train_s=600, sync_s=30, trials=TrialDistribution()
+    tasks_per_step=4, group_size=4, workers=32, steps=6, train_s=300, sync_s=30, trials=TrialDistribution()
 )
 
 
-def check_table(base: SimConfig, trial_mean_s: float = 2.0) -> list[CheckResult]:
+def check_table(base: SimConfig, trial_mean_s: float = 3.0) -> list[CheckResult]:
     from rich.console import Console
     from rich.table import Table
 
     results = check(base, trial_mean_s)
-    table = Table(title=f"simulator vs a real scaled run (mean trial {trial_mean_s:.0f} s, {base.steps} steps)")
-    for col in ("staleness", "measured steps/h", "predicted steps/h", "error", "measured idle", "predicted idle"):
+    table = Table(title=f"simulator vs a real scaled run (mean trial {trial_mean_s:.1f} s, {base.steps} steps)")
+    cols = ("staleness", "measured steps/h", "predicted steps/h", "error", "measured vs sync", "predicted vs sync")
+    for col in (*cols, "measured idle", "predicted idle"):
         table.add_column(col, justify="right")
+    sync = results[0]
     for r in results:
         table.add_row(
             str(r.staleness),
             f"{r.measured_steps_per_hour:.0f}",
             f"{r.predicted_steps_per_hour:.0f}",
             f"{r.throughput_error:.1%}",
+            f"{r.measured_steps_per_hour / sync.measured_steps_per_hour:.2f}x",
+            f"{r.predicted_steps_per_hour / sync.predicted_steps_per_hour:.2f}x",
             f"{r.measured_idle:.0%}",
             f"{r.predicted_idle:.0%}",
         )

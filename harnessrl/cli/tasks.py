@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from harnessrl.cli.common import ConfigOption
 
-app = typer.Typer(help="Harbor-format tasks: validate them.", no_args_is_help=True)
+app = typer.Typer(
+    help="Harbor-format tasks and pools: validate, check disjointness, filter by difficulty.", no_args_is_help=True
+)
 
 
 @app.command()
@@ -44,3 +46,111 @@ def validate(
                 typer.echo(f"    {reason}")
     if not all(r.ok for r in reports):
         raise typer.Exit(1)
+
+
+@app.command()
+def disjoint(
+    train: Annotated[list[Path], typer.Argument(help="Training tasks or pools.")],
+    evaluation: Annotated[list[Path], typer.Option("--eval", help="Evaluation tasks or pools (repeatable).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the overlaps as JSON.")] = False,
+) -> None:
+    """Check that no evaluation task overlaps a training task (same id or content: instance level;
+    same [metadata] repo: repository level). Exit 1 with a listing when they overlap."""
+    from stack.disjoint import find_overlaps, format_overlaps, task_dirs
+
+    overlaps = find_overlaps(train, evaluation)
+    if as_json:
+        typer.echo(json.dumps([vars(o) for o in overlaps], indent=1))
+    elif overlaps:
+        typer.echo(format_overlaps(overlaps))
+        typer.secho(f"{len(overlaps)} overlap(s)", fg=typer.colors.RED, err=True)
+    else:
+        n_train, n_eval = len(task_dirs(train)), len(task_dirs(evaluation))
+        typer.echo(f"disjoint: {n_train} training and {n_eval} evaluation tasks share no instance or repository")
+    if overlaps:
+        raise typer.Exit(1)
+
+
+@app.command("filter")
+def filter_(
+    pools: Annotated[list[Path], typer.Argument(help="Tasks or pools to filter.")],
+    harness: Annotated[str, typer.Option(help="Harness that runs the attempts (mini-swe-agent, shell, ...).")],
+    out: Annotated[Path, typer.Option(help="New (or empty) directory for the kept pool.")],
+    report: Annotated[Path, typer.Option(help="Where to write the JSON report.")],
+    engine: Annotated[
+        str | None,
+        typer.Option(help="local | vllm | scripted:FILE | module:Class (default local for model harnesses)."),
+    ] = None,
+    k: Annotated[int, typer.Option("--k", help="Attempts per task.")] = 4,
+    keep: Annotated[str, typer.Option(help="Keep tasks solved A to B times out of k (A-B).")] = "1-3",
+    model: Annotated[
+        str | None, typer.Option(help="Model name the harness is told to use (default: the served model's).")
+    ] = None,
+    harness_option: Annotated[
+        list[str] | None, typer.Option("--harness-option", "-o", help="KEY=VALUE passed to the harness (repeatable).")
+    ] = None,
+    family: Annotated[list[str] | None, typer.Option(help="Only tasks of this family (repeatable).")] = None,
+    max_turns: Annotated[int, typer.Option(min=0, help="Turn limit (0: the harness's own).")] = 0,
+    agent_timeout: Annotated[float, typer.Option(min=0, help="Agent timeout in seconds (0: the task's).")] = 0.0,
+    concurrency: Annotated[int, typer.Option(help="Attempts running at once.")] = 4,
+    config: ConfigOption = None,
+) -> None:
+    """Run k attempts per task through the normal trial path and keep the tasks solved A..B times."""
+    from harnessrl.errors import InvalidArgument
+    from services.sandbox.harnesses import ModelAccess, get_harness
+    from stack.taskfilter import FilterConfig, check_out, parse_keep, run_filter
+
+    options: dict[str, str] = {}
+    for item in harness_option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"--harness-option {item!r}: expected KEY=VALUE")
+        options[key] = value
+    if engine is None and get_harness(harness).model_access == ModelAccess.REQUIRED:
+        engine = "local"
+    if model is None and engine is not None:
+        from harnessrl.paths import default_model_dir
+
+        model = default_model_dir().name  # the name the embedded proxy serves
+    if report.exists() and report.is_dir():
+        raise InvalidArgument(f"--report {report}: is a directory")
+    check_out(out)
+    cfg = FilterConfig(
+        harness=harness,
+        engine=engine,
+        model=model,
+        k=k,
+        keep=parse_keep(keep),
+        harness_options=options,
+        max_turns=max_turns,
+        agent_timeout_s=agent_timeout,
+        concurrency=concurrency,
+        sandbox_config=config,
+    )
+
+    def progress(result: Any, done: int, total: int) -> None:
+        mark = "infra failure" if result.infra_failed else f"{result.solves}/{k}" + (" kept" if result.kept else "")
+        typer.echo(f"[{done}/{total}] {result.name}: {mark}", err=True)
+
+    result = run_filter(pools, cfg, out=out, families=family or (), progress=progress)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    typer.echo(f"solves out of {k}: " + "  ".join(f"{n}:{c}" for n, c in result.histogram.items()))
+    for fam, row in result.families.items():
+        typer.echo(f"{fam:12} tasks {row['tasks']:3}  kept {row['kept']:3}  solve rate {row['solve_rate']}")
+    if result.infra_failures:
+        typer.secho(f"{len(result.infra_failures)} task(s) excluded for infra failures (see the report)", err=True)
+    typer.echo(f"kept {len(result.kept)} task(s) in {out}; report {report}")
+
+
+@app.command()
+def convert(
+    records: Annotated[Path, typer.Option(help="SWE-bench-style records: a .jsonl or .parquet file.")],
+    repos: Annotated[Path, typer.Option(help="Folder of local git clones (owner__name, owner/name or name).")],
+    out: Annotated[Path, typer.Option(help="New (or empty) directory for the converted tasks.")],
+) -> None:
+    """Convert SWE-bench-style records into Harbor tasks built from local clones (nothing is downloaded)."""
+    from services.sandbox.pools.swe import convert as convert_records
+
+    written = convert_records(records, repos, out)
+    typer.echo(f"wrote {len(written)} task(s) under {out}")

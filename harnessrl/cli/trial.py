@@ -1,7 +1,8 @@
 """``harnessrl trial run``: one trial end to end.
 
 This is a composition root (services never import each other; the CLI may):
-it starts, in this process and on 127.0.0.1 free ports, the capture store
+it starts (``stack.embedded.model_stack``), in this process and on 127.0.0.1
+free ports, the capture store
 (embedded) and, when the harness talks to a model, the rollout gateway with
 the chosen engine and the proxy (TCP plus a Unix socket for the sandbox);
 then runs the trial in the local sandbox through their public clients, and
@@ -11,13 +12,9 @@ prints the result. Everything it started is stopped before it exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import secrets
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,52 +23,6 @@ import typer
 from harnessrl.cli.common import ConfigOption
 
 app = typer.Typer(help="Run single trials end to end.", no_args_is_help=True)
-
-
-@dataclass
-class Endpoints:
-    capture_target: str
-    proxy_url: str | None = None
-    proxy_uds: Path | None = None
-    admin_token: str | None = None
-
-
-@contextlib.asynccontextmanager
-async def model_stack(engine: str | None, workdir: Path, model: str | None) -> AsyncIterator[Endpoints]:
-    """Capture store always; gateway + proxy when ``engine`` is given."""
-    from services.capture_store.server import create_server as create_capture
-    from services.capture_store.settings import Settings as CaptureSettings
-
-    capture = await create_capture(CaptureSettings.model_validate({"port": 0, "store_dir": workdir / "capture"}))
-    stack: list[Any] = [capture]
-    try:
-        endpoints = Endpoints(capture_target=f"127.0.0.1:{capture.port}")
-        if engine is not None:
-            from services.gateway.server import create_server as create_gateway
-            from services.gateway.settings import Settings as GatewaySettings
-            from services.proxy.server import start as start_proxy
-            from services.proxy.settings import Settings as ProxySettings
-
-            gateway = await create_gateway(GatewaySettings.model_validate({"port": 0, "engine": engine}))
-            stack.append(gateway)
-            admin = secrets.token_urlsafe(16)
-            proxy_fields: dict[str, Any] = {
-                "port": 0,
-                "gateway_target": f"127.0.0.1:{gateway.port}",
-                "capture_target": endpoints.capture_target,
-                "admin_token": admin,
-                "uds_path": workdir / "proxy.sock",
-            }
-            if model:
-                proxy_fields["served_model_names"] = [model]
-            proxy = await start_proxy(ProxySettings.model_validate(proxy_fields))
-            stack.append(proxy)
-            endpoints.proxy_url, endpoints.proxy_uds, endpoints.admin_token = proxy.url, workdir / "proxy.sock", admin
-        yield endpoints
-    finally:
-        for server in reversed(stack):
-            with contextlib.suppress(Exception):
-                await server.stop()
 
 
 async def run_trial(
@@ -89,6 +40,7 @@ async def run_trial(
     from services.sandbox.harnesses import ModelAccess, get_harness
     from services.sandbox.lifecycle import TrialSpec
     from services.sandbox.settings import Settings
+    from stack.embedded import model_stack
 
     adapter = get_harness(harness)
     if engine is None and adapter.model_access == ModelAccess.REQUIRED:

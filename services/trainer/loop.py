@@ -2,12 +2,17 @@
 bounded staleness, one optimizer step per batch, checkpoint, weight sync.
 
 Rollouts never wait for the optimizer: groups arrive on the WatchReady stream
-while a step runs (the step runs in a worker thread so the stream, acks and
-the Status/Metrics RPCs keep flowing). The optimizer waits as little as
-possible: with staleness k it trains on whatever is ready and at most k
-versions old. A group is as old as its oldest sampled token; older than k
-versions -> dropped, acked and counted. k = 0 is synchronous training (the
-same code): only groups sampled entirely by the current weights are used.
+while a step runs (the step runs in a worker thread; a pump task reads the
+stream, so acks, admission and the Status/Metrics RPCs keep flowing). With a
+launcher, the loop admits groups continuously with the policy of
+``services.trainer.admission`` (the simulator behind ``harnessrl bench async``
+uses the same code): whenever a group is ready its slots free and a new group
+starts, tagged with the served policy version, as long as it cannot be more
+than k versions old when trained; each step takes the groups whose last chance
+it is and fills up with the oldest ready ones. A group is as old as its oldest
+sampled token (or its admission tag, whichever is older); a group older than k
+versions (only a foreign one: a redelivery, a group this loop did not admit) is
+dropped, acked and counted. k = 0 is synchronous training (the same code).
 
 Partial rollout: a weight sync is Pause -> UpdateWeights -> Resume on the
 gateway; in-flight generations continue on the new weights, so one response
@@ -33,10 +38,11 @@ from typing import Protocol
 import grpc
 
 from harnessrl import arrays
-from harnessrl.errors import Unavailable
+from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2
 from services.trainer import checkpoint
+from services.trainer.admission import Admission
 from services.trainer.engine import CpuTrainer, StepResult
 from services.trainer.service import TrainerService
 from services.trainer.settings import Settings
@@ -140,15 +146,34 @@ class ReadyGroupSource:
 
 
 class BatchLauncher(Protocol):
-    """Starts the trials of one step's batch (tasks x G rollouts) with the given policy version.
+    """Starts the trials of one step's batch (groups_per_step tasks x G rollouts) with the given policy version.
 
-    The loop calls it to keep ``max_staleness + 1`` batches ahead of the
-    optimizer: batch s starts once the weights reach version s - k, so k = 0
-    is synchronous and nothing it launches can be more than k versions old
-    when it starts.
+    The loop calls it whenever the admission window has room for a whole
+    batch (k = 0: batch s once the weights are at version s, i.e. synchronous).
+    The groups of a batch are matched to the window when they are ready.
+
+    Optional, detected with ``getattr``: ``launch_group`` (see ``GroupLauncher``).
+    A launcher that has it is driven group by group (continuous admission:
+    rollout slots stay full); ``launch`` is then never called.
     """
 
     async def launch(self, step: int, policy_version: int) -> None: ...
+
+
+class GroupLauncher(Protocol):
+    """Starts ONE group: G trials of the task the index-th group of step ``step``'s batch
+    would use, captured under ``group_id`` with ``policy_version``.
+
+    The loop names the group (``group_name``: ``<run>-s<step:05d>-g<index>``), so a ready
+    group is matched to its admission without a race, and a resumed run names the same
+    slots the same way: a launcher skips trials it finds already finalized, and the loop
+    never relaunches a group it trained (nor waits for it)."""
+
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None: ...
+
+
+def group_name(run_id: str, step: int, index: int) -> str:
+    return f"{run_id}-s{step:05d}-g{index}"
 
 
 class WeightSync(Protocol):
@@ -183,7 +208,7 @@ class GatewaySync:
 
 
 class TrainingLoop:
-    """Consumes ready groups until ``max_steps`` (or cancellation)."""
+    """Consumes ready groups until ``max_steps`` (or cancellation), admitting new ones as slots free."""
 
     def __init__(
         self,
@@ -192,14 +217,39 @@ class TrainingLoop:
         source: ReadyGroupSource,
         service: TrainerService,
         sync: WeightSync | None = None,
-        launcher: BatchLauncher | None = None,
+        launcher: BatchLauncher | GroupLauncher | None = None,
     ) -> None:
         self.settings, self.trainer, self.source, self.service, self.sync = settings, trainer, source, service, sync
         self.launcher = launcher
-        self.launched = self.trainer.step
         self.output_dir = settings.resolved_output_dir()
         self.dropped: Counter[str] = Counter()
         self.consumed = self._load_consumed()
+        rollout = settings.rollout
+        if sync is not None and rollout.sync_every > rollout.max_staleness + 1:
+            raise ConfigError(
+                f"[trainer.rollout] sync_every = {rollout.sync_every} lets rollouts lag {rollout.sync_every - 1} "
+                f"versions behind the trainer: max_staleness (now {rollout.max_staleness}) must be at least that"
+            )
+        cap = rollout.max_groups_in_flight
+        if launcher is not None and not hasattr(launcher, "launch_group") and 0 < cap < rollout.groups_per_step:
+            raise ConfigError(
+                f"[trainer.rollout] max_groups_in_flight = {cap} cannot hold one batch of "
+                f"{rollout.groups_per_step} groups, and this launcher starts whole batches"
+            )
+        self.published = trainer.policy_version  # the version rollouts are sampled with (tag of new groups)
+        self.admission = Admission(
+            rollout.groups_per_step,
+            rollout.max_staleness,
+            group_size=1,  # capacity is counted in groups here: the loop learns when a group is ready
+            slots=rollout.max_groups_in_flight or None,
+            start_version=trainer.policy_version,
+            max_groups=rollout.max_steps * rollout.groups_per_step or None,
+            first_step=trainer.step,
+        )
+        self.ready: dict[str, ReadyBatchGroup] = {}
+        self._wake = asyncio.Event()
+        self._admit_lock = asyncio.Lock()
+        self._failure: BaseException | None = None
 
     def _consumed_path(self) -> Path:
         return self.output_dir / "consumed_groups.json"
@@ -219,10 +269,11 @@ class TrainingLoop:
     async def run(self) -> list[StepResult]:
         results: list[StepResult] = []
         rollout = self.settings.rollout
+        pump = asyncio.ensure_future(self._pump())
         try:
             while not rollout.max_steps or self.trainer.step < rollout.max_steps:
                 await self._admit()
-                batch = await self._collect()
+                batch = await self._next_batch()
                 if batch is None:
                     break
                 results.append(await self._step(batch))
@@ -230,43 +281,86 @@ class TrainingLoop:
         except BaseException:
             self.service.set_state("failed")
             raise
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
         return results
 
     async def _admit(self) -> None:
+        """Starts every group the admission policy allows now (whole batches for a batch launcher)."""
         if self.launcher is None:
             return
-        while self.launched < self.trainer.policy_version + self.settings.rollout.max_staleness + 1:
-            await self.launcher.launch(self.launched, self.trainer.policy_version)
-            self.launched += 1
+        async with self._admit_lock:
+            version, adm = self.published, self.admission
+            launch_group = getattr(self.launcher, "launch_group", None)
+            if launch_group is not None:
+                while adm.admissible(version) > 0:
+                    step, index = adm.next_slot()
+                    group_id = group_name(self.settings.run_id, step, index)
+                    if group_id in self.consumed:  # trained (or dropped) before a restart
+                        adm.skip()
+                        continue
+                    if adm.admit(group_id, version).ready_seq is None:  # else: redelivered, ready already
+                        await launch_group(group_id, step, index, version)
+                return
+            launcher: BatchLauncher = self.launcher  # type: ignore[assignment]
+            while adm.admissible(version) >= adm.b:
+                step, _ = adm.next_slot()
+                for _ in range(adm.b):
+                    adm.admit(None, version)
+                await launcher.launch(step, version)
 
-    async def _collect(self) -> list[ReadyBatchGroup] | None:
-        """``groups_per_step`` fresh-enough groups; stale ones are acked and counted."""
-        rollout = self.settings.rollout
-        batch: list[ReadyBatchGroup] = []
-        while len(batch) < rollout.groups_per_step:
-            self.service.set_state("waiting", self.source.pending())
-            try:
-                group = await self.source.next(rollout.wait_timeout_s or None)
-            except TimeoutError:
-                log.warning("no ready group within %.1fs; stopping", rollout.wait_timeout_s)
-                return None
-            if group.ready.group_id in self.consumed:
-                self.dropped["dropped/duplicate_groups"] += 1
-                await self.source.ack(group.ready.group_id)
-                continue
-            oldest = group.min_version()
-            staleness = self.trainer.policy_version - oldest if oldest is not None else 0
-            if staleness > rollout.max_staleness:
+    async def _pump(self) -> None:
+        """Reads ready groups as they come (also while a step trains): frees their slots, admits more.
+
+        A failure (the store went away, a launcher raised) is handed to ``run`` which raises it.
+        """
+        try:
+            while True:
+                await self._receive(await self.source.next())
+        except Exception as e:  # noqa: BLE001 - re-raised by run()
+            self._failure = e
+            self._wake.set()
+
+    async def _receive(self, group: ReadyBatchGroup) -> None:
+        gid = group.ready.group_id
+        if gid in self.consumed or gid in self.ready:
+            self.dropped["dropped/duplicate_groups"] += 1
+            if gid in self.consumed:
+                await self.source.ack(gid)
+            return
+        self.ready[gid] = group
+        oldest = group.min_version()
+        self.admission.ready(gid, self.trainer.policy_version if oldest is None else oldest)
+        self._wake.set()
+        await self._admit()
+
+    async def _next_batch(self) -> list[ReadyBatchGroup] | None:
+        """The step's groups per the admission policy; stale foreign groups are acked and counted."""
+        timeout = self.settings.rollout.wait_timeout_s or None
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            sel = self.admission.select(self.trainer.policy_version)
+            for gid in sel.dropped:
                 self.dropped["dropped/stale_groups"] += 1
-                self.consumed.add(group.ready.group_id)
-                log.info("dropped stale group", extra={"kv": {"group": group.ready.group_id, "staleness": staleness}})
-                await self.source.ack(group.ready.group_id)
-                continue
-            batch.append(group)
-        return batch
+                self.consumed.add(gid)
+                self.ready.pop(gid, None)
+                log.info("dropped stale group", extra={"kv": {"group": gid}})
+                await self.source.ack(gid)
+            if sel.batch:
+                return [self.ready.pop(gid) for gid in sel.batch]
+            self.service.set_state("waiting", self.source.pending() + len(self.ready))
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                log.warning("no ready group within %.1fs; stopping", self.settings.rollout.wait_timeout_s)
+                return None
 
     async def _step(self, batch: list[ReadyBatchGroup]) -> StepResult:
-        self.service.set_state("training", self.source.pending())
+        self.service.set_state("training", self.source.pending() + len(self.ready))
         groups = [(g.ready.group_id, g.trajectories) for g in batch]
         result = await asyncio.to_thread(self.trainer.train_step, groups)
         result.metrics.update({k: float(v) for k, v in self.dropped.items()})
@@ -278,9 +372,13 @@ class TrainingLoop:
         self._save_consumed()
         for g in batch:  # durable in a checkpoint: safe to acknowledge
             await self.source.ack(g.ready.group_id)
-        if self.sync is not None and result.updated and result.step % self.settings.rollout.sync_every == 0:
+        if self.sync is None:
+            self.published = result.policy_version  # nothing to publish: rollouts follow the trainer
+        elif result.updated and result.step % self.settings.rollout.sync_every == 0:
             self.service.set_state("syncing")
             result.metrics.update(await self.sync.publish(result.policy_version, str(path)))
+            self.published = result.policy_version
+        self.admission.step_done()
         result.metrics["trainer/idle_fraction"] = self.service.idle_fraction()
         self.service.record_step(result.step, result.policy_version, result.metrics, result.alerts)
         return result

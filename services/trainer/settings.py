@@ -86,6 +86,9 @@ class RolloutSettings(BaseModel):
 
     groups_per_step: int = Field(8, ge=1, description="Ready groups consumed per optimizer step.")
     max_staleness: int = Field(1, ge=0, description="k: groups more than k versions behind are dropped; 0 = sync.")
+    max_groups_in_flight: int = Field(
+        0, ge=0, description="Rollout capacity in groups (fleet slots / G); 0 = only the staleness window limits."
+    )
     partial_rollout: bool = Field(True, description="Pause/UpdateWeights/Resume the gateway around a weight sync.")
     sync_every: int = Field(1, ge=1, description="Publish weights to the gateway every N steps.")
     pause_timeout_s: float = Field(30.0, gt=0)

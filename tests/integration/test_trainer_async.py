@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from harnessrl import arrays, paths
+from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import (
     capture_pb2,
@@ -306,7 +307,7 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
 
 
 class RecordingLauncher:
-    """Launches each batch as one ready group in the real capture store."""
+    """A batch launcher (``launch`` only): each batch is one ready group in the real capture store."""
 
     def __init__(self, capture: str) -> None:
         self.capture = capture
@@ -317,8 +318,8 @@ class RecordingLauncher:
         await put_group(self.capture, f"batch-{step}", policy_version, [1, 0])
 
 
-@pytest.mark.parametrize(("k", "expected"), [(0, [(0, 0), (1, 1)]), (1, [(0, 0), (1, 0), (2, 1)])])
-async def test_loop_admits_batches_k_ahead(
+@pytest.mark.parametrize(("k", "expected"), [(0, [(0, 0), (1, 1)]), (1, [(0, 0), (1, 0)])])
+async def test_batch_launcher_keeps_working(
     capture: str, tmp_path: Path, k: int, expected: list[tuple[int, int]]
 ) -> None:
     settings = Settings(
@@ -334,6 +335,182 @@ async def test_loop_admits_batches_k_ahead(
     results = await asyncio.wait_for(loop.run(), 60)
     await source.close()
     assert len(results) == 2
-    # Batch s starts once the weights reach version s - k: k = 0 is synchronous.
+    # Batch s starts once the weights reach version s - k (k = 0: synchronous); nothing beyond max_steps.
     assert launcher.calls == expected
     assert trainer.trained == [["batch-0"], ["batch-1"]]
+
+
+class GroupLauncher:
+    """A group launcher: each group's trials finish after a random delay (stragglers included)
+    and land in the real capture store, tokens stamped with the version they were admitted at."""
+
+    def __init__(self, capture: str, loop_ref: list[TrainingLoop], seed: int) -> None:
+        self.capture, self.loop_ref = capture, loop_ref
+        self.rng = np.random.default_rng(seed)
+        self.calls: list[tuple[str, int, int, int]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.max_running = 0
+
+    async def launch(self, step: int, policy_version: int) -> None:
+        raise AssertionError("a group launcher is driven group by group")
+
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None:
+        self.calls.append((group_id, step, index, policy_version))
+        self.max_running = max(self.max_running, self.loop_ref[0].admission.running_trials)
+        delay = float(self.rng.choice([0.05, 0.1, 0.6]))
+        self.tasks.append(asyncio.ensure_future(self._finish(group_id, policy_version, delay)))
+
+    async def _finish(self, group_id: str, version: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await put_group(self.capture, group_id, version, [1, 0])
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+async def test_group_launcher_admits_continuously_within_staleness(capture: str, tmp_path: Path, k: int) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={
+            "groups_per_step": 2,
+            "max_staleness": k,
+            "max_steps": 4,
+            "max_groups_in_flight": 3,
+            "wait_timeout_s": 30,
+        },
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = GroupLauncher(capture, ref, seed=k)
+    trainer = ScriptedTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        results = await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert len(results) == 4 and len(launcher.calls) == 8  # exactly what 4 steps train
+    assert launcher.max_running <= 3  # the fleet bound
+    tag = {gid: v for gid, _, _, v in launcher.calls}
+    for version, groups in enumerate(trainer.trained):
+        assert len(groups) == 2
+        assert all(0 <= version - tag[g] <= k for g in groups), (version, groups, tag)
+    assert all("dropped/stale_groups" not in r.metrics for r in results)
+    if k == 0:  # synchronous: the groups of step s are admitted at version s and trained at step s
+        assert [v for _, _, _, v in launcher.calls] == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert [sorted(g) for g in trainer.trained] == [
+            sorted(gid for gid, step, _, _ in launcher.calls if step == s) for s in range(4)
+        ]
+    else:  # async: groups start before the previous step has finished
+        assert any(v < s for _, s, _, v in launcher.calls)
+
+
+class IdleStepTrainer(ScriptedTrainer):
+    """Step 2 finds nothing trainable (all groups all-pass or all-fail): the weights stay."""
+
+    def train_step(self, groups: Sequence[tuple[str, Sequence[records_pb2.Trajectory]]]) -> StepResult:
+        if self.step == 1:
+            self.step += 1
+            self.trained.append([gid for gid, _ in groups])
+            return StepResult(self.step, self.policy_version, {}, updated=False)
+        return super().train_step(groups)
+
+
+async def test_sync_admission_goes_on_after_a_step_without_update(capture: str, tmp_path: Path) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={"groups_per_step": 1, "max_staleness": 0, "max_steps": 3, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = GroupLauncher(capture, ref, seed=0)
+    trainer = IdleStepTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        results = await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert [r.updated for r in results] == [True, False, True]
+    assert [v for _, _, _, v in launcher.calls] == [0, 1, 1]  # step 2 kept version 1; step 3's group is on it too
+
+
+class FailingLauncher(GroupLauncher):
+    async def launch_group(self, group_id: str, step: int, index: int, policy_version: int) -> None:
+        if len(self.calls) == 2:
+            raise Unavailable("sandbox service down")
+        await super().launch_group(group_id, step, index, policy_version)
+
+
+async def test_a_launcher_failure_stops_the_loop_with_its_error(capture: str, tmp_path: Path) -> None:
+    settings = Settings(
+        run_id=RUN,
+        output_dir=tmp_path / "out",
+        rollout={"groups_per_step": 1, "max_staleness": 1, "max_steps": 5, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = FailingLauncher(capture, ref, seed=0)
+    service = TrainerService(RUN)
+    loop = TrainingLoop(settings, ScriptedTrainer(), source, service, launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        with pytest.raises(Unavailable, match="sandbox service down"):
+            await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert service.status().state == "failed"
+
+
+def test_sync_every_beyond_the_staleness_bound_is_a_config_error(tmp_path: Path) -> None:
+    settings = Settings(run_id=RUN, output_dir=tmp_path, rollout={"max_staleness": 0, "sync_every": 2})
+    with pytest.raises(ConfigError, match="sync_every = 2"):
+        TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), sync=object())  # type: ignore[arg-type]
+
+
+def test_a_batch_launcher_needs_room_for_a_batch(tmp_path: Path) -> None:
+    rollout = {"groups_per_step": 4, "max_groups_in_flight": 2}
+    settings = Settings(run_id=RUN, output_dir=tmp_path, rollout=rollout)
+    with pytest.raises(ConfigError, match="max_groups_in_flight = 2"):
+        TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), launcher=RecordingLauncher("x"))  # type: ignore[arg-type]
+    ok = TrainingLoop(settings, ScriptedTrainer(), None, TrainerService(RUN), launcher=GroupLauncher("x", [], 0))  # type: ignore[arg-type]
+    assert ok.admission.admissible(0) == 2  # a group launcher fills the fleet in waves
+
+
+@pytest.mark.parametrize("value", [-1, "many", 1.5])
+def test_max_groups_in_flight_rejects_bad_values(value: object) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_groups_in_flight"):
+        Settings(rollout={"max_groups_in_flight": value})
+
+
+async def test_a_resumed_loop_never_relaunches_a_group_it_trained(capture: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "consumed_groups.json").write_text('["run-async-s00000-g0"]')  # trained before a restart
+    settings = Settings(
+        run_id=RUN,
+        output_dir=out,
+        rollout={"groups_per_step": 1, "max_staleness": 0, "max_steps": 1, "wait_timeout_s": 30},
+    )
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = GroupLauncher(capture, ref, seed=0)
+    trainer = ScriptedTrainer()
+    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        await asyncio.wait_for(loop.run(), 60)
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+    assert [c[0] for c in launcher.calls] == ["run-async-s00001-g0"]
+    assert trainer.trained == [["run-async-s00001-g0"]]

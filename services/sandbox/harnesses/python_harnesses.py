@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from harnessrl import paths
+from services.sandbox.errors import EnvSetupError
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 
 OPENHANDS_DRIVER = Path(__file__).with_name("openhands_driver.py")
+# mini-swe-agent configs by the harness option ``config`` (None: the package's own mini.yaml).
+MINI_CONFIGS: dict[str, Path | None] = {"default": None, "compact": Path(__file__).with_name("mini_compact.yaml")}
 
 
 def venv_mounts(venv: Path) -> list[Path]:
@@ -37,10 +40,22 @@ class MiniSweAgent(HarnessAdapter):
     def install_paths(self) -> list[Path]:
         return venv_mounts(self.venv)
 
+    def _config(self, ctx: AgentContext) -> str:
+        """Option ``config``: ``default`` (mini-swe-agent's mini.yaml) or ``compact``
+        (``mini_compact.yaml``: short, text-based actions, for small models)."""
+        choice = ctx.options.get("config", "default")
+        if choice not in MINI_CONFIGS:
+            raise EnvSetupError(f"harness mini-swe-agent: unknown config {choice!r}; valid: {sorted(MINI_CONFIGS)}")
+        source = MINI_CONFIGS[choice]
+        if source is None:
+            return "mini.yaml"
+        write_text(ctx.runtime / source.name, source.read_text())
+        return str(ctx.paths.runtime / source.name)
+
     def prepare(self, ctx: AgentContext) -> AgentCommand:
         config_dir = ctx.paths.home / ".config" / "mini-swe-agent"
         argv = [str(self.venv / "bin" / "mini"), "-m", f"openai/{_model(ctx)}", "-t", ctx.instruction]
-        argv += ["--yolo", "--exit-immediately", "-c", "mini.yaml"]
+        argv += ["--yolo", "--exit-immediately", "-c", self._config(ctx)]
         argv += ["-c", f"model.model_kwargs.api_base={ctx.base_url}", "-c", f"model.model_kwargs.api_key={ctx.token}"]
         argv += ["-c", f"environment.cwd={ctx.paths.workdir}"]
         if ctx.max_turns:

@@ -1,0 +1,1 @@
+"""Task pool sources that write Harbor tasks (``swe``: SWE-bench-style records)."""

@@ -1,0 +1,224 @@
+"""``harnessrl eval CONFIG``: the eval tasks x k trials through the same stack as
+training (same harness, proxy, gateway, sandbox; token-faithful capture), no
+training; pass@k and pass^k per task and overall.
+
+Which policy: the run's newest trainer checkpoint when the run has one (the
+gateway loads it; rows carry its step), else the base model (step 0).
+Estimators over the n trials of a task that ended for a policy reason (infra
+failures are counted, never scored) with c successes (reward >=
+``[trainer.algo] success_threshold``): pass@j = 1 - C(n-c, j)/C(n, j) (the
+unbiased estimator of the chance that at least one of j trials succeeds) and
+pass^j = C(c, j)/C(n, j) (all j succeed), for j = 1 and j = k (when n >= j).
+Rows go to ``<run>/eval.jsonl``: one per task plus one ``task_id = "*"`` row with
+the mean over tasks (which leaves the dashboard's per-step mean unchanged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import ConfigError, FailedPrecondition
+from harnessrl.rpc import connect
+from harnessrl.v1 import records_pb2, sandbox_pb2, sandbox_pb2_grpc
+from stack import preflight
+from stack.embedded import services
+from stack.launcher import PlannedTrial, TrialTemplate
+from stack.run import check_overlap, resolve_tasks
+from stack.runconfig import RunConfig
+from stack.rundir import RunDirectory
+
+POLICY_REASONS = {
+    records_pb2.TERMINATION_REASON_COMPLETED,
+    records_pb2.TERMINATION_REASON_MAX_TURNS,
+    records_pb2.TERMINATION_REASON_CONTEXT_OVERFLOW,
+    records_pb2.TERMINATION_REASON_AGENT_TIMEOUT,
+}
+
+
+def pass_at(n: int, c: int, k: int) -> float | None:
+    """Unbiased pass@k from n trials with c successes (None when n < k)."""
+    if n < k or k < 1:
+        return None
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat(n: int, c: int, k: int) -> float | None:
+    """Unbiased pass^k (all k succeed) from n trials with c successes (None when n < k)."""
+    if n < k or k < 1:
+        return None
+    return math.comb(c, k) / math.comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    run_dir: Path
+    step: int
+    k: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def task_row(step: int, task: str, k: int, statuses: list[sandbox_pb2.TrialStatus], threshold: float) -> dict[str, Any]:
+    valid = [s for s in statuses if s.termination_reason in POLICY_REASONS]
+    c = sum(1 for s in valid if s.has_reward and s.reward >= threshold)
+    n = len(valid)
+    reasons: dict[str, int] = {}
+    for s in statuses:
+        name = records_pb2.TerminationReason.Name(s.termination_reason).removeprefix("TERMINATION_REASON_").lower()
+        reasons[name] = reasons.get(name, 0) + 1
+    row: dict[str, Any] = {"step": step, "task_id": task, "k": k, "n": n, "successes": c}
+    row["infra_failures"] = len(statuses) - n
+    for j in sorted({1, k}):
+        row[f"pass@{j}"] = pass_at(n, c, j)
+        row[f"pass^{j}"] = pass_hat(n, c, j)
+    row["termination"] = reasons
+    return row
+
+
+def overall_row(step: int, k: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": step, "task_id": "*", "k": k, "tasks": len(rows)}
+    out["n"] = sum(r["n"] for r in rows)
+    out["successes"] = sum(r["successes"] for r in rows)
+    out["infra_failures"] = sum(r["infra_failures"] for r in rows)
+    for key in rows[0] if rows else []:
+        if key.startswith(("pass@", "pass^")):
+            values = [r[key] for r in rows if r[key] is not None]
+            out[key] = statistics.fmean(values) if values else None
+    return out
+
+
+def _eval_config(cfg: RunConfig, store_dir: Path | None = None) -> tuple[RunConfig, int, str]:
+    """The config with the gateway on the run's newest checkpoint (if any) and the store where asked."""
+    from services.trainer import checkpoint
+
+    latest = checkpoint.latest(cfg.run_dir / "trainer")
+    step, name = 0, "base"
+    if latest is not None:
+        state = json.loads((latest / checkpoint.STATE_FILE).read_text())
+        step, name = int(state["step"]), latest.name
+    update: dict[str, Any] = {}
+    if cfg.gateway is not None and latest is not None:
+        update["gateway"] = cfg.gateway.model_copy(update={"model_path": latest, "initial_version": step})
+    if cfg.capture_store is not None and store_dir is not None and cfg.capture_store.backend == "embedded":
+        update["capture_store"] = cfg.capture_store.model_copy(update={"store_dir": store_dir})
+    return dataclasses.replace(cfg, **update, dashboard=None), step, name
+
+
+async def evaluate_run(cfg: RunConfig) -> EvalResult:
+    train, evaluation = resolve_tasks(cfg)
+    if not evaluation:
+        raise ConfigError(f"{cfg.path}: [run] eval_tasks is empty: nothing to evaluate")
+    check_overlap(cfg, train, evaluation)
+    report = preflight.static_checks(cfg, evaluation)
+    report.raise_if_failed()
+    run_dir = RunDirectory(cfg)
+    info = run_dir.read_info()
+    if info.get("status") == "running" and info.get("pid"):
+        from stack.rundir import _alive
+
+        if _alive(int(info["pid"])):
+            raise FailedPrecondition(f"run {cfg.run_id!r} is training; evaluate it when it has stopped")
+    if not run_dir.info_path.exists():
+        run_dir.create(resume=False)
+        run_dir.write_info("done", steps_planned=0)
+    eval_cfg, step, ckpt = _eval_config(cfg)
+    k = cfg.run.eval_k
+    async with services(eval_cfg) as ends:
+        assert ends.sandbox_target is not None
+        statuses = await _run_trials(eval_cfg, ends.sandbox_target, evaluation, step, k)
+    threshold = cfg.trainer.algo.success_threshold
+    rows = [task_row(step, t.name, k, statuses[t.name], threshold) for t in evaluation]
+    stamp = {"checkpoint": ckpt, "created_at": time.time()}
+    rows = [r | stamp for r in rows] + [overall_row(step, k, rows) | stamp]
+    run_dir.append_jsonl("eval.jsonl", rows)
+    return EvalResult(run_dir.path, step, k, rows)
+
+
+async def _run_trials(
+    cfg: RunConfig, target: str, tasks: list[Path], step: int, k: int
+) -> dict[str, list[sandbox_pb2.TrialStatus]]:
+    r = cfg.run
+    eval_run = f"{cfg.run_id}-eval"
+    template = TrialTemplate(
+        eval_run, r.harness, cfg.model_name, k, r.max_turns, r.agent_timeout_s, r.verifier_timeout_s,
+        dict(r.harness_options),
+    )  # fmt: skip
+    nonce = secrets.token_hex(3)
+    specs = []
+    for t, task in enumerate(tasks):
+        gid = f"{eval_run}-s{step}-{nonce}-t{t}"
+        specs += [template.spec(PlannedTrial(f"{gid}-{i}", gid, task, step, i), step) for i in range(k)]
+    async with connect(target, cfg.token(), service="trainer") as channel:
+        stub = sandbox_pb2_grpc.SandboxStub(channel)
+        for spec in specs:
+            await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec), timeout=30)
+        done = await _wait_done(stub, [s.trial_id for s in specs])
+    out: dict[str, list[sandbox_pb2.TrialStatus]] = {t.name: [] for t in tasks}
+    for spec in specs:
+        out[Path(spec.task_path).name].append(done[spec.trial_id])
+    return out
+
+
+async def _wait_done(stub: sandbox_pb2_grpc.SandboxStub, ids: list[str]) -> dict[str, sandbox_pb2.TrialStatus]:
+    done: dict[str, sandbox_pb2.TrialStatus] = {}
+    watch = stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(trial_ids=ids))
+    try:
+        async for status in watch:
+            if status.state == sandbox_pb2.TRIAL_STATE_DONE:
+                done[status.trial_id] = status
+                if len(done) == len(ids):
+                    break
+    finally:
+        watch.cancel()
+    return done
+
+
+def summary_lines(result: EvalResult) -> list[str]:
+    k = result.k
+    lines = [f"eval of step {result.step} (k = {k}) -> {result.run_dir / 'eval.jsonl'}"]
+    lines.append(f"{'task':<32} {'n':>3} {'ok':>3} {'pass@1':>7} {f'pass@{k}':>7} {f'pass^{k}':>7} infra")
+
+    def f(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else "-"
+
+    for row in result.rows:
+        name = "overall" if row["task_id"] == "*" else row["task_id"]
+        lines.append(
+            f"{name[:32]:<32} {row['n']:>3} {row['successes']:>3} {f(row.get('pass@1')):>7} "
+            f"{f(row.get(f'pass@{k}')):>7} {f(row.get(f'pass^{k}')):>7} {row['infra_failures']}"
+        )
+    return lines
+
+
+async def preflight_only(cfg: RunConfig) -> preflight.Report:
+    """``harnessrl preflight``: static checks, then the live ones against services started
+    for the check (the embedded capture store in a temporary folder)."""
+    train, _ = resolve_tasks(cfg)
+    report = preflight.static_checks(cfg, train)
+    if not report.ok:
+        return report
+    with tempfile.TemporaryDirectory(prefix="hrl-preflight-") as tmp:
+        check_cfg, _, _ = _eval_config(cfg, Path(tmp) / "capture")
+        check_cfg = dataclasses.replace(check_cfg, gateway=cfg.gateway, run_dir=Path(tmp) / "run")
+        try:
+            async with services(check_cfg) as ends:
+                assert ends.sandbox_target is not None
+                live = await preflight.live_checks(
+                    check_cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token()
+                )
+        except Exception as e:  # noqa: BLE001 - any start failure is a failed check with its cause
+            fix = "check the service tables and the addresses in [run]"
+            report.add(preflight.Check("services", False, f"could not start: {type(e).__name__}: {e}", fix))
+            return report
+        report.checks += live.checks
+    return report

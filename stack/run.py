@@ -1,0 +1,274 @@
+"""``harnessrl run CONFIG``: RL end to end in one command.
+
+1. Load and validate the config; expand the task pools; refuse train/eval
+   overlaps unless allowed; static preflight. Nothing has started yet: any
+   failure here is exit 2 and leaves nothing behind.
+2. Create (or, with ``--resume``, reopen) the run directory; start or connect to
+   the services (``stack.embedded.services``); live preflight (engine, sandbox,
+   task pool). A fresh run that fails preflight is removed again.
+3. Train: the trainer's own ``TrainingLoop`` in this process, fed by the capture
+   store's WatchReady and launching batches through ``SandboxLauncher``; its
+   Status/Metrics gRPC service is up for the dashboard; every step is appended
+   to metrics.jsonl. A rich progress display follows the trials and steps.
+4. Stop: on completion (status done, exit 0), on SIGINT/SIGTERM (no more
+   launches, in-flight trials cancelled and finalized as ``cancelled``, status
+   stopped, exit 130) or on an error (status failed, exit 1). Everything started
+   is stopped in every case.
+
+``--resume RUN``: the trainer restores its newest checkpoint (weights, optimizer,
+step) and publishes it to the gateway; the launcher skips trials the capture
+store already holds finalized, so finished groups are not redone; groups that
+finished but were not trained on are redelivered by the capture store. A step
+interrupted mid-optimization is redone from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from harnessrl.errors import ConfigError
+from stack import pool, preflight
+from stack.disjoint import find_overlaps
+from stack.embedded import Endpoints, services
+from stack.launcher import SandboxLauncher, TrialTemplate
+from stack.progress import Progress, Snapshot
+from stack.runconfig import RunConfig
+from stack.rundir import RecordingTrainerService, RunDirectory
+
+log = logging.getLogger(__name__)
+
+EXIT_DONE, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
+CANCEL_WAIT_S = 60.0
+
+
+@dataclass
+class Outcome:
+    status: str
+    code: int
+    steps_done: int = 0
+    error: str = ""
+
+
+def resolve_tasks(cfg: RunConfig) -> tuple[list[Path], list[Path]]:
+    train = pool.expand(cfg.run.train_tasks, cfg.run.families)
+    evaluation = pool.expand(cfg.run.eval_tasks, cfg.run.eval_families) if cfg.run.eval_tasks else []
+    return train, evaluation
+
+
+def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Path]) -> list[str]:
+    """Refuses a run whose train and eval tasks overlap (unless allowed); returns the overlaps found."""
+    if not evaluation:
+        return []
+    found = [f"{o.level}: {o.train_task} ~ {o.eval_task} ({o.detail})" for o in find_overlaps(train, evaluation)]
+    if found and not cfg.run.allow_overlap:
+        more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
+        raise ConfigError(
+            f"{cfg.path}: train and eval tasks overlap: {'; '.join(found[:3])}{more}; "
+            "remove them from one side, or set [run] allow_overlap = true / --allow-overlap"
+        )
+    return found
+
+
+async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
+    console = console or Console()
+    train, evaluation = resolve_tasks(cfg)
+    for overlap in check_overlap(cfg, train, evaluation):
+        console.print(f"warning: overlap allowed: {overlap}", highlight=False, markup=False)
+    if cfg.run.preflight:
+        report = preflight.static_checks(cfg, train)
+        preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False))
+        report.raise_if_failed()
+    run_dir = RunDirectory(cfg)
+    fresh = not resume
+    run_dir.create(resume=resume)
+    run_dir.write_info("running")
+    console.print(f"run {cfg.run_id}: {run_dir.path}", highlight=False, markup=False)
+    outcome = Outcome("failed", EXIT_FAILED)
+    try:
+        async with services(cfg, dashboard=cfg.run.dashboard) as ends:
+            if cfg.run.preflight:
+                assert ends.sandbox_target is not None
+                report = await preflight.live_checks(cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token())
+                preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False))
+                report.raise_if_failed()
+            if ends.dashboard_url:
+                console.print(f"dashboard: {ends.dashboard_url}", highlight=False, markup=False)
+            outcome = await _train(cfg, ends, train, run_dir, console)
+    except preflight.PreflightFailed:
+        if fresh:
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+            outcome.status = ""
+        raise
+    except Exception as e:
+        outcome = Outcome("failed", EXIT_FAILED, error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if outcome.status:
+            run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done)
+    if not cfg.run.dashboard:
+        console.print(f"dashboard: harnessrl dashboard serve --run {run_dir.path}", highlight=False, markup=False)
+    return outcome
+
+
+class _Stop:
+    """SIGINT/SIGTERM -> an event; a second signal exits at once."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.signal_name = ""
+
+    def __enter__(self) -> _Stop:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        return self
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self.event.is_set():
+            raise SystemExit(EXIT_STOPPED)
+        self.signal_name = sig.name
+        self.event.set()
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _train(
+    cfg: RunConfig, ends: Endpoints, train: Sequence[Path], run_dir: RunDirectory, console: Console
+) -> Outcome:
+    from services.trainer import checkpoint
+    from services.trainer.engine import CpuTrainer
+    from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
+    from services.trainer.server import create_server
+
+    settings = _trainer_settings(cfg, ends)
+    out = settings.resolved_output_dir()
+    # Imports torch and TensorBoard: seconds the event loop (proxy, dashboard) must not wait.
+    service = await asyncio.to_thread(RecordingTrainerService, cfg.run_id, out / "tensorboard", run_dir)
+    server = await create_server(settings, service)
+    ends.trainer_target = f"127.0.0.1:{server.port}"
+    run_dir.write_info("running", trainer_target=ends.trainer_target, capture_target=ends.capture_target)
+    closers: list[Any] = []
+    try:
+        with _Stop() as stop:
+            trainer = await asyncio.to_thread(CpuTrainer, settings)
+            latest = checkpoint.latest(out)
+            sync = GatewaySync(ends.gateway_target, True, 60.0, cfg.token()) if ends.gateway_target else None
+            if sync is not None:
+                closers.append(sync)
+            if latest is not None:
+                await asyncio.to_thread(trainer.restore, latest)
+                service.set_progress(trainer.step, trainer.policy_version)
+                console.print(f"resumed from {latest.name} (step {trainer.step})", highlight=False, markup=False)
+                if sync is not None:
+                    await sync.publish(trainer.policy_version, str(latest))
+            remaining = cfg.run.steps - trainer.step
+            if remaining <= 0:
+                return Outcome("done", EXIT_DONE, trainer.step)
+            rollout = settings.rollout.model_copy(update={"max_steps": remaining})
+            settings = settings.model_copy(update={"rollout": rollout})
+            source = ReadyGroupSource(ends.capture_target, cfg.run_id, settings.consumer_group, cfg.token())
+            await source.start()
+            closers.insert(0, source)
+            launcher = _launcher(cfg, ends, train)
+            await launcher.start()
+            closers.insert(0, launcher)
+            loop = TrainingLoop(settings, trainer, source, service, sync, launcher)
+            return await _drive(cfg, loop, launcher, service, stop, console)
+    finally:
+        for closer in closers:
+            with contextlib.suppress(Exception):
+                await closer.close()
+        service.close()
+        await server.stop(1.0)
+
+
+def _trainer_settings(cfg: RunConfig, ends: Endpoints) -> Any:
+    from pydantic import SecretStr
+
+    update: dict[str, Any] = {"capture_target": ends.capture_target, "gateway_target": ends.gateway_target}
+    token = cfg.token()
+    if token and cfg.trainer.service_token is None:
+        update["service_token"] = SecretStr(token)
+    return cfg.trainer.model_copy(update=update)
+
+
+def _launcher(cfg: RunConfig, ends: Endpoints, train: Sequence[Path]) -> SandboxLauncher:
+    r = cfg.run
+    template = TrialTemplate(
+        run_id=cfg.run_id,
+        harness=r.harness,
+        model=cfg.model_name,
+        group_size=r.group_size,
+        max_turns=r.max_turns,
+        agent_timeout_s=r.agent_timeout_s,
+        verifier_timeout_s=r.verifier_timeout_s,
+        harness_options=dict(r.harness_options),
+    )
+    assert ends.sandbox_target is not None
+    return SandboxLauncher(
+        template,
+        train,
+        sandbox_target=ends.sandbox_target,
+        capture_target=ends.capture_target,
+        groups_per_step=r.groups_per_step,
+        steps=r.steps,
+        seed=r.seed,
+        token=cfg.token(),
+    )
+
+
+async def _drive(
+    cfg: RunConfig,
+    loop: Any,
+    launcher: SandboxLauncher,
+    service: RecordingTrainerService,
+    stop: _Stop,
+    console: Console,
+) -> Outcome:
+    started = time.monotonic()
+
+    def snapshot() -> Snapshot:
+        status = service.status()
+        return Snapshot(
+            status.step,
+            cfg.run.steps,
+            launcher.counts(),
+            launcher.reasons(),
+            service.last_values,
+            status.state,
+            time.monotonic() - started,
+        )
+
+    progress = asyncio.ensure_future(Progress(snapshot, console).run())
+    training = asyncio.ensure_future(loop.run())
+    stopper = asyncio.ensure_future(stop.event.wait())
+    try:
+        await asyncio.wait({training, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if training.done():
+            training.result()  # raises what the loop raised
+            return Outcome("done", EXIT_DONE, service.status().step)
+        console.print(f"{stop.signal_name}: stopping (in-flight trials are cancelled)", highlight=False, markup=False)
+        return Outcome("stopped", EXIT_STOPPED, service.status().step)
+    finally:
+        for task in (training, stopper):
+            task.cancel()
+        await asyncio.gather(training, stopper, return_exceptions=True)
+        cancelled = await launcher.cancel_in_flight()
+        if cancelled and not await launcher.wait_settled(CANCEL_WAIT_S):
+            log.warning("trials still running after %.0fs: %s", CANCEL_WAIT_S, launcher.in_flight())
+        progress.cancel()
+        await asyncio.gather(progress, return_exceptions=True)

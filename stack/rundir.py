@@ -1,0 +1,114 @@
+"""Writing a run directory (the dashboard's ``services/dashboard/rundir.py`` reads it).
+
+``<runs_dir>/<run_id>/``: run.json (status running -> done | failed | stopped),
+config.toml (the resolved config), metrics.jsonl (one line per trainer step, the
+Metrics RPC shape), eval.jsonl (per-task pass@k / pass^k rows), capture/ (the
+embedded store), trainer/ (checkpoints, TensorBoard), artifacts/ (per-trial logs).
+Every write of run.json is atomic (tmp + rename); jsonl files are appended line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import AlreadyExists, FailedPrecondition, NotFound
+from services.trainer.service import TrainerService
+from stack.runconfig import RunConfig
+
+STATUSES = ("running", "done", "failed", "stopped")
+
+
+class RunDirectory:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.path = cfg.run_dir
+
+    @property
+    def info_path(self) -> Path:
+        return self.path / "run.json"
+
+    def read_info(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.info_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def create(self, *, resume: bool) -> None:
+        """A fresh run refuses an existing run; a resumed one needs it, and not live."""
+        exists = self.info_path.exists()
+        if resume:
+            if not exists:
+                raise NotFound(f"no run {self.cfg.run_id!r} to resume under {self.path.parent}")
+            info = self.read_info()
+            pid = info.get("pid")
+            if info.get("status") == "running" and isinstance(pid, int) and _alive(pid) and pid != os.getpid():
+                raise FailedPrecondition(f"run {self.cfg.run_id!r} is still running (pid {pid})")
+        elif exists:
+            raise AlreadyExists(f"run {self.cfg.run_id!r} exists at {self.path}; use --resume {self.cfg.run_id}")
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "config.toml").write_text(self.cfg.resolved_toml())
+
+    def write_info(self, status: str, **extra: Any) -> None:
+        assert status in STATUSES
+        cfg, info = self.cfg, self.read_info()
+        capture: dict[str, Any]
+        target = extra.pop("capture_target", None) or info.get("capture", {}).get("target")
+        if cfg.capture_store is not None and cfg.capture_store.backend == "embedded":
+            capture = {"backend": "embedded", "dir": "capture"}
+        else:
+            capture = {"backend": "distributed", "target": target}
+        info |= {
+            "run_id": cfg.run_id,
+            "created_at": info.get("created_at", time.time()),
+            "status": status,
+            "group_size": cfg.run.group_size,
+            "batch_groups": cfg.run.groups_per_step,
+            "model": cfg.model_name,
+            "harness": cfg.run.harness,
+            "engine": cfg.run.engine,
+            "steps_planned": cfg.run.steps,
+            "capture": {k: v for k, v in capture.items() if v is not None},
+            "pid": os.getpid(),
+            "updated_at": time.time(),
+        }
+        info |= {k: v for k, v in extra.items() if v is not None}
+        if status != "running":
+            info.pop("trainer_target", None)  # nothing serves it any more: the dashboard reads the files
+        tmp = self.info_path.with_name("run.json.tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        os.replace(tmp, self.info_path)
+
+    def append_jsonl(self, name: str, rows: list[dict[str, Any]]) -> None:
+        with (self.path / name).open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RecordingTrainerService(TrainerService):
+    """The trainer's service object that also appends each step to metrics.jsonl."""
+
+    def __init__(self, run_id: str, tensorboard_dir: Path | None, run_dir: RunDirectory) -> None:
+        super().__init__(run_id, tensorboard_dir)
+        self._run_dir = run_dir
+        self.last_values: dict[str, float] = {}
+
+    def record_step(self, step: int, policy_version: int, values: dict[str, float], alerts: list[str]) -> None:
+        super().record_step(step, policy_version, values, alerts)
+        self.last_values = dict(values)
+        row = {"step": step, "wall_time": time.time(), "values": values}
+        self._run_dir.append_jsonl("metrics.jsonl", [row])

@@ -1,0 +1,3 @@
+def cube(x):
+    """Return x cubed."""
+    return x ** 2

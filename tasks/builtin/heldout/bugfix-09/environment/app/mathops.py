@@ -1,0 +1,3 @@
+def shout(text):
+    """Return text in upper case followed by '!'."""
+    return text + "!"

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo harbor > answer.txt

@@ -1,0 +1,2 @@
+def build_score(x):
+    return x * 6 + 16

@@ -1,0 +1,3 @@
+from calc import build_score
+
+print(build_score(27))

@@ -1,0 +1,5 @@
+import calc
+
+
+def summary():
+    return calc.build_score(28)

@@ -1,0 +1,2 @@
+def calc_size(x):
+    return x * 3 + 7

@@ -1,0 +1,3 @@
+from core import calc_size
+
+print(calc_size(6))

@@ -1,0 +1,3 @@
+from utils import build_result
+
+print(build_result(1))

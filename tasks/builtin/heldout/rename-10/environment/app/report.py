@@ -1,0 +1,5 @@
+import utils
+
+
+def summary():
+    return utils.build_result(2)

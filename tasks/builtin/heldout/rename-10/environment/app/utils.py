@@ -1,0 +1,2 @@
+def build_result(x):
+    return x * 3 + 12

@@ -1,0 +1,3 @@
+#!/bin/bash
+echo "indigo" > word.txt
+cat wrd.txt

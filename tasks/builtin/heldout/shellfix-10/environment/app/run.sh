@@ -1,0 +1,4 @@
+#!/bin/bash
+if true
+  echo "maple"
+fi

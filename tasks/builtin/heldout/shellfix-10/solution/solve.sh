@@ -1,0 +1,9 @@
+#!/bin/bash
+set -e
+mkdir -p "$(dirname 'run.sh')"
+cat > 'run.sh' <<'HARNESSRL_EOF'
+#!/bin/bash
+if true; then
+  echo "maple"
+fi
+HARNESSRL_EOF

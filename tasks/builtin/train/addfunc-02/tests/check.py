@@ -1,0 +1,14 @@
+import os
+import sys
+
+os.chdir("/app")
+sys.path.insert(0, "/app")
+from tools import repeat
+
+assert repeat('cedar', 3) == 'cedarcedarcedar', "repeat('cedar', 3)"
+assert repeat('kettle', 3) == 'kettlekettlekettle', "repeat('kettle', 3)"
+assert repeat('zephyr', 2) == 'zephyrzephyr', "repeat('zephyr', 2)"
+assert repeat('iris', 2) == 'irisiris', "repeat('iris', 2)"
+from tools import identity
+
+assert identity(5) == 5

@@ -1,0 +1,14 @@
+import os
+import sys
+
+os.chdir("/app")
+sys.path.insert(0, "/app")
+from utils import total
+
+assert total([30, 4, -8]) == 26, 'total([30, 4, -8])'
+assert total([-14, 19, -19, 37]) == 23, 'total([-14, 19, -19, 37])'
+assert total([2, -11, -4, -9]) == -22, 'total([2, -11, -4, -9])'
+assert total([34, 5, 8]) == 47, 'total([34, 5, 8])'
+from utils import identity
+
+assert identity(5) == 5

@@ -1,0 +1,3 @@
+def largest(xs):
+    """Return the largest number in xs."""
+    return min(xs)

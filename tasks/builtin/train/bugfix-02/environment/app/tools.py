@@ -1,0 +1,3 @@
+def first_char(s):
+    """Return the first character of s."""
+    return s[1]

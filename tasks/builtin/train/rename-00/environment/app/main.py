@@ -1,0 +1,3 @@
+from numlib import compute_result
+
+print(compute_result(17))

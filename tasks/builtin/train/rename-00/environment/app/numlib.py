@@ -1,0 +1,2 @@
+def compute_result(x):
+    return x * 6 + 9

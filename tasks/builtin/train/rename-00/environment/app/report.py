@@ -1,0 +1,5 @@
+import numlib
+
+
+def summary():
+    return numlib.compute_result(18)

@@ -1,0 +1,2 @@
+def get_total(x):
+    return x * 5 + 19

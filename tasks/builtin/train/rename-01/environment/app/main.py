@@ -1,0 +1,3 @@
+from calc import get_total
+
+print(get_total(28))

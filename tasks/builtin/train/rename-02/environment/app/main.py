@@ -1,0 +1,3 @@
+from core import count_score
+
+print(count_score(12))

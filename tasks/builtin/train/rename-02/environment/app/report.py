@@ -1,0 +1,5 @@
+import core
+
+
+def summary():
+    return core.count_score(13)

@@ -1,0 +1,17 @@
+import os
+import sys
+
+os.chdir("/app")
+sys.path.insert(0, "/app")
+import re
+import subprocess
+
+for path in ("core.py", "main.py", "report.py"):
+    assert not re.search(r"\bcount_score\b", open(path).read()), f"count_score is still used in {path}"
+import core
+import report
+
+assert core.calc_score(3) == 33
+assert report.summary() == 113
+out = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, check=True).stdout
+assert out.strip() == "105", out

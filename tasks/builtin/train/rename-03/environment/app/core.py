@@ -1,0 +1,2 @@
+def build_value(x):
+    return x * 5 + 2

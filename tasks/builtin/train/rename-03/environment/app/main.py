@@ -1,0 +1,3 @@
+from core import build_value
+
+print(build_value(28))

@@ -1,0 +1,17 @@
+import os
+import sys
+
+os.chdir("/app")
+sys.path.insert(0, "/app")
+import re
+import subprocess
+
+for path in ("core.py", "main.py", "report.py"):
+    assert not re.search(r"\bbuild_value\b", open(path).read()), f"build_value is still used in {path}"
+import core
+import report
+
+assert core.compute_value(3) == 17
+assert report.summary() == 147
+out = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, check=True).stdout
+assert out.strip() == "142", out

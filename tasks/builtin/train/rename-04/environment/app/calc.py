@@ -1,0 +1,2 @@
+def compute_rate(x):
+    return x * 6 + 16

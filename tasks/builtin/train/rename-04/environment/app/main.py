@@ -1,0 +1,3 @@
+from calc import compute_rate
+
+print(compute_rate(7))

@@ -1,0 +1,5 @@
+import calc
+
+
+def summary():
+    return calc.compute_rate(8)

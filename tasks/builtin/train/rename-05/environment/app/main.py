@@ -1,0 +1,3 @@
+from textops import load_result
+
+print(load_result(14))

@@ -1,0 +1,2 @@
+def calc_total(x):
+    return x * 5 + 20

@@ -1,0 +1,3 @@
+from calc import calc_total
+
+print(calc_total(23))

@@ -1,0 +1,5 @@
+import calc
+
+
+def summary():
+    return calc.calc_total(24)

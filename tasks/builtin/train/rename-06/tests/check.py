@@ -1,0 +1,17 @@
+import os
+import sys
+
+os.chdir("/app")
+sys.path.insert(0, "/app")
+import re
+import subprocess
+
+for path in ("calc.py", "main.py", "report.py"):
+    assert not re.search(r"\bcalc_total\b", open(path).read()), f"calc_total is still used in {path}"
+import calc
+import report
+
+assert calc.make_total(3) == 35
+assert report.summary() == 140
+out = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, check=True).stdout
+assert out.strip() == "135", out

@@ -1,0 +1,2 @@
+def get_rate(x):
+    return x * 6 + 3

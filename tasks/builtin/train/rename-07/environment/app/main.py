@@ -1,0 +1,3 @@
+from helpers import get_rate
+
+print(get_rate(24))

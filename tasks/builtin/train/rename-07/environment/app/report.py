@@ -1,0 +1,5 @@
+import helpers
+
+
+def summary():
+    return helpers.get_rate(25)

@@ -1,0 +1,3 @@
+#!/bin/bash
+N=3
+if [ "$N" -eq 3]; then echo "heron"; fi

@@ -1,0 +1,8 @@
+#!/bin/bash
+set -e
+mkdir -p "$(dirname 'run.sh')"
+cat > 'run.sh' <<'HARNESSRL_EOF'
+#!/bin/bash
+WORD="velvet"
+echo "$WORD"
+HARNESSRL_EOF

@@ -1,0 +1,3 @@
+#!/bin/bash
+for w in "harbor"; do
+  echo "$w"
