@@ -57,7 +57,10 @@ class ProxyAdmin:
     def __init__(self, url: str, admin_token: str | None, timeout_s: float = 60.0) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
+        # No connection cap: a worker runs up to 256 trials, each holding a call (close waits
+        # until its parts are durable); httpx's default pool of 100 made the rest time out.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s, limits=limits)
 
     async def register(self, spec: TrialSpec, task_id: str, context: Context | None = None) -> ProxyTrial:
         """Registers the trial; ``context`` (the trial's trace) travels as ``traceparent``."""
@@ -79,7 +82,7 @@ class ProxyAdmin:
         try:
             resp = await self._client.post(path, json=body, headers=telemetry.inject(context=context))
         except httpx.HTTPError as e:
-            raise Unavailable(f"proxy at {self.url} unreachable: {e}") from e
+            raise Unavailable(f"proxy at {self.url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 300:
             raise HarnessError(f"proxy {path} answered {resp.status_code}: {resp.text[:500]}")
         data: dict[str, Any] = resp.json()
