@@ -14,6 +14,7 @@ see in a 512-trial step, without 512 sandboxes on the same cores.
 Zero lost records means: every turn the proxy answered 200 is in the capture
 store (captured turns == acknowledged turns, per trial), every trial is
 finalized with its outcome, and every group of ``group_size`` became ready.
+Choices and measured figures: stack/RELIABILITY.md.
 """
 
 from __future__ import annotations
