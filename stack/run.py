@@ -178,7 +178,7 @@ async def _train(
             remaining = cfg.run.steps - trainer.step
             if remaining <= 0:
                 return Outcome("done", EXIT_DONE, trainer.step)
-            rollout = settings.rollout.model_copy(update={"max_steps": remaining})
+            rollout = settings.rollout.model_copy(update={"max_steps": cfg.run.steps})  # total, not remaining
             settings = settings.model_copy(update={"rollout": rollout})
             source = ReadyGroupSource(ends.capture_target, cfg.run_id, settings.consumer_group, cfg.token())
             await source.start()

@@ -243,7 +243,10 @@ class TrainingLoop:
             group_size=1,  # capacity is counted in groups here: the loop learns when a group is ready
             slots=rollout.max_groups_in_flight or None,
             start_version=trainer.policy_version,
-            max_groups=rollout.max_steps * rollout.groups_per_step or None,
+            # max_steps counts steps since the run began (a restarted trainer finishes the same run)
+            max_groups=max(rollout.max_steps - trainer.step, 0) * rollout.groups_per_step
+            if rollout.max_steps
+            else None,
             first_step=trainer.step,
         )
         self.ready: dict[str, ReadyBatchGroup] = {}

@@ -92,7 +92,9 @@ class RolloutSettings(BaseModel):
     partial_rollout: bool = Field(True, description="Pause/UpdateWeights/Resume the gateway around a weight sync.")
     sync_every: int = Field(1, ge=1, description="Publish weights to the gateway every N steps.")
     pause_timeout_s: float = Field(30.0, gt=0)
-    max_steps: int = Field(0, ge=0, description="Stop after this many steps; 0 = run until cancelled.")
+    max_steps: int = Field(
+        0, ge=0, description="Stop once the run has this many steps (a resumed trainer counts earlier ones); 0 = never."
+    )
     wait_timeout_s: float = Field(0.0, ge=0, description="Give up waiting for groups after this long; 0 = never.")
 
 
