@@ -78,17 +78,14 @@ class TrainerApp:
         s, delay = self.settings, 0.5
         while True:
             assert s.capture_target is not None
-            # max_steps counts from step 0: a restarted (resumed) trainer does only the steps left.
-            remaining = s.rollout.max_steps - trainer.step
-            if s.rollout.max_steps and remaining <= 0:
+            # max_steps counts the run's steps: a restarted (resumed) trainer does only the steps left.
+            if s.rollout.max_steps and trainer.step >= s.rollout.max_steps:
                 self.service.set_state("done")
                 return []
-            rollout = s.rollout.model_copy(update={"max_steps": max(remaining, 0)})
-            loop_settings = s.model_copy(update={"rollout": rollout})
             self._source = ReadyGroupSource(s.capture_target, s.run_id, s.consumer_group, token)
             await self._source.start()
             try:
-                return await TrainingLoop(loop_settings, trainer, self._source, self.service, self._sync).run()
+                return await TrainingLoop(s, trainer, self._source, self.service, self._sync).run()
             except (Unavailable, grpc.aio.AioRpcError) as e:
                 if isinstance(e, grpc.aio.AioRpcError) and e.code() not in _TRANSIENT:
                     raise self._failed(e) from e

@@ -274,7 +274,7 @@ class TrainingLoop:
         rollout = self.settings.rollout
         pump = asyncio.ensure_future(self._pump())
         try:
-            while not rollout.max_steps or len(results) < rollout.max_steps:
+            while not rollout.max_steps or self.trainer.step < rollout.max_steps:
                 await self._admit()
                 batch = await self._next_batch()
                 if batch is None:
