@@ -529,3 +529,60 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
         stack.stop_all()
         await queue.close()
         await capture.stop(0.2)
+
+
+async def test_a_retry_after_a_worker_died_past_finalize_reports_that_outcome(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The worker died after FinalizeTrajectory but before reporting the trial: the
+    retry finds the finalized outcome and reports it instead of running a second
+    rollout (which would overfill the group)."""
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+    from services.sandbox.endpoints import CaptureFinalizer
+    from services.sandbox.factory import build_worker
+    from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
+    from services.sandbox.queue.redis import RedisQueue
+    from tests.sandbox_support import settings_for, wait_for_state
+
+    capture = await create_capture(
+        CaptureSettings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
+    )
+    target = f"127.0.0.1:{capture.port}"
+    queue = RedisQueue(redis_server.url)
+    spec = TrialSpec(
+        trial_id="half-done",
+        run_id=RUN,
+        task_path=str(make_task(tmp_path / "tasks")),
+        group_id="solo",
+        group_size=1,
+        harness="shell",
+        harness_options={"script": "echo must not run > /logs/agent/ran"},
+    )
+    finalizer = CaptureFinalizer(target, None)
+    settings = settings_for(
+        tmp_path, queue_url=redis_server.url, capture_target=target, lease_s=1.0, heartbeat_s=0.2, max_attempts=3
+    )
+    worker = build_worker(settings, queue, "second")
+    stop = asyncio.Event()
+    try:
+        await queue.submit(spec)
+        assert await queue.claim("dead", lease_s=0.5, wait_s=1) is not None
+        outcome = TrialOutcome(termination_reason=TerminationReason.AGENT_TIMEOUT, reward=0.0, task_id="t")
+        await finalizer.finalize(spec, "t", outcome)  # ... and the worker died here
+        running = asyncio.ensure_future(worker.run(stop))
+        record = await wait_for_state(queue, "half-done", TrialState.DONE, timeout_s=30)
+        stop.set()
+        await running
+        assert record.attempt == 2 and record.outcome is not None
+        assert (record.outcome.termination_reason, record.outcome.reward) == (TerminationReason.AGENT_TIMEOUT, 0.0)
+        assert not (tmp_path / "artifacts" / RUN / "half-done.attempt-2").exists()
+        async with connect(target) as channel:
+            store = capture_pb2_grpc.CaptureStoreStub(channel)
+            page = await store.ListTrajectories(capture_pb2.ListTrajectoriesRequest(run_id=RUN), timeout=10)
+        assert [t.trial_id for t in page.trajectories] == ["half-done"]
+    finally:
+        stop.set()
+        await finalizer.aclose()
+        await queue.close()
+        await capture.stop(0.2)
