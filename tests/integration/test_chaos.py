@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from harnessrl import arrays
-from harnessrl.localservers import RedisServer, S3Server, free_port
+from harnessrl.localservers import RedisServer, S3Server, restartable_port
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import (
@@ -376,7 +376,7 @@ async def run_chaos(stack: ProcessStack, d: Driver, log: list[str]) -> None:
 async def test_a_run_survives_kills_of_each_service(
     tmp_path: Path, redis_server: RedisServer, s3_server: S3Server, s3_bucket: str
 ) -> None:
-    ports = {name: free_port() for name in ("capture", "gateway", "proxy", "sandbox", "trainer")}
+    ports = {name: restartable_port() for name in ("capture", "gateway", "proxy", "sandbox", "trainer")}
     model = await asyncio.to_thread(tiny_model, tmp_path / "model")
     config = write_config(tmp_path, ports, redis_server, s3_server, s3_bucket, model)
     task = make_task(tmp_path / "tasks")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl import paths
-from harnessrl.localservers import free_port
+from harnessrl.localservers import restartable_port
 from harnessrl.rpc import connect
 from harnessrl.v1 import trainer_pb2, trainer_pb2_grpc
 from services.capture_store.server import create_server as create_capture
@@ -67,7 +67,7 @@ async def test_serve_trains_resumes_and_stops_cleanly(capture: str, tmp_path: Pa
         "[trainer.rollout]\ngroups_per_step = 1\nmax_staleness = 3\n"
     )
     await put_group(capture, "a", 0, [1.0, 0.0])
-    port = free_port()
+    port = restartable_port()
     proc = start(config, port)
     try:
         status = await status_when(port, lambda s: s.step >= 1)

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from harnessrl import arrays
-from harnessrl.localservers import RedisServer, S3Server, free_port
+from harnessrl.localservers import RedisServer, S3Server, restartable_port
 from harnessrl.rpc import check_health, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
 from services.capture_store.server import create_server
@@ -170,7 +170,7 @@ def _serve(store_dir: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 async def test_embedded_server_killed_and_restarted_mid_run(tmp_path: Path) -> None:
-    port = free_port()
+    port = restartable_port()
     target = f"127.0.0.1:{port}"
     procs = [_serve(tmp_path / "store", port)]
     try:
