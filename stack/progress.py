@@ -5,6 +5,7 @@ one plain line per trainer step otherwise (logs, CI, tests)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class Snapshot:
 
 
 def step_line(s: Snapshot) -> str:
-    v = s.values
+    v = {k: x for k, x in s.values.items() if math.isfinite(x)}  # no agreement without comparable tokens: nan
     reward = v.get("reward/mean")
     pearson = v.get("agreement/pearson")
     reasons = ", ".join(f"{k} {n}" for k, n in sorted(s.reasons.items())) or "-"
@@ -49,7 +50,7 @@ def table(s: Snapshot) -> Table:
     t.add_row("trials", f"queued {s.trials.get('queued', 0)}  running {running}  done {s.trials.get('done', 0)}")
     t.add_row("termination", ", ".join(f"{k} {n}" for k, n in sorted(s.reasons.items())) or "-")
     for key in ("reward/mean", "agreement/pearson", "loss/total", "step/seconds"):
-        if key in s.values:
+        if key in s.values and math.isfinite(s.values[key]):
             t.add_row(key, f"{s.values[key]:.4g}")
     t.add_row("elapsed", f"{s.elapsed_s:.0f} s")
     return t

@@ -42,3 +42,5 @@ def test_progress_line() -> None:
     line = step_line(snap)
     assert line.startswith("step 2/3  reward 0.250  pearson -  trials done 8")
     assert "reasons [agent_timeout 2, completed 6]" in line and line.endswith("61s")
+    snap.values = {"reward/mean": 0.125, "agreement/pearson": float("nan")}
+    assert "pearson -" in step_line(snap)
