@@ -232,6 +232,8 @@ async def start_server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # A port in use is a bind error, never silently shared with another server.
+            ("grpc.so_reuseport", 0),
         ],
     )
     services = list(register(server))

@@ -170,7 +170,9 @@ async def services(cfg: RunConfig, *, dashboard: bool = False) -> AsyncIterator[
         ends.sandbox_target = cfg.run.sandbox_target
         if cfg.run.sandbox_target is None:
             assert cfg.proxy is not None and ends.gateway_target is not None
-            proxy, admin = await start_proxy(cfg.proxy, ends.gateway_target, ends.capture_target, sock_dir / "p.sock")
+            proxy, admin = await start_proxy(
+                _with_tokens(cfg.proxy, cfg.token()), ends.gateway_target, ends.capture_target, sock_dir / "p.sock"
+            )
             stoppers.append(_Stopper("proxy", proxy))
             ends.proxy_url, ends.proxy_uds, ends.admin_token = proxy.url, sock_dir / "p.sock", admin
             ends.started.append("proxy")
@@ -187,6 +189,18 @@ async def services(cfg: RunConfig, *, dashboard: bool = False) -> AsyncIterator[
         for stopper in reversed(stoppers):
             await stopper.stop()
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _with_tokens(proxy_settings: Any, token: str | None) -> Any:
+    """The proxy's credentials for a remote gateway / capture store: the run's service token unless set."""
+    from pydantic import SecretStr
+
+    if not token:
+        return proxy_settings
+    update = {
+        name: SecretStr(token) for name in ("gateway_token", "capture_token") if getattr(proxy_settings, name) is None
+    }
+    return proxy_settings.model_copy(update=update)
 
 
 async def _start_sandbox(cfg: RunConfig, ends: Endpoints, stoppers: list[_Stopper]) -> Any:

@@ -15,16 +15,22 @@ the mean over tasks (which leaves the dashboard's per-step mean unchanged).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import secrets
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from harnessrl.errors import ConfigError, FailedPrecondition
 from harnessrl.rpc import connect
@@ -35,6 +41,8 @@ from stack.launcher import PlannedTrial, TrialTemplate
 from stack.run import check_overlap, resolve_tasks
 from stack.runconfig import RunConfig
 from stack.rundir import RunDirectory
+
+log = logging.getLogger(__name__)
 
 POLICY_REASONS = {
     records_pb2.TERMINATION_REASON_COMPLETED,
@@ -136,16 +144,68 @@ async def evaluate_run(cfg: RunConfig) -> EvalResult:
     async with services(eval_cfg) as ends:
         assert ends.sandbox_target is not None
         statuses = await _run_trials(eval_cfg, ends.sandbox_target, evaluation, step, k)
-    threshold = cfg.trainer.algo.success_threshold
-    rows = [task_row(step, t.name, k, statuses[t.name], threshold) for t in evaluation]
-    stamp = {"checkpoint": ckpt, "created_at": time.time()}
-    rows = [r | stamp for r in rows] + [overall_row(step, k, rows) | stamp]
+    rows = eval_rows(cfg, step, k, evaluation, statuses, ckpt)
     run_dir.append_jsonl("eval.jsonl", rows)
     return EvalResult(run_dir.path, step, k, rows)
 
 
+def eval_rows(
+    cfg: RunConfig,
+    step: int,
+    k: int,
+    tasks: Sequence[Path],
+    statuses: dict[str, list[sandbox_pb2.TrialStatus]],
+    checkpoint: str,
+) -> list[dict[str, Any]]:
+    threshold = cfg.trainer.algo.success_threshold
+    rows = [task_row(step, t.name, k, statuses[t.name], threshold) for t in tasks]
+    stamp = {"checkpoint": checkpoint, "created_at": time.time()}
+    return [r | stamp for r in rows] + [overall_row(step, k, rows) | stamp]
+
+
+class PeriodicEval:
+    """``[run] eval_every = N``: during a run, the eval tasks x k trials with the
+    weights the gateway serves at steps 0, N, 2N... (through the same sandbox
+    and proxy as training, alongside its rollouts); rows appended to eval.jsonl
+    as ``harnessrl eval`` writes them, so the dashboard plots held-out reward per step."""
+
+    def __init__(self, cfg: RunConfig, target: str, tasks: Sequence[Path], run_dir: RunDirectory) -> None:
+        self.cfg, self.target, self.tasks, self.run_dir = cfg, target, list(tasks), run_dir
+        self.every = cfg.run.eval_every
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self.trial_ids: list[str] = []
+
+    def maybe_start(self, step: int) -> None:
+        if not self.every or not self.tasks or step % self.every or step in self.running:
+            return
+        self.running[step] = asyncio.ensure_future(self._evaluate(step))
+
+    async def _evaluate(self, step: int) -> None:
+        k = self.cfg.run.eval_k
+        statuses = await _run_trials(self.cfg, self.target, self.tasks, step, k, self.trial_ids)
+        self.run_dir.append_jsonl("eval.jsonl", eval_rows(self.cfg, step, k, self.tasks, statuses, f"step-{step}"))
+
+    async def finish(self, *, wait: bool) -> None:
+        """Waits for the evaluations under way (a finished run), or cancels their trials (a stopped one)."""
+        if not wait:
+            async with connect(self.target, self.cfg.token(), service="trainer") as channel:
+                stub = sandbox_pb2_grpc.SandboxStub(channel)
+                for trial_id in self.trial_ids:
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await stub.CancelTrial(sandbox_pb2.CancelTrialRequest(trial_id=trial_id), timeout=10)
+        results = await asyncio.gather(*self.running.values(), return_exceptions=True)
+        for step, result in zip(self.running, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("evaluation at step %d failed: %s", step, result)
+
+
 async def _run_trials(
-    cfg: RunConfig, target: str, tasks: list[Path], step: int, k: int
+    cfg: RunConfig,
+    target: str,
+    tasks: list[Path],
+    step: int,
+    k: int,
+    record: list[str] | None = None,
 ) -> dict[str, list[sandbox_pb2.TrialStatus]]:
     r = cfg.run
     eval_run = f"{cfg.run_id}-eval"
@@ -162,6 +222,8 @@ async def _run_trials(
         stub = sandbox_pb2_grpc.SandboxStub(channel)
         for spec in specs:
             await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec), timeout=30)
+            if record is not None:
+                record.append(spec.trial_id)
         done = await _wait_done(stub, [s.trial_id for s in specs])
     out: dict[str, list[sandbox_pb2.TrialStatus]] = {t.name: [] for t in tasks}
     for spec in specs:

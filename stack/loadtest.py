@@ -14,6 +14,7 @@ see in a 512-trial step, without 512 sandboxes on the same cores.
 Zero lost records means: every turn the proxy answered 200 is in the capture
 store (captured turns == acknowledged turns, per trial), every trial is
 finalized with its outcome, and every group of ``group_size`` became ready.
+Choices and measured figures: stack/RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class LoadResult:
     groups_ready: int
     groups: int
     errors: list[str]
+    failed_trials: int = 0  # finalized with an infrastructure reason (accounted for, not lost)
 
     @property
     def trials_per_s(self) -> float:
@@ -249,6 +251,7 @@ async def measure(
         groups_ready=sum(r.group_ready for r in results),
         groups=cfg.trials // cfg.group_size,
         errors=errors,
+        failed_trials=sum(bool(r.error) for r in results),
     )
 
 
@@ -322,7 +325,8 @@ def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = Fals
     backend = "distributed (Redis + S3)" if distributed else "embedded (SQLite + files)"
     where = "bubblewrap sandboxes (shell harness) -> " if sandbox else ""
     table = Table(title=f"harnessrl bench e2e: {where}proxy + gateway (scripted) + capture store, {backend}")
-    for column in ("run", "trials", "in flight", "s", "trials/s", "turns/s", "p50 ms", "p99 ms", "lost records"):
+    columns = ("run", "trials", "in flight", "s", "trials/s", "turns/s", "p50 ms", "p99 ms", "failed", "lost records")
+    for column in columns:
         table.add_column(column, justify="left" if column == "run" else "right")
     for r in rows:
         table.add_row(
@@ -334,6 +338,7 @@ def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = Fals
             f"{r.acked_turns / r.seconds:.1f}" if r.seconds else "-",
             f"{r.percentile_ms(50):.1f}",
             f"{r.percentile_ms(99):.1f}",
+            str(r.failed_trials),
             str(r.lost_records),
         )
     console = Console(width=140)

@@ -27,7 +27,7 @@ from pathlib import Path
 import services.sandbox
 from harnessrl.localservers import RedisServer, free_port
 from harnessrl.rpc import connect
-from harnessrl.v1 import capture_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from harnessrl.v1 import capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from stack.loadtest import ADMIN, RUN, LoadConfig, LoadResult, _captured_turns, write_services_config
 from stack.procs import ProcessStack
 
@@ -124,6 +124,7 @@ async def measure_sandboxed(ports: dict[str, int], root: Path, cfg: LoadConfig, 
         groups_ready=sum(all(v) for v in groups.values()),
         groups=len(groups),
         errors=errors,
+        failed_trials=sum(s.termination_reason != records_pb2.TERMINATION_REASON_COMPLETED for s in statuses.values()),
     )
 
 

@@ -363,11 +363,35 @@ async def live_checks(
     max_tokens = cfg.proxy.default_max_tokens if cfg.proxy is not None else None
     report.add(await check_engine(gateway_target, token, max_tokens))
     report.checks[-1].seconds = time.monotonic() - started
-    if cfg.run.validate_tasks:
+    if tasks:
+        started = time.monotonic()
+        report.add(await check_sandbox(cfg, sandbox_target, tasks[0], token))
+        report.checks[-1].seconds = time.monotonic() - started
+    if cfg.run.validate_tasks and report.ok:
         started = time.monotonic()
         report.add(await check_pool(cfg, sandbox_target, tasks, token))
         report.checks[-1].seconds = time.monotonic() - started
     return report
+
+
+async def check_sandbox(cfg: RunConfig, sandbox_target: str, task: Path, token: str | None) -> Check:
+    """One no-op trial through the sandbox service: queue, worker, backend, verifier, capture store."""
+    run_id = f"{cfg.run_id}-preflight"
+    try:
+        async with connect(sandbox_target, token, service="trainer") as channel:
+            stub = sandbox_pb2_grpc.SandboxStub(channel)
+            _, _, status = await _trial(stub, run_id, f"{run_id}-nop-{time.time_ns()}", task, "nop")
+    except grpc.aio.AioRpcError as e:
+        fix = f"start the sandbox service at {sandbox_target} or correct [run] sandbox_target"
+        return Check("sandbox", False, f"sandbox {sandbox_target}: {e.code().name}: {e.details()}", fix)
+    if status.termination_reason != records_pb2.TERMINATION_REASON_COMPLETED:
+        reason = records_pb2.TerminationReason.Name(status.termination_reason).removeprefix("TERMINATION_REASON_")
+        fix = "check bubblewrap and the [sandbox] settings (work_dir, cache_dir, limits) and the error above"
+        return Check("sandbox", False, f"a no-op trial ended {reason.lower()}: {status.error[:300]}", fix)
+    timings = status.timings
+    seconds = timings.setup_s + timings.agent_s + timings.verify_s + timings.teardown_s
+    backend = "remote" if cfg.run.sandbox_target else cfg.sandbox.backend
+    return Check("sandbox", True, f"{backend} backend ran a no-op trial in {seconds:.1f}s")
 
 
 async def check_engine(target: str | None, token: str | None, max_tokens: int | None = None) -> Check:

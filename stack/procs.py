@@ -24,6 +24,15 @@ from pathlib import Path
 
 from harnessrl.rpc import check_health
 
+# The gRPC service each ``serve`` noun registers: readiness asks for it by name, so
+# another server on the same port never passes for this one.
+SERVICE_NAMES = {
+    "gateway": "harnessrl.v1.RolloutGateway",
+    "capture": "harnessrl.v1.CaptureStore",
+    "sandbox": "harnessrl.v1.Sandbox",
+    "train": "harnessrl.v1.Trainer",
+}
+
 
 @dataclass
 class ServiceProcess:
@@ -35,6 +44,7 @@ class ServiceProcess:
     env: dict[str, str]
     port: int | None = None
     http: bool = False
+    grpc_service: str = ""
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -79,7 +89,7 @@ class ServiceProcess:
         if self.http:
             return await asyncio.to_thread(_http_ok, f"http://{self.target}/healthz")
         try:
-            return await check_health(self.target, wait_s=0.5) == "SERVING"
+            return await check_health(self.target, self.grpc_service, wait_s=0.5) == "SERVING"
         except Exception:  # noqa: BLE001 - not up yet
             return False
 
@@ -118,14 +128,17 @@ class ProcessStack:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     services: dict[str, ServiceProcess] = field(default_factory=dict)
 
-    def add(self, name: str, argv: Sequence[str], port: int | None = None, http: bool = False) -> ServiceProcess:
-        svc = ServiceProcess(name, list(argv), self.root / f"{name}.log", self.env, port, http)
+    def add(
+        self, name: str, argv: Sequence[str], port: int | None = None, http: bool = False, grpc_service: str = ""
+    ) -> ServiceProcess:
+        svc = ServiceProcess(name, list(argv), self.root / f"{name}.log", self.env, port, http, grpc_service)
         self.services[name] = svc
         return svc
 
     def add_server(self, name: str, noun: str, port: int) -> ServiceProcess:
         """``harnessrl <noun> serve -c CONFIG --port PORT``."""
-        return self.add(name, [noun, "serve", "-c", str(self.config), "--port", str(port)], port, noun == "proxy")
+        argv = [noun, "serve", "-c", str(self.config), "--port", str(port)]
+        return self.add(name, argv, port, noun == "proxy", SERVICE_NAMES.get(noun, ""))
 
     def __getitem__(self, name: str) -> ServiceProcess:
         return self.services[name]

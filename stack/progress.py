@@ -82,4 +82,4 @@ class Progress:
             live.update(table(s))
         if s.step != self._printed_step and s.step > 0:
             self._printed_step = s.step
-            self.console.print(step_line(s), highlight=False, markup=False)
+            self.console.print(step_line(s), highlight=False, markup=False, soft_wrap=True)

@@ -84,41 +84,61 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     console = console or Console()
     train, evaluation = resolve_tasks(cfg)
     for overlap in check_overlap(cfg, train, evaluation):
-        console.print(f"warning: overlap allowed: {overlap}", highlight=False, markup=False)
+        _say(console, f"warning: overlap allowed: {overlap}")
     if cfg.run.preflight:
         report = preflight.static_checks(cfg, train)
-        preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False))
+        preflight.print_report(report, lambda line: _say(console, line))
         report.raise_if_failed()
     run_dir = RunDirectory(cfg)
     fresh = not resume
     run_dir.create(resume=resume)
     run_dir.write_info("running")
-    console.print(f"run {cfg.run_id}: {run_dir.path}", highlight=False, markup=False)
+    _say(console, f"run {cfg.run_id}: {run_dir.path}")
     outcome = Outcome("failed", EXIT_FAILED)
     try:
-        async with services(cfg, dashboard=cfg.run.dashboard) as ends:
-            if cfg.run.preflight:
-                assert ends.sandbox_target is not None
-                report = await preflight.live_checks(cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token())
-                preflight.print_report(report, lambda line: console.print(line, highlight=False, markup=False))
-                report.raise_if_failed()
-            if ends.dashboard_url:
-                console.print(f"dashboard: {ends.dashboard_url}", highlight=False, markup=False)
-            outcome = await _train(cfg, ends, train, run_dir, console)
+        with _Stop() as stop:
+            outcome = await _with_services(cfg, (train, evaluation), run_dir, console, stop)
     except preflight.PreflightFailed:
         if fresh:
             shutil.rmtree(run_dir.path, ignore_errors=True)
             outcome.status = ""
         raise
-    except Exception as e:
+    except Exception as e:  # the run failed: recorded in run.json, reported, exit 1
+        log.exception("run failed")
         outcome = Outcome("failed", EXIT_FAILED, error=f"{type(e).__name__}: {e}")
-        raise
+        _say(console, f"run failed: {outcome.error}")
     finally:
         if outcome.status:
             run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done)
     if not cfg.run.dashboard:
-        console.print(f"dashboard: harnessrl dashboard serve --run {run_dir.path}", highlight=False, markup=False)
+        _say(console, f"dashboard: harnessrl dashboard serve --run {run_dir.path}")
     return outcome
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+async def _with_services(
+    cfg: RunConfig, pools: tuple[list[Path], list[Path]], run_dir: RunDirectory, console: Console, stop: _Stop
+) -> Outcome:
+    train, evaluation = pools
+    async with services(cfg, dashboard=cfg.run.dashboard) as ends:
+        if cfg.run.preflight:
+            assert ends.sandbox_target is not None
+            report = await preflight.live_checks(cfg, ends.gateway_target, ends.sandbox_target, train, cfg.token())
+            preflight.print_report(report, lambda line: _say(console, line))
+            report.raise_if_failed()
+        if ends.dashboard_url:
+            _say(console, f"dashboard: {ends.dashboard_url}")
+        if stop.event.is_set():
+            _say(console, f"{stop.signal_name}: stopping before training")
+            return Outcome("stopped", EXIT_STOPPED)
+        from stack.evaluate import PeriodicEval
+
+        assert ends.sandbox_target is not None
+        periodic = PeriodicEval(cfg, ends.sandbox_target, evaluation, run_dir)
+        return await _train(cfg, ends, train, run_dir, console, stop, periodic)
 
 
 class _Stop:
@@ -147,7 +167,13 @@ class _Stop:
 
 
 async def _train(
-    cfg: RunConfig, ends: Endpoints, train: Sequence[Path], run_dir: RunDirectory, console: Console
+    cfg: RunConfig,
+    ends: Endpoints,
+    train: Sequence[Path],
+    run_dir: RunDirectory,
+    console: Console,
+    stop: _Stop,
+    periodic: Any,
 ) -> Outcome:
     from services.trainer import checkpoint
     from services.trainer.engine import CpuTrainer
@@ -163,31 +189,33 @@ async def _train(
     run_dir.write_info("running", trainer_target=ends.trainer_target, capture_target=ends.capture_target)
     closers: list[Any] = []
     try:
-        with _Stop() as stop:
-            trainer = await asyncio.to_thread(CpuTrainer, settings)
-            latest = checkpoint.latest(out)
-            sync = GatewaySync(ends.gateway_target, True, 60.0, cfg.token()) if ends.gateway_target else None
+        trainer = await asyncio.to_thread(CpuTrainer, settings)
+        latest = checkpoint.latest(out)
+        sync = GatewaySync(ends.gateway_target, True, 60.0, cfg.token()) if ends.gateway_target else None
+        if sync is not None:
+            closers.append(sync)
+        if latest is not None:
+            await asyncio.to_thread(trainer.restore, latest)
+            service.set_progress(trainer.step, trainer.policy_version)
+            _say(console, f"resumed from {latest.name} (step {trainer.step})")
             if sync is not None:
-                closers.append(sync)
-            if latest is not None:
-                await asyncio.to_thread(trainer.restore, latest)
-                service.set_progress(trainer.step, trainer.policy_version)
-                console.print(f"resumed from {latest.name} (step {trainer.step})", highlight=False, markup=False)
-                if sync is not None:
-                    await sync.publish(trainer.policy_version, str(latest))
-            remaining = cfg.run.steps - trainer.step
-            if remaining <= 0:
-                return Outcome("done", EXIT_DONE, trainer.step)
-            rollout = settings.rollout.model_copy(update={"max_steps": cfg.run.steps})  # total, not remaining
-            settings = settings.model_copy(update={"rollout": rollout})
-            source = ReadyGroupSource(ends.capture_target, cfg.run_id, settings.consumer_group, cfg.token())
-            await source.start()
-            closers.insert(0, source)
-            launcher = _launcher(cfg, ends, train)
-            await launcher.start()
-            closers.insert(0, launcher)
-            loop = TrainingLoop(settings, trainer, source, service, sync, launcher)
-            return await _drive(cfg, loop, launcher, service, stop, console)
+                await sync.publish(trainer.policy_version, str(latest))
+        remaining = cfg.run.steps - trainer.step
+        if stop.event.is_set():
+            _say(console, f"{stop.signal_name}: stopping before training")
+            return Outcome("stopped", EXIT_STOPPED, trainer.step)
+        if remaining <= 0:
+            return Outcome("done", EXIT_DONE, trainer.step)
+        rollout = settings.rollout.model_copy(update={"max_steps": cfg.run.steps})  # total, not remaining
+        settings = settings.model_copy(update={"rollout": rollout})
+        source = ReadyGroupSource(ends.capture_target, cfg.run_id, settings.consumer_group, cfg.token())
+        await source.start()
+        closers.insert(0, source)
+        launcher = _launcher(cfg, ends, train)
+        await launcher.start()
+        closers.insert(0, launcher)
+        loop = TrainingLoop(settings, trainer, source, service, sync, launcher)
+        return await _drive(cfg, loop, launcher, service, stop, console, periodic)
     finally:
         for closer in closers:
             with contextlib.suppress(Exception):
@@ -238,6 +266,7 @@ async def _drive(
     service: RecordingTrainerService,
     stop: _Stop,
     console: Console,
+    periodic: Any,
 ) -> Outcome:
     started = time.monotonic()
 
@@ -254,21 +283,71 @@ async def _drive(
         )
 
     progress = asyncio.ensure_future(Progress(snapshot, console).run())
+    evals = asyncio.ensure_future(_evaluate_periodically(periodic, service))
     training = asyncio.ensure_future(loop.run())
     stopper = asyncio.ensure_future(stop.event.wait())
+    done = False
     try:
         await asyncio.wait({training, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if training.done():
             training.result()  # raises what the loop raised
+            done = True
+            periodic.maybe_start(service.status().step)
+            if periodic.running:
+                _say(console, "waiting for the evaluations under way")
             return Outcome("done", EXIT_DONE, service.status().step)
-        console.print(f"{stop.signal_name}: stopping (in-flight trials are cancelled)", highlight=False, markup=False)
+        _say(console, f"{stop.signal_name}: stopping (in-flight trials are cancelled)")
         return Outcome("stopped", EXIT_STOPPED, service.status().step)
     finally:
-        for task in (training, stopper):
+        for task in (training, stopper, evals):
             task.cancel()
-        await asyncio.gather(training, stopper, return_exceptions=True)
+        await asyncio.gather(training, stopper, evals, return_exceptions=True)
+        await periodic.finish(wait=done and not stop.event.is_set())
         cancelled = await launcher.cancel_in_flight()
         if cancelled and not await launcher.wait_settled(CANCEL_WAIT_S):
             log.warning("trials still running after %.0fs: %s", CANCEL_WAIT_S, launcher.in_flight())
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
+
+
+async def _evaluate_periodically(periodic: Any, service: RecordingTrainerService) -> None:
+    while True:
+        periodic.maybe_start(service.status().step)
+        await asyncio.sleep(1.0)
+
+
+def run_blocking(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
+    """``execute`` on a fresh event loop that does not wait for worker threads at the end.
+
+    ``asyncio.run`` joins the default executor, i.e. waits for an optimizer step
+    still running in a thread after Ctrl-C (minutes on a CPU). Here the loop
+    closes without that wait; ``exit_now`` then ends the process (the step's
+    result is discarded: nothing is saved after a stop, its groups are redelivered
+    on resume)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(execute(cfg, resume=resume, console=console))
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(_settle(pending))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()  # shuts the executor down without waiting
+
+
+async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def exit_now(code: int) -> None:
+    """Leaves without joining worker threads (a stopped run's abandoned optimizer step)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -72,6 +72,7 @@ class RunSection(BaseModel):
     dashboard: bool = Field(False, description="Serve the dashboard over the runs dir while the run lasts.")
     seed: int = Field(0, ge=0, description="Seed of the task choice per step.")
     eval_k: int = Field(4, ge=1, le=1024, description="Trials per eval task (pass@k, pass^k).")
+    eval_every: int = Field(0, ge=0, description="Evaluate during the run at steps 0, N, 2N...; 0: never.")
     min_free_disk_gb: float = Field(2.0, ge=0, description="Preflight: free space needed under the runs dir.")
     capture_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Connect to this capture store.")
     gateway_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Connect to this gateway.")

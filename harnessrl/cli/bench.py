@@ -79,13 +79,14 @@ def e2e(
     ] = False,
 ) -> None:
     """Concurrent trials through proxy, gateway (scripted) and capture store: trials/s, p50/p99
-    latency of a model call vs one trial at a time, and zero lost records (exit 1 otherwise)."""
+    latency of a model call vs one trial at a time, and zero lost records (exit 1 otherwise;
+    failed trials, finalized with their infrastructure reason, are reported, not lost)."""
     from stack.loadtest import LoadConfig, print_report, run_load
 
     cfg = LoadConfig(trials, turns, group_size, concurrency, distributed, sandbox=sandbox)
     rows = asyncio.run(run_load(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
     print_report(rows, distributed, sandbox)
-    if any(r.lost_records or r.errors for r in rows):
+    if any(r.lost_records for r in rows):
         raise typer.Exit(1)
 
 

@@ -29,15 +29,17 @@ def run(
     2 for a bad config or a failed preflight (nothing started)."""
     from harnessrl import logs
     from stack import runconfig
-    from stack.run import execute
+    from stack.run import EXIT_DONE, exit_now, run_blocking
 
     overrides: dict[str, object] = {"steps": steps, "allow_overlap": True if allow_overlap else None}
     if no_preflight:
         overrides["preflight"] = False
     cfg = runconfig.load(config, run_id=resume, overrides=overrides)
     logs.configure("WARNING")
-    outcome = asyncio.run(execute(cfg, resume=resume is not None))
+    outcome = run_blocking(cfg, resume=resume is not None)
     typer.echo(f"run {cfg.run_id} {outcome.status} after {outcome.steps_done} step(s): {cfg.run_dir}")
+    if outcome.code != EXIT_DONE:
+        exit_now(outcome.code)  # an abandoned optimizer step may still hold a worker thread
     raise typer.Exit(outcome.code)
 
 

@@ -65,6 +65,9 @@ class Settings(ServiceSettings):
         False, description="Also render every extended turn from scratch and compare (tests; costs O(context))."
     )
     capture_retries: int = Field(5, ge=0, le=100, description="Retries of a failed AppendSegment (idempotent).")
+    capture_try_timeout_s: float = Field(
+        15.0, gt=0, le=600, description="Deadline of one AppendSegment try, waiting for a (re)starting capture store."
+    )
     gc_tuning: bool = Field(
         True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
     )

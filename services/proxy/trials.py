@@ -105,7 +105,9 @@ class ProxyCore:
         token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
         self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
         ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None
-        self.capture = CaptureClient(settings.capture_target, ctoken, settings.capture_retries, tracing)
+        self.capture = CaptureClient(
+            settings.capture_target, ctoken, settings.capture_retries, tracing, settings.capture_try_timeout_s
+        )
         self.trials: dict[str, Trial] = {}
         self._by_token: dict[str, Trial] = {}
         self._window = settings.context_window

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 from opentelemetry.context import Context
 
@@ -21,7 +22,7 @@ from harnessrl import telemetry
 from harnessrl.errors import HarnessError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
-from services.sandbox.lifecycle import REASON_TO_PROTO, TrialOutcome, TrialSpec
+from services.sandbox.lifecycle import REASON_TO_PROTO, PhaseTimings, TrialOutcome, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,10 @@ class ProxyAdmin:
     def __init__(self, url: str, admin_token: str | None, timeout_s: float = 60.0) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
+        # No connection cap: a worker runs up to 256 trials, each holding a call (close waits
+        # until its parts are durable); httpx's default pool of 100 made the rest time out.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s, limits=limits)
 
     async def register(self, spec: TrialSpec, task_id: str, context: Context | None = None) -> ProxyTrial:
         """Registers the trial; ``context`` (the trial's trace) travels as ``traceparent``."""
@@ -79,7 +83,7 @@ class ProxyAdmin:
         try:
             resp = await self._client.post(path, json=body, headers=telemetry.inject(context=context))
         except httpx.HTTPError as e:
-            raise Unavailable(f"proxy at {self.url} unreachable: {e}") from e
+            raise Unavailable(f"proxy at {self.url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 300:
             raise HarnessError(f"proxy {path} answered {resp.status_code}: {resp.text[:500]}")
         data: dict[str, Any] = resp.json()
@@ -122,8 +126,34 @@ class CaptureFinalizer:
         response = await self._stub.FinalizeTrajectory(request, timeout=60, wait_for_ready=True)
         return bool(response.group_ready)
 
+    async def finalized_outcome(self, run_id: str, trial_id: str) -> TrialOutcome | None:
+        """The outcome a finalized trajectory records, or None when it is not finalized
+        (a worker that died after FinalizeTrajectory but before reporting the trial)."""
+        request = capture_pb2.GetTrajectoryRequest(run_id=run_id, trial_id=trial_id)
+        try:
+            traj = await self._stub.GetTrajectory(request, timeout=60, wait_for_ready=True)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        if not traj.finalized:
+            return None
+        return TrialOutcome(
+            termination_reason=_REASON_FROM_PROTO[traj.termination_reason],
+            reward=traj.reward if traj.has_reward else None,
+            timings=PhaseTimings(**{f: getattr(traj.timings, f) for f in PhaseTimings.model_fields}),
+            num_segments=len(traj.segments),
+            harness_exit_code=traj.harness_exit_code,
+            verifier_summary=traj.verifier_summary,
+            task_id=traj.task_id,
+            events=["outcome recovered from the capture store after the worker was lost"],
+        )
+
     async def aclose(self) -> None:
         await self._channel.close()
+
+
+_REASON_FROM_PROTO = {proto: reason for reason, proto in REASON_TO_PROTO.items()}
 
 
 class UnixRelay:

@@ -368,6 +368,10 @@ class TrialRunner:
         except HarnessError as e:
             log.info("closing a dead attempt failed", extra={"kv": {"trial": spec.trial_id, "error": str(e)}})
 
+    async def finalized_outcome(self, spec: TrialSpec) -> TrialOutcome | None:
+        """The outcome already finalized in the capture store under ``spec.trial_id``, if any."""
+        return None if self.capture is None else await self.capture.finalized_outcome(spec.run_id, spec.trial_id)
+
     async def finalize(self, spec: TrialSpec, outcome: TrialOutcome) -> None:
         """FinalizeTrajectory on the capture store (after the proxy's close, which
         ``run`` already did). Called by whoever reports the trial done, and only

@@ -126,8 +126,15 @@ class Worker:
 
         heart = asyncio.ensure_future(self._heartbeat(trial_id, cancel, lost))
         try:
+            outcome = None
             if spec is not record.spec:
-                await self.runner.abandon(record.spec.model_copy(update={"trial_id": previous_attempt_id(record)}))
+                previous = record.spec.model_copy(update={"trial_id": previous_attempt_id(record)})
+                # The previous worker may have died after FinalizeTrajectory: then that is the outcome.
+                outcome = await self.runner.finalized_outcome(previous)
+                if outcome is not None:
+                    await self.queue.finish(trial_id, self.name, outcome)
+                    return
+                await self.runner.abandon(previous)
             outcome = await self.runner.run(spec, cancel=cancel, on_state=on_state)
             if lost.is_set():
                 log.warning("lease lost; result discarded", extra={"kv": {"trial": trial_id, "worker": self.name}})

@@ -78,6 +78,10 @@ class TrainerApp:
         s, delay = self.settings, 0.5
         while True:
             assert s.capture_target is not None
+            # max_steps counts the run's steps: a restarted (resumed) trainer does only the steps left.
+            if s.rollout.max_steps and trainer.step >= s.rollout.max_steps:
+                self.service.set_state("done")
+                return []
             self._source = ReadyGroupSource(s.capture_target, s.run_id, s.consumer_group, token)
             await self._source.start()
             try:

@@ -404,6 +404,7 @@ async def check_every_trial(tmp: Path, d: Driver, events: list[str]) -> None:
     reasons: collections.Counter[str] = collections.Counter()
     problems: list[str] = []
     retried: list[str] = []
+    expected_ids: set[str] = set()
     for trial in d.trials:
         status = await d.status(trial)
         reason = records_pb2.TerminationReason.Name(status.termination_reason)
@@ -427,18 +428,36 @@ async def check_every_trial(tmp: Path, d: Driver, events: list[str]) -> None:
         main = [s for s in traj.segments if s.thread_kind == "main"]
         turns = sum(s.num_turns for s in main)
         calls = agent_calls(tmp, captured_id)
-        if status.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED and turns != calls["ok"]:
-            problems.append(f"{trial}: {turns} turns captured, the harness saw {calls['ok']} succeed; {calls}")
+        if turns != calls["ok"]:
+            problems.append(
+                f"{trial}: {turns} turns captured, the harness saw {calls['ok']} succeed ({reason}); {calls}"
+            )
+        expected_ids.add(captured_id)
         captured = collections.Counter(run for s in main for run in sampled_runs(s))
         if sum(captured.values()) != turns:
             problems.append(f"{trial}: {sum(captured.values())} sampled runs for {turns} turns")
         extra = captured - generations[captured_id]
         if extra:
             problems.append(f"{trial}: {sum(extra.values())} captured replies the engine never sampled (or twice)")
+    finalized = await finalized_ids(d)
+    if finalized != expected_ids:
+        problems.append(f"finalized trajectories {sorted(finalized ^ expected_ids)} differ from the submitted trials")
     events.append(f"reasons: {dict(reasons)}; retried: {retried}")
     assert not problems, "\n".join(problems + events)
     assert retried, f"the worker kill interrupted no trial: {events}"
     print("\n".join(events))
+
+
+async def finalized_ids(d: Driver) -> set[str]:
+    """Every finalized trajectory of the run: one per submitted trial, nothing else."""
+    out, token = set(), ""
+    while True:
+        req = capture_pb2.ListTrajectoriesRequest(run_id=RUN, finalized_only=True, page_size=1000, page_token=token)
+        page = await d.store.ListTrajectories(req, timeout=30)
+        out |= {t.trial_id for t in page.trajectories}
+        token = page.next_page_token
+        if not token:
+            return out
 
 
 async def dead_attempts_unfinalized(d: Driver, trial: str, attempt: int) -> list[str]:
@@ -467,7 +486,9 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
     from services.sandbox.queue.redis import RedisQueue
     from tests.sandbox_support import wait_for_state
 
-    capture = await create_capture(CaptureSettings(store_dir=tmp_path / "store", fsync=False, shutdown_grace_s=0.2))
+    capture = await create_capture(
+        CaptureSettings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
+    )
     config = tmp_path / "worker.toml"
     config.write_text(
         f'[sandbox]\nqueue_url = "{redis_server.url}"\ncapture_target = "127.0.0.1:{capture.port}"\n'
@@ -506,5 +527,62 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
         assert traj.finalized and traj.termination_reason == records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED
     finally:
         stack.stop_all()
+        await queue.close()
+        await capture.stop(0.2)
+
+
+async def test_a_retry_after_a_worker_died_past_finalize_reports_that_outcome(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The worker died after FinalizeTrajectory but before reporting the trial: the
+    retry finds the finalized outcome and reports it instead of running a second
+    rollout (which would overfill the group)."""
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+    from services.sandbox.endpoints import CaptureFinalizer
+    from services.sandbox.factory import build_worker
+    from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
+    from services.sandbox.queue.redis import RedisQueue
+    from tests.sandbox_support import settings_for, wait_for_state
+
+    capture = await create_capture(
+        CaptureSettings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
+    )
+    target = f"127.0.0.1:{capture.port}"
+    queue = RedisQueue(redis_server.url)
+    spec = TrialSpec(
+        trial_id="half-done",
+        run_id=RUN,
+        task_path=str(make_task(tmp_path / "tasks")),
+        group_id="solo",
+        group_size=1,
+        harness="shell",
+        harness_options={"script": "echo must not run > /logs/agent/ran"},
+    )
+    finalizer = CaptureFinalizer(target, None)
+    settings = settings_for(
+        tmp_path, queue_url=redis_server.url, capture_target=target, lease_s=1.0, heartbeat_s=0.2, max_attempts=3
+    )
+    worker = build_worker(settings, queue, "second")
+    stop = asyncio.Event()
+    try:
+        await queue.submit(spec)
+        assert await queue.claim("dead", lease_s=0.5, wait_s=1) is not None
+        outcome = TrialOutcome(termination_reason=TerminationReason.AGENT_TIMEOUT, reward=0.0, task_id="t")
+        await finalizer.finalize(spec, "t", outcome)  # ... and the worker died here
+        running = asyncio.ensure_future(worker.run(stop))
+        record = await wait_for_state(queue, "half-done", TrialState.DONE, timeout_s=30)
+        stop.set()
+        await running
+        assert record.attempt == 2 and record.outcome is not None
+        assert (record.outcome.termination_reason, record.outcome.reward) == (TerminationReason.AGENT_TIMEOUT, 0.0)
+        assert not (tmp_path / "artifacts" / RUN / "half-done.attempt-2").exists()
+        async with connect(target) as channel:
+            store = capture_pb2_grpc.CaptureStoreStub(channel)
+            page = await store.ListTrajectories(capture_pb2.ListTrajectoriesRequest(run_id=RUN), timeout=10)
+        assert [t.trial_id for t in page.trajectories] == ["half-done"]
+    finally:
+        stop.set()
+        await finalizer.aclose()
         await queue.close()
         await capture.stop(0.2)

@@ -76,3 +76,18 @@ def test_eval_without_eval_tasks_is_a_clear_error(tmp_path: Path) -> None:
     proc = harnessrl("eval", str(config))
     assert proc.returncode == 2 and "eval_tasks is empty" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_periodic_evaluation_during_a_run(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "tiny")
+    run = {"steps": 2, "eval_tasks": [str(eval_pool(tmp_path))], "eval_k": 2, "eval_every": 1}
+    config = write_config(tmp_path, model, make_pool(tmp_path), run=run)
+    proc = harnessrl("run", str(config))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = tmp_path / "runs" / "e2e"
+    rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [0, 1, 2]  # the base model, then after each step
+    assert all(r["k"] == 2 and r["n"] == 2 for r in rows if r["task_id"] != "*")
+    read, problems = rundir.read_eval(rundir.open_run(tmp_path / "runs", "e2e"))
+    assert problems == [] and panels.validation(read) == {0: 0.5, 1: 0.5, 2: 0.5}

@@ -43,7 +43,8 @@ def test_a_good_config_passes_and_task_checks_are_cached(tmp_path: Path, model: 
         [sys.executable, "-m", "harnessrl", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("harness", "model", "chat template", "group size", "disk", "bubblewrap", "tasks", "engine"):
+    names = ("harness", "model", "chat template", "group size", "disk", "bubblewrap", "tasks", "engine", "sandbox")
+    for name in names:
         assert f"ok    {name}" in proc.stdout
     assert "task pool" in proc.stdout and "preflight ok" in proc.stdout
     cfg = runconfig.load(config)
@@ -69,6 +70,18 @@ def test_broken_tasks_are_rejected_by_name(tmp_path: Path, model: Path) -> None:
     assert "wrong-oracle: oracle scored 0.0, expected 1" in line and "free-reward: nop scored 1.0, expected 0" in line
     assert "fix: fix the named task(s)" in proc.stdout
     assert "preflight failed" in proc.stderr
+
+
+def test_a_sandbox_backend_that_cannot_run_a_trial(tmp_path: Path, model: Path) -> None:
+    config = write_config(tmp_path, model, make_pool(tmp_path), extra='\n[sandbox.local]\nbwrap = "/bin/false"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl", "preflight", str(config)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if " sandbox " in x)
+    assert line.startswith("FAIL") and "a no-op trial ended" in line
+    assert "check bubblewrap and the [sandbox] settings" in proc.stdout
+    assert "task pool" not in proc.stdout  # not validated against a backend that cannot run
 
 
 def test_run_refuses_to_start_on_a_failed_preflight(tmp_path: Path, model: Path) -> None:

@@ -76,6 +76,7 @@ def test_a_second_fresh_run_with_the_same_id_is_refused(tmp_path: Path, model: P
     assert proc.returncode == 2 and "use --resume e2e" in proc.stderr
 
 
+@pytest.mark.slow
 def test_dashboard_serves_the_live_run(tmp_path: Path, model: Path) -> None:
     import urllib.request
     from urllib.parse import parse_qs, urlparse
@@ -111,3 +112,17 @@ def test_dashboard_serves_the_live_run(tmp_path: Path, model: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_failed_run_is_recorded_and_exits_1(tmp_path: Path, model: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(model, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")  # the trainer cannot load it
+    config = write_config(tmp_path, broken, make_pool(tmp_path))
+    proc = harnessrl("run", str(config))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "run failed:" in proc.stdout and "run e2e failed after 0 step(s)" in proc.stdout
+    info = json.loads((tmp_path / "runs" / "e2e" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"]

@@ -144,13 +144,13 @@ def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml"])
+@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml", "heldout_curve.toml"])
 def test_example_configs_validate(name: str) -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / name
     cfg = runconfig.load(path)
     assert cfg.run.harness == "mini-swe-agent" and cfg.run.steps >= 3 and cfg.run.families == ["echo"]
     assert cfg.distributed == (name == "distributed.toml")
-    if name == "quickstart.toml":
+    if name != "distributed.toml":
         assert cfg.run.train_tasks == [path.parents[1] / "tasks" / "builtin" / "train"]
         assert cfg.gateway is not None and cfg.gateway.engine == "local" and cfg.capture_store is not None
 
@@ -172,3 +172,13 @@ def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: P
     assert [p.name for p in evaluation] == ["alpha-copy", "fresh"]
     found = check_overlap(cfg, train, evaluation)  # allowed: reported, not refused
     assert len(found) >= 1 and all("alpha-copy" in line for line in found)
+
+
+def test_proxy_gets_the_service_token_for_remote_services() -> None:
+    from services.proxy.settings import Settings as ProxySettings
+    from stack.embedded import _with_tokens
+
+    settings = _with_tokens(ProxySettings.model_validate({"capture_token": "own"}), "shared")
+    assert settings.gateway_token.get_secret_value() == "shared"
+    assert settings.capture_token.get_secret_value() == "own"  # a configured token wins
+    assert _with_tokens(ProxySettings.model_validate({}), None).gateway_token is None

@@ -24,10 +24,13 @@ class TrialWriter:
     """Appends the parts of one trial in order, in the background; ``flush`` waits
     until every submitted part is durable or reports the first failure."""
 
-    def __init__(self, stub: capture_pb2_grpc.CaptureStoreStub, trial_id: str, retries: int) -> None:
+    def __init__(
+        self, stub: capture_pb2_grpc.CaptureStoreStub, trial_id: str, retries: int, try_timeout_s: float = 15.0
+    ) -> None:
         self._stub = stub
         self._trial_id = trial_id
         self._retries = retries
+        self._try_timeout_s = try_timeout_s
         # Each part travels with the trace context of the model call that made it.
         self._queue: asyncio.Queue[tuple[capture_pb2.AppendSegmentRequest, Context] | None] = asyncio.Queue()
         self._task = asyncio.ensure_future(self._run())
@@ -64,8 +67,9 @@ class TrialWriter:
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
-                # wait_for_ready: a store that is restarting is waited for (each try up to 15 s), not failed at once.
-                await self._stub.AppendSegment(request, timeout=15, wait_for_ready=True)
+                # wait_for_ready: a store that is restarting is waited for (up to the try's deadline),
+                # not failed at once: a capture store restart loses nothing.
+                await self._stub.AppendSegment(request, timeout=self._try_timeout_s, wait_for_ready=True)
                 self.appended += 1
                 return
             except grpc.aio.AioRpcError as e:
@@ -82,13 +86,16 @@ class TrialWriter:
 
 
 class CaptureClient:
-    def __init__(self, target: str, token: str | None, retries: int, tracing: bool = True) -> None:
+    def __init__(
+        self, target: str, token: str | None, retries: int, tracing: bool = True, try_timeout_s: float = 15.0
+    ) -> None:
         self._channel = connect(target, token, tracing=tracing, service="proxy")
         self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
         self._retries = retries
+        self._try_timeout_s = try_timeout_s
 
     def writer(self, trial_id: str) -> TrialWriter:
-        return TrialWriter(self._stub, trial_id, self._retries)
+        return TrialWriter(self._stub, trial_id, self._retries, self._try_timeout_s)
 
     async def close(self) -> None:
         await self._channel.close()

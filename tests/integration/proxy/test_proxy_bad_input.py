@@ -223,7 +223,7 @@ def test_capture_store_restart_is_retried_and_stored_once(stack: Stack) -> None:
 
 
 def test_capture_store_down_fails_close_loudly(tmp_path: Path) -> None:
-    stack = Stack(tmp_path, script(tmp_path, THREADS), capture_retries=2)
+    stack = Stack(tmp_path, script(tmp_path, THREADS), capture_retries=2, capture_try_timeout_s=1.0)
     try:
         base, token = stack.new_trial("store-down")
         stack.run(stack.stop_store())
