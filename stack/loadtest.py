@@ -38,21 +38,12 @@ from harnessrl.localservers import RedisServer, S3Server, free_port
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
+from services.proxy.bench_load import REPLY, TOOLS
 from stack.procs import ProcessStack
 
 ADMIN = "load-admin"
 RUN = "load"
-REPLY = {"content": "Checking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a shell command in the repository and return its output.",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-        },
-    }
-]
+# The same scripted turn and tool list as the proxy's own load bench.
 SYSTEM = "You are a coding agent working in a repository. " * 20
 
 
