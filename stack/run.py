@@ -283,7 +283,8 @@ async def _drive(
         )
 
     progress = asyncio.ensure_future(Progress(snapshot, console).run())
-    evals = asyncio.ensure_future(_evaluate_periodically(periodic, service))
+    periodic.maybe_start(service.status().step)  # the weights the run starts from
+    service.on_step = periodic.maybe_start
     training = asyncio.ensure_future(loop.run())
     stopper = asyncio.ensure_future(stop.event.wait())
     done = False
@@ -299,21 +300,15 @@ async def _drive(
         _say(console, f"{stop.signal_name}: stopping (in-flight trials are cancelled)")
         return Outcome("stopped", EXIT_STOPPED, service.status().step)
     finally:
-        for task in (training, stopper, evals):
+        for task in (training, stopper):
             task.cancel()
-        await asyncio.gather(training, stopper, evals, return_exceptions=True)
+        await asyncio.gather(training, stopper, return_exceptions=True)
         await periodic.finish(wait=done and not stop.event.is_set())
         cancelled = await launcher.cancel_in_flight()
         if cancelled and not await launcher.wait_settled(CANCEL_WAIT_S):
             log.warning("trials still running after %.0fs: %s", CANCEL_WAIT_S, launcher.in_flight())
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
-
-
-async def _evaluate_periodically(periodic: Any, service: RecordingTrainerService) -> None:
-    while True:
-        periodic.maybe_start(service.status().step)
-        await asyncio.sleep(1.0)
 
 
 def run_blocking(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,14 @@ class RecordingTrainerService(TrainerService):
         super().__init__(run_id, tensorboard_dir)
         self._run_dir = run_dir
         self.last_values: dict[str, float] = {}
+        # Called (on the event loop) with each recorded step: periodic evaluation starts
+        # here, so no step is missed however fast steps follow each other.
+        self.on_step: Callable[[int], None] | None = None
 
     def record_step(self, step: int, policy_version: int, values: dict[str, float], alerts: list[str]) -> None:
         super().record_step(step, policy_version, values, alerts)
         self.last_values = dict(values)
         row = {"step": step, "wall_time": time.time(), "values": values}
         self._run_dir.append_jsonl("metrics.jsonl", [row])
+        if self.on_step is not None:
+            self.on_step(step)
