@@ -343,6 +343,10 @@ class DistributedBackend(Backend):
             return True
         if isinstance(exc, redis.ResponseError):
             return str(exc).startswith(("LOADING", "MASTERDOWN"))
+        if isinstance(exc, redis.WatchError):
+            # redis-py reports a connection lost while keys were WATCHed as a WatchError
+            # ("A ConnectionError occurred while watching ..."): the server went away, not a conflict.
+            return "ConnectionError" in str(exc)
         if isinstance(exc, botocore.exceptions.ClientError):
             err = exc.response.get("Error", {})
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)

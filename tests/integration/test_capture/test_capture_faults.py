@@ -188,3 +188,15 @@ async def test_embedded_server_killed_and_restarted_mid_run(tmp_path: Path) -> N
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
+
+
+def test_a_connection_lost_while_watching_is_transient_not_a_conflict() -> None:
+    """redis-py turns a connection dropped under WATCH into a WatchError; a Redis restart
+    then must be retried like any lost connection, not reported as an internal error."""
+    import redis
+
+    from services.capture_store.distributed import DistributedBackend
+
+    backend = object.__new__(DistributedBackend)  # is_transient reads no state
+    assert backend.is_transient(redis.WatchError("A ConnectionError occurred while watching one or more keys"))
+    assert not backend.is_transient(redis.WatchError("Watched variable changed."))
