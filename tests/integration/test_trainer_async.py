@@ -365,6 +365,28 @@ class GroupLauncher:
         await put_group(self.capture, group_id, version, [1, 0])
 
 
+async def run_group_loop(
+    capture: str,
+    settings: Settings,
+    trainer: ScriptedTrainer,
+    launcher_cls: type[GroupLauncher] = GroupLauncher,
+    seed: int = 0,
+    service: TrainerService | None = None,
+) -> tuple[list[StepResult], GroupLauncher]:
+    """Runs a TrainingLoop driven by a group launcher against the real capture store."""
+    source = ReadyGroupSource(capture, RUN, "trainer")
+    await source.start()
+    ref: list[TrainingLoop] = []
+    launcher = launcher_cls(capture, ref, seed=seed)
+    loop = TrainingLoop(settings, trainer, source, service or TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
+    ref.append(loop)
+    try:
+        return await asyncio.wait_for(loop.run(), 60), launcher
+    finally:
+        await asyncio.gather(*launcher.tasks, return_exceptions=True)
+        await source.close()
+
+
 @pytest.mark.parametrize("k", [0, 1, 2])
 async def test_group_launcher_admits_continuously_within_staleness(capture: str, tmp_path: Path, k: int) -> None:
     settings = Settings(
@@ -378,18 +400,8 @@ async def test_group_launcher_admits_continuously_within_staleness(capture: str,
             "wait_timeout_s": 30,
         },
     )
-    source = ReadyGroupSource(capture, RUN, "trainer")
-    await source.start()
-    ref: list[TrainingLoop] = []
-    launcher = GroupLauncher(capture, ref, seed=k)
     trainer = ScriptedTrainer()
-    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
-    ref.append(loop)
-    try:
-        results = await asyncio.wait_for(loop.run(), 60)
-    finally:
-        await asyncio.gather(*launcher.tasks, return_exceptions=True)
-        await source.close()
+    results, launcher = await run_group_loop(capture, settings, trainer, seed=k)
     assert len(results) == 4 and len(launcher.calls) == 8  # exactly what 4 steps train
     assert launcher.max_running <= 3  # the fleet bound
     tag = {gid: v for gid, _, _, v in launcher.calls}
@@ -423,18 +435,7 @@ async def test_sync_admission_goes_on_after_a_step_without_update(capture: str, 
         output_dir=tmp_path / "out",
         rollout={"groups_per_step": 1, "max_staleness": 0, "max_steps": 3, "wait_timeout_s": 30},
     )
-    source = ReadyGroupSource(capture, RUN, "trainer")
-    await source.start()
-    ref: list[TrainingLoop] = []
-    launcher = GroupLauncher(capture, ref, seed=0)
-    trainer = IdleStepTrainer()
-    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
-    ref.append(loop)
-    try:
-        results = await asyncio.wait_for(loop.run(), 60)
-    finally:
-        await asyncio.gather(*launcher.tasks, return_exceptions=True)
-        await source.close()
+    results, launcher = await run_group_loop(capture, settings, IdleStepTrainer())
     assert [r.updated for r in results] == [True, False, True]
     assert [v for _, _, _, v in launcher.calls] == [0, 1, 1]  # step 2 kept version 1; step 3's group is on it too
 
@@ -452,19 +453,9 @@ async def test_a_launcher_failure_stops_the_loop_with_its_error(capture: str, tm
         output_dir=tmp_path / "out",
         rollout={"groups_per_step": 1, "max_staleness": 1, "max_steps": 5, "wait_timeout_s": 30},
     )
-    source = ReadyGroupSource(capture, RUN, "trainer")
-    await source.start()
-    ref: list[TrainingLoop] = []
-    launcher = FailingLauncher(capture, ref, seed=0)
     service = TrainerService(RUN)
-    loop = TrainingLoop(settings, ScriptedTrainer(), source, service, launcher=launcher)  # type: ignore[arg-type]
-    ref.append(loop)
-    try:
-        with pytest.raises(Unavailable, match="sandbox service down"):
-            await asyncio.wait_for(loop.run(), 60)
-    finally:
-        await asyncio.gather(*launcher.tasks, return_exceptions=True)
-        await source.close()
+    with pytest.raises(Unavailable, match="sandbox service down"):
+        await run_group_loop(capture, settings, ScriptedTrainer(), FailingLauncher, service=service)
     assert service.status().state == "failed"
 
 
@@ -500,17 +491,7 @@ async def test_a_resumed_loop_never_relaunches_a_group_it_trained(capture: str, 
         output_dir=out,
         rollout={"groups_per_step": 1, "max_staleness": 0, "max_steps": 1, "wait_timeout_s": 30},
     )
-    source = ReadyGroupSource(capture, RUN, "trainer")
-    await source.start()
-    ref: list[TrainingLoop] = []
-    launcher = GroupLauncher(capture, ref, seed=0)
     trainer = ScriptedTrainer()
-    loop = TrainingLoop(settings, trainer, source, TrainerService(RUN), launcher=launcher)  # type: ignore[arg-type]
-    ref.append(loop)
-    try:
-        await asyncio.wait_for(loop.run(), 60)
-    finally:
-        await asyncio.gather(*launcher.tasks, return_exceptions=True)
-        await source.close()
+    _, launcher = await run_group_loop(capture, settings, trainer)
     assert [c[0] for c in launcher.calls] == ["run-async-s00001-g0"]
     assert trainer.trained == [["run-async-s00001-g0"]]
