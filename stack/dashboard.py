@@ -12,18 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterable
 from pathlib import Path
 
-import grpc
-
 from harnessrl.errors import Unavailable
-from harnessrl.rpc import RunningServer, start_server
-from harnessrl.v1 import capture_pb2_grpc
-from services.capture_store.auth import RunGuard
-from services.capture_store.server import SERVICE_NAME, open_backend
-from services.capture_store.service import CaptureService
-from services.capture_store.servicer import CaptureServicer
+from services.capture_store.server import CaptureServer, create_server
 from services.capture_store.settings import Settings as CaptureSettings
 from services.dashboard.rundir import RunDir
 from services.dashboard.sources import CaptureEndpoint, TargetOpener
@@ -34,7 +26,7 @@ class EmbeddedCaptureOpener:
 
     def __init__(self, fallback: TargetOpener | None = None) -> None:
         self._fallback = fallback or TargetOpener()
-        self._servers: dict[Path, tuple[RunningServer, CaptureService, str]] = {}
+        self._servers: dict[Path, tuple[CaptureServer, str]] = {}
         self._lock = asyncio.Lock()
 
     async def target_for(self, run: RunDir) -> CaptureEndpoint:
@@ -46,32 +38,17 @@ class EmbeddedCaptureOpener:
         async with self._lock:
             if store not in self._servers:
                 self._servers[store] = await _serve_read_only(store)
-            server, _, token = self._servers[store]
+            server, token = self._servers[store]
         return CaptureEndpoint(f"127.0.0.1:{server.port}", token)
 
     async def close(self) -> None:
         async with self._lock:
-            for server, service, _ in self._servers.values():
-                await server.stop(0)
-                await service.close()
+            for server, _ in self._servers.values():
+                await server.stop(0)  # drains, then closes the store
             self._servers.clear()
 
 
-async def _serve_read_only(store: Path) -> tuple[RunningServer, CaptureService, str]:
+async def _serve_read_only(store: Path) -> tuple[CaptureServer, str]:
     token = secrets.token_urlsafe(24)
     settings = CaptureSettings.model_validate({"store_dir": store, "host": "127.0.0.1", "port": 0, "auth_token": token})
-    backend = await asyncio.to_thread(open_backend, settings, writer=False)
-    service = CaptureService(settings, backend)
-    await service.start()
-    servicer = CaptureServicer(service, RunGuard(None))
-
-    def register(server: grpc.aio.Server) -> Iterable[str]:
-        capture_pb2_grpc.add_CaptureStoreServicer_to_server(servicer, server)
-        return [SERVICE_NAME]
-
-    try:
-        running = await start_server(settings, "capture_store", register)
-    except BaseException:
-        await service.close()
-        raise
-    return running, service, token
+    return await create_server(settings, writer=False), token

@@ -43,8 +43,10 @@ class CaptureServer(RunningServer):
         await self.service.close()
 
 
-async def create_server(settings: Settings) -> CaptureServer:
-    backend = await asyncio.to_thread(open_backend, settings)
+async def create_server(settings: Settings, *, writer: bool = True) -> CaptureServer:
+    """``writer=False`` serves an embedded store read-only (no writer lock), e.g. a live run's
+    directory held by its own writer process."""
+    backend = await asyncio.to_thread(open_backend, settings, writer=writer)
     service = CaptureService(settings, backend)
     await service.start()
     guard = RunGuard(settings.run_token_key.get_secret_value() if settings.run_token_key else None)
