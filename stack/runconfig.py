@@ -63,6 +63,9 @@ class RunSection(BaseModel):
     eval_tasks: list[Path] = Field(default_factory=list, description="Tasks or pools of `harnessrl eval`.")
     families: list[str] = Field(default_factory=list, description="Keep only train tasks of these categories.")
     eval_families: list[str] = Field(default_factory=list, description="Keep only eval tasks of these categories.")
+    temperature: float = Field(
+        1.0, gt=0, le=5, description="Policy sampling temperature: the proxy samples with it, the trainer trains on it."
+    )
     max_turns: int = Field(0, ge=0, description="Model calls per trial (0: the harness's own limit).")
     agent_timeout_s: float = Field(0.0, ge=0, description="Agent phase limit (0: the task's own).")
     verifier_timeout_s: float = Field(0.0, ge=0, description="Verify phase limit (0: the task's own).")
@@ -242,6 +245,7 @@ def _proxy(table: dict[str, Any], run: RunSection, path: Path) -> ProxySettings:
     where = f"{path}: [proxy]"
     table = dict(table)
     _put(table, "model_dir", run.model_path, where)
+    _put(table, "temperature", run.temperature, where)
     if run.model:
         table.setdefault("served_model_names", [run.model])
     table.setdefault("port", 0)
@@ -274,6 +278,7 @@ def _trainer(table: dict[str, Any], run: RunSection, run_id: str, run_dir: Path,
         raise ConfigError(f"{where}: rollout must be a table")
     rollout = dict(rollout)
     _put(rollout, "groups_per_step", run.groups_per_step, f"{where}.rollout")
+    _put(rollout, "temperature", run.temperature, f"{where}.rollout")
     if "max_steps" in rollout:
         raise ConfigError(f"{where}.rollout: max_steps is decided by [run] steps; remove it")
     table["rollout"] = rollout

@@ -51,12 +51,15 @@ def agreement(
         str, typer.Option("--capture", envvar="HARNESSRL_CAPTURE_TARGET", help="Capture store host:port.")
     ] = "127.0.0.1:50051",
     limit: Annotated[int, typer.Option(min=0, help="At most this many trajectories (0 = all).")] = 0,
+    temperature: Annotated[
+        float, typer.Option(min=0.01, max=5.0, help="The run's sampling temperature (its [run] temperature).")
+    ] = 1.0,
 ) -> None:
     """Recompute train/inference logprob agreement for a captured run and write a report."""
     from services.trainer import offline
 
     token = os.environ.get("HARNESSRL_SERVICE_TOKEN")
-    data = asyncio.run(offline.run(capture, run, model, out, token, limit))
+    data = asyncio.run(offline.run(capture, run, model, out, token, limit, temperature))
     overall = data["overall"]
     typer.echo(
         f"{int(overall['agreement/tokens'])} tokens: pearson {overall['agreement/pearson']:.5f}, "

@@ -131,7 +131,9 @@ class CpuTrainer:
             result.updated = True
 
     def _logprobs(self, model: torch.nn.Module, samples: Sequence[Sample]) -> list[torch.Tensor]:
-        return forward.logprobs_no_grad(model, samples, self.settings.optim.token_budget, self.routes)
+        return forward.logprobs_no_grad(
+            model, samples, self.settings.optim.token_budget, self.routes, self.settings.rollout.temperature
+        )
 
     def _agreement(self, samples: Sequence[Sample], train: Sequence[torch.Tensor], result: StepResult) -> dict:
         """Agreement on tokens sampled by exactly these weights; IS and staleness over all tokens."""
@@ -172,7 +174,9 @@ class CpuTrainer:
             result.alerts.append(f"step {self.step}: non-finite loss {float(loss.detach())}; update skipped")
             result.metrics["step/skipped_nan"] = 1.0
             return None
-        forward.backward_through(self.model, samples, layout.gather(grad), opt.token_budget, self.routes)
+        forward.backward_through(
+            self.model, samples, layout.gather(grad), opt.token_budget, self.routes, self.settings.rollout.temperature
+        )
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), opt.grad_clip)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)

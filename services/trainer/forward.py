@@ -67,8 +67,13 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:
     return Batch(tuple(samples), ids, attn, positions, keep)
 
 
-def response_logprobs(model: torch.nn.Module, batch: Batch) -> list[torch.Tensor]:
-    """Logprob of every response token of each sample under ``model``, [R] each."""
+def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> list[torch.Tensor]:
+    """Logprob of every response token of each sample under ``model``, [R] each.
+
+    ``temperature`` is the policy's sampling temperature: the logits are divided
+    by it, so the logprobs are those of the distribution the engine sampled
+    from (its "processed" logprobs), and importance ratios compare like with like.
+    """
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -77,6 +82,8 @@ def response_logprobs(model: torch.nn.Module, batch: Batch) -> list[torch.Tensor
         use_cache=False,
     )
     logits = out.logits[:, :-1].float()  # position p predicts token p+1
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = batch.input_ids[:, -(batch.keep - 1) :]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     lp = picked - torch.logsumexp(logits, dim=-1)
@@ -93,7 +100,11 @@ def batches(samples: Sequence[Sample], token_budget: int) -> list[Batch]:
 
 
 def logprobs_no_grad(
-    model: torch.nn.Module, samples: Sequence[Sample], token_budget: int, routes: RouteContext | None = None
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    token_budget: int,
+    routes: RouteContext | None = None,
+    temperature: float = 1.0,
 ) -> list[torch.Tensor]:
     """Response logprobs for every sample, in input order, without a graph."""
     result: list[torch.Tensor | None] = [None] * len(samples)
@@ -101,7 +112,7 @@ def logprobs_no_grad(
     with torch.no_grad():
         for batch in batches(samples, token_budget):
             with (routes or _no_context)(batch):
-                for s, lp in zip(batch.samples, response_logprobs(model, batch), strict=True):
+                for s, lp in zip(batch.samples, response_logprobs(model, batch, temperature), strict=True):
                     result[index[id(s)]] = lp.detach()
     return [r for r in result if r is not None]
 
@@ -112,6 +123,7 @@ def backward_through(
     grads: Sequence[torch.Tensor],
     token_budget: int,
     routes: RouteContext | None = None,
+    temperature: float = 1.0,
 ) -> None:
     """Accumulates dL/dθ = Σ_t dL/dlp_t · dlp_t/dθ into ``.grad``, one micro-batch at a time.
 
@@ -123,7 +135,7 @@ def backward_through(
     index = {id(s): i for i, s in enumerate(samples)}
     for batch in batches(samples, token_budget):
         with (routes or _no_context)(batch):
-            lps = response_logprobs(model, batch)
+            lps = response_logprobs(model, batch, temperature)
             surrogate = torch.zeros(())
             for s, lp in zip(batch.samples, lps, strict=True):
                 g = grads[index[id(s)]]

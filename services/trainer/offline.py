@@ -59,6 +59,7 @@ def report(
     max_seq_len: int = 8192,
     min_pearson: float = 0.98,
     min_ess: float = 0.5,
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Agreement of every sampled token of ``trajectories`` under the weights at ``model_path``."""
     if not (model_path / "config.json").exists():
@@ -70,7 +71,7 @@ def report(
         samples += [s for seg in traj.segments if (s := build_sample(seg, traj.trial_id, counters, max_seq_len))]
     model = load_model(model_path, gradient_checkpointing=False).eval()
     with torch.no_grad():
-        train = forward.logprobs_no_grad(model, samples, token_budget)
+        train = forward.logprobs_no_grad(model, samples, token_budget, temperature=temperature)
     t_all, r_all = [], []
     by_version: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = defaultdict(lambda: ([], []))
     per_segment: list[dict[str, Any]] = []
@@ -114,7 +115,13 @@ def write_report(data: dict[str, Any], out: Path) -> None:
 
 
 async def run(
-    target: str, run_id: str, model_path: Path, out: Path, token: str | None = None, limit: int = 0
+    target: str,
+    run_id: str,
+    model_path: Path,
+    out: Path,
+    token: str | None = None,
+    limit: int = 0,
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     if not (model_path / "config.json").exists():
         raise NotFound(f"{model_path}: not a model folder (no config.json)")
@@ -124,6 +131,6 @@ async def run(
         raise Unavailable(f"capture store at {target}: {e.code().name}: {e.details()}") from e
     if not trajectories:
         raise NotFound(f"run {run_id!r}: no finalized trajectory in the capture store at {target}")
-    data = {"run_id": run_id, **report(trajectories, model_path)}
+    data = {"run_id": run_id, **report(trajectories, model_path, temperature=temperature)}
     write_report(data, out)
     return data

@@ -85,6 +85,12 @@ class RolloutSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     groups_per_step: int = Field(8, ge=1, description="Ready groups consumed per optimizer step.")
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        le=5,
+        description="The policy's sampling temperature (the proxy's): train logprobs use logits / temperature.",
+    )
     max_staleness: int = Field(1, ge=0, description="k: groups more than k versions behind are dropped; 0 = sync.")
     max_groups_in_flight: int = Field(
         0, ge=0, description="Rollout capacity in groups (fleet slots / G); 0 = only the staleness window limits."

@@ -21,7 +21,7 @@ from tests.trainer_support import segment, trajectory
 pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
 
 
-def captured_run(store: FakeCaptureStore, perturb: float = 0.0) -> None:
+def captured_run(store: FakeCaptureStore, perturb: float = 0.0, temperature: float = 1.0) -> None:
     """Two trajectories sampled by the real model, one with two segments; ``perturb`` shifts recorded logprobs."""
     model = load_model(paths.default_model_dir(), gradient_checkpointing=False).eval()
     gen = torch.Generator().manual_seed(0)
@@ -30,7 +30,7 @@ def captured_run(store: FakeCaptureStore, perturb: float = 0.0) -> None:
         segs = []
         for k in range(1 + i):
             prompt = [1, 9690, 198, 19556, 28, 2 + k, 198]
-            ids, lps = sample(model, prompt, 5, gen)
+            ids, lps = sample(model, prompt, 5, gen, temperature)
             lps = [lp - perturb * (j % 5 == 0) for j, lp in enumerate(lps)]
             segs.append(segment(prompt, ids, [1] * 5, lps, [3] * 5, index=k))
         trajs.append(trajectory(f"t{i}", "g0", float(i), segs, run_id="r1"))
@@ -66,6 +66,20 @@ async def test_agreement_command_reports_near_perfect_agreement_for_same_weights
     assert report["alerts"] == []
     assert store.requests["GetTrajectory"] == 2
     assert "pearson" in proc.stdout
+
+
+async def test_a_tempered_run_agrees_only_at_its_own_temperature(tmp_path: Path) -> None:
+    """Tokens sampled at T = 0.6 carry the tempered distribution's logprobs: the
+    trainer matches them when it divides its logits by the same T, not at T = 1."""
+    store = FakeCaptureStore()
+    captured_run(store, temperature=0.6)
+    from services.trainer import offline
+
+    async with serve(store) as target:
+        same = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "a.json", temperature=0.6)
+        plain = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "b.json")
+    assert same["overall"]["agreement/max_abs_diff"] < 1e-3 and same["alerts"] == []
+    assert plain["overall"]["agreement/max_abs_diff"] > 0.05
 
 
 async def test_agreement_flags_a_mismatch(tmp_path: Path) -> None:

@@ -44,6 +44,13 @@ def test_minimal_config_fills_every_service(tmp_path: Path, tasks: Path) -> None
     assert not cfg.distributed
 
 
+def test_one_temperature_for_sampling_and_training(tmp_path: Path, tasks: Path) -> None:
+    """The proxy samples at [run] temperature and the trainer divides its logits by it."""
+    cfg = runconfig.load(write(tmp_path, minimal(tasks, run="temperature = 0.7")))
+    assert cfg.proxy is not None and cfg.proxy.temperature == 0.7
+    assert cfg.trainer.rollout.temperature == 0.7
+
+
 def test_run_id_is_generated_and_resume_wins(tmp_path: Path, tasks: Path) -> None:
     path = write(tmp_path, minimal(tasks))
     assert runconfig.load(path).run_id.startswith("run-")
@@ -80,7 +87,10 @@ def test_distributed_addresses_connect_instead_of_starting(tmp_path: Path, tasks
         ('[run]\ntrain_tasks = ["x"]\ngateway_target = "nohost"\n', "gateway_target: String should match"),
         ('[run]\ntrain_tasks = ["x"]\nengine = "gpt:"\n', "[gateway]: engine: Value error, unknown engine"),
         ('[run]\ntrain_tasks = ["x"]\n[gateway]\nreplicaz = 2\n', "[gateway]: unknown setting 'replicaz'"),
-        ('[run]\ntrain_tasks = ["x"]\n[proxy]\ntemperature = -1\n', "[proxy]: temperature:"),
+        ('[run]\ntrain_tasks = ["x"]\n[proxy]\ntop_p = 2\n', "[proxy]: top_p:"),
+        ('[run]\ntrain_tasks = ["x"]\ntemperature = 0\n', "[run]: temperature: Input should be greater than 0"),
+        ('[run]\ntrain_tasks = ["x"]\n[proxy]\ntemperature = 0.5\n', "temperature = 0.5 conflicts with the run's 1.0"),
+        ('[run]\ntrain_tasks = ["x"]\n[trainer.rollout]\ntemperature = 2\n', "conflicts with the run's 1.0"),
         ('[run]\ntrain_tasks = ["x"]\n[sandbox]\nconcurrency = 0\n', "[sandbox]: concurrency:"),
         ('[run]\ntrain_tasks = ["x"]\n[capture_store]\nbackend = "cloud"\n', "[capture_store]: backend:"),
         ('[run]\ntrain_tasks = ["x"]\n[dashboard]\nport = -3\n', "[dashboard]: port:"),
