@@ -231,9 +231,12 @@ class _WorkerHandle:
 
 
 @contextlib.asynccontextmanager
-async def model_stack(engine: str | None, workdir: Path, model: str | None) -> AsyncIterator[Endpoints]:
+async def model_stack(
+    engine: str | None, workdir: Path, model: str | None, temperature: float | None = None
+) -> AsyncIterator[Endpoints]:
     """One trial's services: the capture store (embedded in ``workdir``) always; the
-    gateway with ``engine`` and the proxy when an engine is given."""
+    gateway with ``engine`` and the proxy (sampling at ``temperature``, unset: the
+    proxy's default) when an engine is given."""
     from services.capture_store.settings import Settings as CaptureSettings
 
     stoppers: list[_Stopper] = []
@@ -251,6 +254,8 @@ async def model_stack(engine: str | None, workdir: Path, model: str | None) -> A
             fields: dict[str, Any] = {"port": 0}
             if model:
                 fields["served_model_names"] = [model]
+            if temperature is not None:
+                fields["temperature"] = temperature
             proxy, admin = await start_proxy(
                 ProxySettings.model_validate(fields), ends.gateway_target, ends.capture_target, workdir / "proxy.sock"
             )

@@ -63,6 +63,7 @@ class FilterConfig:
     concurrency: int = 4
     solve_threshold: float = 1.0
     sandbox_config: Path | None = None
+    temperature: float | None = None  # the policy's sampling temperature; None: the proxy's default
 
     def __post_init__(self) -> None:
         a, b = self.keep
@@ -72,6 +73,8 @@ class FilterConfig:
             raise InvalidArgument(f"keep range {a}-{b} must satisfy 0 <= a <= b <= k = {self.k}")
         if self.concurrency < 1:
             raise InvalidArgument(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.temperature is not None and not 0 < self.temperature <= 5:
+            raise InvalidArgument(f"temperature must be in (0, 5], got {self.temperature}")
 
 
 def parse_keep(text: str) -> tuple[int, int]:
@@ -140,7 +143,7 @@ async def _attempts(paths: list[Path], cfg: FilterConfig, run_id: str, progress:
 
     results = [TaskResult(str(p), p.name, load_task(p).task_id, pool.family(p) or "(none)") for p in paths]
     with tempfile.TemporaryDirectory(prefix="hrl-filter-") as tmp:
-        async with model_stack(cfg.engine, Path(tmp), cfg.model) as ends:
+        async with model_stack(cfg.engine, Path(tmp), cfg.model, cfg.temperature) as ends:
             await _run_all(results, cfg, run_id, ends, progress)
     return results
 

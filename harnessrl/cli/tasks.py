@@ -93,6 +93,9 @@ def filter_(
     max_turns: Annotated[int, typer.Option(min=0, help="Turn limit (0: the harness's own).")] = 0,
     agent_timeout: Annotated[float, typer.Option(min=0, help="Agent timeout in seconds (0: the task's).")] = 0.0,
     concurrency: Annotated[int, typer.Option(help="Attempts running at once.")] = 4,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature of the policy (a run's [run] temperature).")
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Run k attempts per task through the normal trial path and keep the tasks solved A..B times."""
@@ -126,6 +129,7 @@ def filter_(
         agent_timeout_s=agent_timeout,
         concurrency=concurrency,
         sandbox_config=config,
+        temperature=temperature,
     )
 
     def progress(result: Any, done: int, total: int) -> None:

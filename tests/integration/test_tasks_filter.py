@@ -120,6 +120,7 @@ def test_filter_keeps_exactly_the_tasks_solved_1_to_3_of_4(tmp_path: Path) -> No
         (["--keep", "3-1"], "0 <= a <= b <= k"),
         (["--keep", "one"], "expected A-B"),
         (["--k", "0"], "k must be at least 1"),
+        (["--temperature", "0"], "temperature must be in (0, 5]"),
         (["-o", "novalue"], "expected KEY=VALUE"),
         (["--harness", "gpt-agent"], "valid harnesses"),
         (["--family", "gamma"], "no task of families"),
