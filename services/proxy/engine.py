@@ -38,7 +38,13 @@ def map_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
     return EngineFailure(f"engine error ({code.name}): {details}")
 
 
+CLOSED = "engine channel closed: the proxy is stopping"
+
+
 class EngineClient:
+    """A closed channel (the proxy stopping under in-flight requests) is an
+    unavailable engine for the request, not a traceback."""
+
     def __init__(self, target: str, token: str | None, timeout_s: float, tracing: bool = True) -> None:
         self._channel = connect(target, token, tracing=tracing, service="proxy")
         self._stub = gateway_pb2_grpc.RolloutGatewayStub(self._channel)
@@ -49,15 +55,22 @@ class EngineClient:
             return await self._stub.Health(gateway_pb2.GatewayHealthRequest(), timeout=10)
         except grpc.aio.AioRpcError as e:
             raise map_rpc_error(e) from e
+        except grpc.aio.UsageError as e:
+            raise EngineUnavailable(CLOSED) from e
 
     async def generate(self, request: gateway_pb2.GenerateRequest) -> AsyncIterator[gateway_pb2.GenerateChunk]:
         """Yields chunks as the engine samples; cancelling the iteration cancels the call."""
-        call = self._stub.Generate(request, timeout=self._timeout)
+        try:
+            call = self._stub.Generate(request, timeout=self._timeout)
+        except grpc.aio.UsageError as e:
+            raise EngineUnavailable(CLOSED) from e
         try:
             async for chunk in call:
                 yield chunk
         except grpc.aio.AioRpcError as e:
             raise map_rpc_error(e) from e
+        except grpc.aio.UsageError as e:
+            raise EngineUnavailable(CLOSED) from e
         finally:
             if not call.done():
                 call.cancel()
@@ -67,6 +80,8 @@ class EngineClient:
             await self._stub.Abort(gateway_pb2.AbortRequest(request_id=request_id), timeout=5)
         except grpc.aio.AioRpcError as e:
             log.info("abort failed", extra=kv(request_id=request_id, error=str(e.code())))
+        except grpc.aio.UsageError:
+            log.info("abort skipped", extra=kv(request_id=request_id, error=CLOSED))
 
     async def close(self) -> None:
         await self._channel.close()
