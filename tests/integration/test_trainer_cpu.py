@@ -25,9 +25,11 @@ PROMPT = [1, 9690, 198, 19556, 28]
 G, GROUPS, RESPONSE = 4, 2, 2
 
 
-def settings(tmp_path: Path, **optim: object) -> Settings:
+def settings(tmp_path: Path, temperature: float = 1.0, **optim: object) -> Settings:
     return Settings(
-        output_dir=tmp_path, optim={"lr": 2e-5, "token_budget": 256, "gradient_checkpointing": False, **optim}
+        output_dir=tmp_path,
+        optim={"lr": 2e-5, "token_budget": 256, "gradient_checkpointing": False, **optim},
+        rollout={"temperature": temperature},
     )
 
 
@@ -39,13 +41,15 @@ def target_probability(model: torch.nn.Module, targets: Sequence[int]) -> float:
 
 @torch.no_grad()
 def rollouts(
-    trainer: CpuTrainer, targets: Sequence[int], gen: torch.Generator, tag: str
+    trainer: CpuTrainer, targets: Sequence[int], gen: torch.Generator, tag: str, temperature: float = 1.0
 ) -> list[tuple[str, list[records_pb2.Trajectory]]]:
-    """G x GROUPS samples from the current policy; reward 1 when the first token is a target."""
+    """G x GROUPS samples from the current policy at ``temperature`` (logprobs of the
+    tempered distribution, as an engine records them); reward 1 when the first token is a target."""
     ids = torch.tensor([PROMPT] * (G * GROUPS))
     lps = []
     for _ in range(RESPONSE):
-        logp = torch.log_softmax(trainer.model(input_ids=ids, use_cache=False).logits[:, -1].float(), -1)
+        logits = trainer.model(input_ids=ids, use_cache=False).logits[:, -1].float() / temperature
+        logp = torch.log_softmax(logits, -1)
         tok = torch.multinomial(logp.exp(), 1, generator=gen)
         lps.append(logp.gather(-1, tok))
         ids = torch.cat([ids, tok], 1)
@@ -84,6 +88,17 @@ def test_cpu_trainer_improves_a_scripted_reward(tmp_path: Path) -> None:
     final = rollouts(trainer, targets, gen, "final")
     rewards.append(sum(t.reward for _, ts in final for t in ts) / (G * GROUPS))
     assert rewards[-1] > rewards[0], rewards
+
+
+@pytest.mark.parametrize(("trained", "agrees"), [(0.5, True), (1.0, False)])
+def test_a_step_on_tempered_rollouts_agrees_at_the_rollout_temperature(
+    tmp_path: Path, trained: float, agrees: bool
+) -> None:
+    """Rollouts sampled at T = 0.5: the trainer's own step matches their logprobs only
+    when its [trainer.rollout] temperature is 0.5."""
+    trainer = CpuTrainer(settings(tmp_path, temperature=trained))
+    result = trainer.train_step(rollouts(trainer, [0, 1], torch.Generator().manual_seed(1), "t", temperature=0.5))
+    assert (result.metrics["agreement/max_abs_diff"] < 1e-3) is agrees, result.metrics["agreement/max_abs_diff"]
 
 
 def test_checkpoints_are_hf_folders_and_resume_bit_exact(tmp_path: Path) -> None:
