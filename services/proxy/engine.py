@@ -27,7 +27,15 @@ class EngineContextOverflow(Exception):
     """The engine refused the prompt as longer than its window."""
 
 
-def map_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
+CLOSED = "engine channel closed: the proxy is stopping"
+# A failed call, or a call on a channel the proxy already closed (it is stopping
+# under in-flight requests): both are mapped by ``map_rpc_error``.
+RPC_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)
+
+
+def map_rpc_error(e: grpc.aio.AioRpcError | grpc.aio.UsageError) -> Exception:
+    if isinstance(e, grpc.aio.UsageError):
+        return EngineUnavailable(CLOSED)
     code, details = e.code(), e.details() or ""
     if code == grpc.StatusCode.OUT_OF_RANGE or (
         code == grpc.StatusCode.INVALID_ARGUMENT and "context" in details.lower()
@@ -38,13 +46,7 @@ def map_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
     return EngineFailure(f"engine error ({code.name}): {details}")
 
 
-CLOSED = "engine channel closed: the proxy is stopping"
-
-
 class EngineClient:
-    """A closed channel (the proxy stopping under in-flight requests) is an
-    unavailable engine for the request, not a traceback."""
-
     def __init__(self, target: str, token: str | None, timeout_s: float, tracing: bool = True) -> None:
         self._channel = connect(target, token, tracing=tracing, service="proxy")
         self._stub = gateway_pb2_grpc.RolloutGatewayStub(self._channel)
@@ -53,26 +55,20 @@ class EngineClient:
     async def health(self) -> gateway_pb2.GatewayHealthResponse:
         try:
             return await self._stub.Health(gateway_pb2.GatewayHealthRequest(), timeout=10)
-        except grpc.aio.AioRpcError as e:
+        except RPC_ERRORS as e:
             raise map_rpc_error(e) from e
-        except grpc.aio.UsageError as e:
-            raise EngineUnavailable(CLOSED) from e
 
     async def generate(self, request: gateway_pb2.GenerateRequest) -> AsyncIterator[gateway_pb2.GenerateChunk]:
         """Yields chunks as the engine samples; cancelling the iteration cancels the call."""
+        call = None
         try:
             call = self._stub.Generate(request, timeout=self._timeout)
-        except grpc.aio.UsageError as e:
-            raise EngineUnavailable(CLOSED) from e
-        try:
             async for chunk in call:
                 yield chunk
-        except grpc.aio.AioRpcError as e:
+        except RPC_ERRORS as e:
             raise map_rpc_error(e) from e
-        except grpc.aio.UsageError as e:
-            raise EngineUnavailable(CLOSED) from e
         finally:
-            if not call.done():
+            if call is not None and not call.done():
                 call.cancel()
 
     async def abort(self, request_id: str) -> None:
