@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,9 +17,38 @@ from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from stack.procs import ProcessStack
 from tests.sandbox_support import make_task
 
+if TYPE_CHECKING:
+    from services.capture_store.server import CaptureServer
+    from services.sandbox.lifecycle import TrialSpec
+
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 RUN = "worker-loss"
+
+
+async def start_capture(tmp_path: Path) -> CaptureServer:
+    """A real embedded capture store on a free 127.0.0.1 port."""
+    from services.capture_store.server import create_server
+    from services.capture_store.settings import Settings
+
+    return await create_server(
+        Settings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
+    )
+
+
+def solo_trial(tmp_path: Path, trial_id: str, script: str) -> TrialSpec:
+    """A one-trial group running ``script`` with the shell harness."""
+    from services.sandbox.lifecycle import TrialSpec
+
+    return TrialSpec(
+        trial_id=trial_id,
+        run_id=RUN,
+        task_path=str(make_task(tmp_path / "tasks")),
+        group_id="solo",
+        group_size=1,
+        harness="shell",
+        harness_options={"script": script},
+    )
 
 
 async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
@@ -26,15 +56,11 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
 ) -> None:
     """A worker SIGKILLed mid-trial with no attempt left: the reaper marks the trial
     done (infrastructure reason) and FinalizeTrajectory records it, so the group is ready."""
-    from services.capture_store.server import create_server as create_capture
-    from services.capture_store.settings import Settings as CaptureSettings
-    from services.sandbox.lifecycle import TrialSpec, TrialState
+    from services.sandbox.lifecycle import TrialState
     from services.sandbox.queue.redis import RedisQueue
     from tests.sandbox_support import wait_for_state
 
-    capture = await create_capture(
-        CaptureSettings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
-    )
+    capture = await start_capture(tmp_path)
     config = tmp_path / "worker.toml"
     config.write_text(
         f'[sandbox]\nqueue_url = "{redis_server.url}"\ncapture_target = "127.0.0.1:{capture.port}"\n'
@@ -44,15 +70,7 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
     stack = ProcessStack(tmp_path, config)
     stack.add("worker", ["sandbox", "worker", "-c", str(config), "--name", "w"])
     queue = RedisQueue(redis_server.url)
-    spec = TrialSpec(
-        trial_id="doomed",
-        run_id=RUN,
-        task_path=str(make_task(tmp_path / "tasks")),
-        group_id="solo",
-        group_size=1,
-        harness="shell",
-        harness_options={"script": "sleep 60"},
-    )
+    spec = solo_trial(tmp_path, "doomed", "sleep 60")
     try:
         await queue.submit(spec)
         await stack.start()
@@ -83,28 +101,16 @@ async def test_a_retry_after_a_worker_died_past_finalize_reports_that_outcome(
     """The worker died after FinalizeTrajectory but before reporting the trial: the
     retry finds the finalized outcome and reports it instead of running a second
     rollout (which would overfill the group)."""
-    from services.capture_store.server import create_server as create_capture
-    from services.capture_store.settings import Settings as CaptureSettings
     from services.sandbox.endpoints import CaptureFinalizer
     from services.sandbox.factory import build_worker
-    from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
+    from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialState
     from services.sandbox.queue.redis import RedisQueue
     from tests.sandbox_support import settings_for, wait_for_state
 
-    capture = await create_capture(
-        CaptureSettings.model_validate({"store_dir": tmp_path / "store", "fsync": False, "shutdown_grace_s": 0.2})
-    )
+    capture = await start_capture(tmp_path)
     target = f"127.0.0.1:{capture.port}"
     queue = RedisQueue(redis_server.url)
-    spec = TrialSpec(
-        trial_id="half-done",
-        run_id=RUN,
-        task_path=str(make_task(tmp_path / "tasks")),
-        group_id="solo",
-        group_size=1,
-        harness="shell",
-        harness_options={"script": "echo must not run > /logs/agent/ran"},
-    )
+    spec = solo_trial(tmp_path, "half-done", "echo must not run > /logs/agent/ran")
     finalizer = CaptureFinalizer(target, None)
     settings = settings_for(
         tmp_path, queue_url=redis_server.url, capture_target=target, lease_s=1.0, heartbeat_s=0.2, max_attempts=3
