@@ -102,6 +102,8 @@ def test_agreement_bad_input_is_a_clear_error_and_writes_nothing(tmp_path: Path)
     model = str(paths.default_model_dir())
     proc = run_cli("--run", "r1", "--model", model, "--out", str(out), "--capture", f"127.0.0.1:{port}")
     assert proc.returncode == 2 and "capture store at" in proc.stderr
+    proc = run_cli("--run", "r1", "--model", model, "--out", str(out), "--temperature", "0")
+    assert proc.returncode == 2 and "--temperature" in proc.stderr
     assert not out.exists()
 
 
