@@ -146,6 +146,7 @@ class S3Server(_Process):
     secret_key: str = "harnessrl-test-secret"
     dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hrl-s3-")))
     ports: dict[str, int] = field(default_factory=dict)
+    max_volumes: int = 2000
 
     @property
     def endpoint(self) -> str:
@@ -166,6 +167,11 @@ class S3Server(_Process):
             "-webdav=false",
             "-admin.ui=false",
             "-master.telemetry=false",
+            # Each bucket is a collection with volumes of its own; the auto limit
+            # (free disk / volume size) ran out after ~70 buckets in one test session.
+            # Volumes are sparse files, so a high limit with small volumes costs little.
+            f"-volume.max={self.max_volumes}",
+            "-master.volumeSizeLimitMB=64",
             *port_flags,
         ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
