@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -25,6 +25,19 @@ def _quote(value: Any) -> str:
     return f'"{text}"' if (" " in text or not text) else text
 
 
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to ``sys.stderr`` as it is at each record, never to a stream it kept:
+    a test's captured stderr (or any stream swapped in after ``configure``) may be
+    closed by then, and logging to it printed "--- Logging error ---" tracebacks."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> TextIO:  # type: ignore[override]
+        return sys.stderr
+
+
 def configure(level: str = "WARNING") -> None:
     """Configures the root logger once (idempotent); ``level`` is a logging level name."""
     root = logging.getLogger()
@@ -33,7 +46,7 @@ def configure(level: str = "WARNING") -> None:
         raise ValueError(f"unknown log level {level!r}")
     root.setLevel(numeric)
     if not any(getattr(h, "_harnessrl", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(KeyValueFormatter())
         handler._harnessrl = True  # type: ignore[attr-defined]
         root.addHandler(handler)
