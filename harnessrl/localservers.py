@@ -54,8 +54,20 @@ def _wait(check: object, timeout: float, what: str, proc: subprocess.Popen[bytes
     raise TimeoutError(f"{what} did not start in {timeout}s: {log.read_text()[-2000:]}")
 
 
+# Directories the servers made for themselves (no ``dir`` given): removed when
+# the server's ``with`` block ends. A given ``dir`` is the caller's and stays.
+_SCRATCH: set[Path] = set()
+
+
+def _scratch(prefix: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    _SCRATCH.add(path)
+    return path
+
+
 class _Process:
     proc: subprocess.Popen[bytes] | None = None
+    dir: Path
 
     def stop(self) -> None:
         """Stops the server by its PID (SIGTERM, then SIGKILL)."""
@@ -76,6 +88,9 @@ class _Process:
 
     def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
         self.stop()
+        if self.dir in _SCRATCH:
+            _SCRATCH.discard(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @dataclass
@@ -84,7 +99,7 @@ class RedisServer(_Process):
 
     port: int = 0
     appendonly: bool = False
-    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hrl-redis-")))
+    dir: Path = field(default_factory=lambda: _scratch("hrl-redis-"))
 
     @property
     def url(self) -> str:
@@ -144,7 +159,7 @@ class S3Server(_Process):
 
     access_key: str = "harnessrl-test"
     secret_key: str = "harnessrl-test-secret"
-    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hrl-s3-")))
+    dir: Path = field(default_factory=lambda: _scratch("hrl-s3-"))
     ports: dict[str, int] = field(default_factory=dict)
     max_volumes: int = 2000
 
