@@ -3,7 +3,10 @@
 One reward per trajectory (outcome supervision). Only valid trajectories enter
 a group's statistics: an infrastructure failure is neither a success nor a
 failure (invariant 5). Groups that cannot give a baseline (empty, all invalid,
-fewer than ``min_valid_per_group`` valid) are skipped and counted.
+fewer than ``min_valid_per_group`` valid) are skipped and counted, and so are
+groups with equal rewards when ``drop_zero_variance_groups`` is set (DAPO's
+dynamic-sampling filter, without its resampling: such a group has advantage 0
+everywhere, so it moves nothing but the loss's denominator).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def group_stats(group_id: str, rows: Sequence[TrajectoryRow], algo: AlgoSettings
             counters.add("groups/all_fail")
         elif successes == len(valid):
             counters.add("groups/all_pass")
+        if algo.drop_zero_variance_groups:
+            counters.add("skipped/zero_variance_groups")  # common and expected: counted, not logged
+            return False
     counters.add("groups/used")
     return True
 

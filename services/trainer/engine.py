@@ -93,7 +93,12 @@ class CpuTrainer:
         scored = [r for r in score_groups(grouped, self.settings.algo, counters) if r.row.samples]
         self.step += 1
         result = StepResult(self.step, self.policy_version, {})
-        if not scored:
+        rewards = [r.reward for _, rows in grouped for r in rows if r.valid]
+        if rewards:  # every valid trajectory of the batch, used by the loss or not
+            result.metrics["reward/mean"] = float(np.mean(rewards))
+        if not scored and counters.counts["skipped/zero_variance_groups"] == len(groups) > 0:
+            log.info("step %d: every group has equal rewards (dropped); no optimizer step", self.step)
+        elif not scored:
             result.alerts.append(f"step {self.step}: no trainable sample in {len(groups)} group(s)")
         else:
             self._train_on(scored, result)
@@ -116,7 +121,6 @@ class CpuTrainer:
         result.metrics["batch/samples"] = float(len(all_samples))
         result.metrics["batch/trajectories"] = float(len(scored))
         result.metrics["batch/policy_tokens"] = float(sum(s.num_policy_tokens for s in all_samples))
-        result.metrics["reward/mean"] = float(np.mean([r.row.reward for r in scored]))
         updated = True
         for j, chunk in enumerate(chunks):
             samples = samples_by_chunk[j]

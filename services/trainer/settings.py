@@ -59,6 +59,11 @@ class AlgoSettings(BaseModel):
     )
     success_threshold: float = Field(1.0, description="A trajectory with reward >= this counts as a success.")
     min_valid_per_group: int = Field(2, ge=1, description="Groups with fewer valid trajectories are skipped.")
+    drop_zero_variance_groups: bool = Field(
+        False,
+        description="DAPO-style filter: a group whose valid rewards are all equal (zero advantage) leaves the "
+        "loss instead of diluting its mean; a step left with no group makes no optimizer step.",
+    )
     agreement_min_pearson: float = Field(0.98, ge=-1, le=1, description="Alert when train/inference Pearson < this.")
     agreement_min_ess: float = Field(0.5, ge=0, le=1, description="Alert when normalised ESS of IS weights < this.")
 

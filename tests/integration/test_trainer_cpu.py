@@ -25,11 +25,14 @@ PROMPT = [1, 9690, 198, 19556, 28]
 G, GROUPS, RESPONSE = 4, 2, 2
 
 
-def settings(tmp_path: Path, temperature: float = 1.0, **optim: object) -> Settings:
+def settings(
+    tmp_path: Path, temperature: float = 1.0, algo: dict[str, object] | None = None, **optim: object
+) -> Settings:
     return Settings(
         output_dir=tmp_path,
         optim={"lr": 2e-5, "token_budget": 256, "gradient_checkpointing": False, **optim},
         rollout={"temperature": temperature},
+        algo=algo or {},
     )
 
 
@@ -99,6 +102,31 @@ def test_a_step_on_tempered_rollouts_agrees_at_the_rollout_temperature(
     trainer = CpuTrainer(settings(tmp_path, temperature=trained))
     result = trainer.train_step(rollouts(trainer, [0, 1], torch.Generator().manual_seed(1), "t", temperature=0.5))
     assert (result.metrics["agreement/max_abs_diff"] < 1e-3) is agrees, result.metrics["agreement/max_abs_diff"]
+
+
+def test_dropped_zero_variance_groups_neither_dilute_nor_step(tmp_path: Path) -> None:
+    """Gradient norms (before clipping) on one informative group plus an all-fail one:
+    the same as on the informative group alone when the all-fail group is dropped, half
+    of it when it stays in the loss's mean. A batch of only all-fail groups, dropped,
+    makes no optimizer step and raises no alert."""
+    (informative, trajs), (flat, flats) = rollouts(CpuTrainer(settings(tmp_path)), [0], torch.Generator(), "z")
+    for t, reward in zip(trajs, [1.0, 0.0, 1.0, 0.0], strict=True):
+        t.reward = reward
+    for t in flats:
+        t.reward = 0.0
+    drop = {"drop_zero_variance_groups": True}
+
+    def grad_norm(batch: list[tuple[str, list[records_pb2.Trajectory]]], algo: dict[str, object]) -> float:
+        result = CpuTrainer(settings(tmp_path, algo=algo)).train_step(batch)
+        assert result.updated
+        return result.metrics["optim/grad_norm"]
+
+    alone = grad_norm([(informative, trajs)], drop)
+    assert grad_norm([(informative, trajs), (flat, flats)], drop) == pytest.approx(alone, rel=1e-3)
+    assert grad_norm([(informative, trajs), (flat, flats)], {}) == pytest.approx(alone / 2, rel=1e-3)
+    result = CpuTrainer(settings(tmp_path, algo=drop)).train_step([(flat, flats)])
+    assert not result.updated and result.policy_version == 0 and result.alerts == []
+    assert result.metrics["skipped/zero_variance_groups"] == 1 and result.metrics["reward/mean"] == 0.0
 
 
 def test_checkpoints_are_hf_folders_and_resume_bit_exact(tmp_path: Path) -> None:

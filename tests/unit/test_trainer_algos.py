@@ -74,6 +74,19 @@ def test_degenerate_groups_are_counted_and_skipped() -> None:
     assert c["groups/successes_0_of_3"] == 1 and c["groups/successes_3_of_3"] == 1
 
 
+def test_zero_variance_groups_leave_the_loss_when_asked() -> None:
+    groups = [
+        ("fail", rows([0, 0], group="fail")),
+        ("ok", rows([1, 0], group="ok")),
+        ("pass", rows([1, 1], group="pass")),
+    ]
+    kept, _ = advantages(groups)
+    dropped, counters = advantages(groups, drop_zero_variance_groups=True)
+    assert len(kept) == 6 and dropped == kept[2:4]  # the informative group's advantages are unchanged
+    c = counters.counts
+    assert c["skipped/zero_variance_groups"] == 2 and c["groups/zero_variance"] == 2 and c["groups/used"] == 1
+
+
 def test_unknown_estimator_lists_valid_ones() -> None:
     with pytest.raises(ConfigError, match="grpo"):
         estimator("gae")
