@@ -10,7 +10,9 @@ failures are counted, never scored) with c successes (reward >=
 unbiased estimator of the chance that at least one of j trials succeeds) and
 pass^j = C(c, j)/C(n, j) (all j succeed), for j = 1 and j = k (when n >= j).
 Rows go to ``<run>/eval.jsonl``: one per task plus one ``task_id = "*"`` row with
-the mean over tasks (which leaves the dashboard's per-step mean unchanged).
+the mean over tasks (which leaves the dashboard's per-step mean unchanged). Each
+row names the ``policy_versions`` its trials sampled with, read back from their
+captured trajectories: an evaluation during training can straddle a weight update.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import grpc
 
 from harnessrl.errors import ConfigError, FailedPrecondition
 from harnessrl.rpc import connect
-from harnessrl.v1 import records_pb2, sandbox_pb2, sandbox_pb2_grpc
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from stack import preflight
 from stack.embedded import services
 from stack.launcher import PlannedTrial, TrialTemplate
@@ -95,6 +97,8 @@ def task_row(step: int, task: str, k: int, statuses: list[sandbox_pb2.TrialStatu
 
 def overall_row(step: int, k: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"step": step, "task_id": "*", "k": k, "tasks": len(rows)}
+    if rows and all("policy_versions" in r for r in rows):
+        out["policy_versions"] = sorted({v for r in rows for v in r["policy_versions"]})
     out["n"] = sum(r["n"] for r in rows)
     out["successes"] = sum(r["successes"] for r in rows)
     out["infra_failures"] = sum(r["infra_failures"] for r in rows)
@@ -143,8 +147,9 @@ async def evaluate_run(cfg: RunConfig) -> EvalResult:
     k = cfg.run.eval_k
     async with services(eval_cfg) as ends:
         assert ends.sandbox_target is not None
-        statuses = await _run_trials(eval_cfg, ends.sandbox_target, evaluation, step, k)
-    rows = eval_rows(cfg, step, k, evaluation, statuses, ckpt)
+        trials = await _run_trials(eval_cfg, ends.sandbox_target, evaluation, step, k)
+        versions = await versions_seen(ends.capture_target, cfg.token(), trials)
+    rows = eval_rows(cfg, step, k, evaluation, trials.statuses, ckpt, versions)
     run_dir.append_jsonl("eval.jsonl", rows)
     return EvalResult(run_dir.path, step, k, rows)
 
@@ -156,9 +161,13 @@ def eval_rows(
     tasks: Sequence[Path],
     statuses: dict[str, list[sandbox_pb2.TrialStatus]],
     checkpoint: str,
+    versions: dict[str, list[int]] | None = None,
 ) -> list[dict[str, Any]]:
     threshold = cfg.trainer.algo.success_threshold
     rows = [task_row(step, t.name, k, statuses[t.name], threshold) for t in tasks]
+    if versions is not None:
+        for row in rows:
+            row["policy_versions"] = versions.get(row["task_id"], [])
     stamp = {"checkpoint": checkpoint, "created_at": time.time()}
     return [r | stamp for r in rows] + [overall_row(step, k, rows) | stamp]
 
@@ -169,8 +178,11 @@ class PeriodicEval:
     and proxy as training, alongside its rollouts); rows appended to eval.jsonl
     as ``harnessrl eval`` writes them, so the dashboard plots held-out reward per step."""
 
-    def __init__(self, cfg: RunConfig, target: str, tasks: Sequence[Path], run_dir: RunDirectory) -> None:
+    def __init__(
+        self, cfg: RunConfig, target: str, capture_target: str, tasks: Sequence[Path], run_dir: RunDirectory
+    ) -> None:
         self.cfg, self.target, self.tasks, self.run_dir = cfg, target, list(tasks), run_dir
+        self.capture_target = capture_target
         self.every = cfg.run.eval_every
         self.running: dict[int, asyncio.Task[None]] = {}
         self.trial_ids: list[str] = []
@@ -182,8 +194,10 @@ class PeriodicEval:
 
     async def _evaluate(self, step: int) -> None:
         k = self.cfg.run.eval_k
-        statuses = await _run_trials(self.cfg, self.target, self.tasks, step, k, self.trial_ids)
-        self.run_dir.append_jsonl("eval.jsonl", eval_rows(self.cfg, step, k, self.tasks, statuses, f"step-{step}"))
+        trials = await _run_trials(self.cfg, self.target, self.tasks, step, k, self.trial_ids)
+        versions = await versions_seen(self.capture_target, self.cfg.token(), trials)
+        rows = eval_rows(self.cfg, step, k, self.tasks, trials.statuses, f"step-{step}", versions)
+        self.run_dir.append_jsonl("eval.jsonl", rows)
 
     async def finish(self, *, wait: bool) -> None:
         """Waits for the evaluations under way (a finished run), or cancels their trials (a stopped one)."""
@@ -199,6 +213,15 @@ class PeriodicEval:
                 log.warning("evaluation at step %d failed: %s", step, result)
 
 
+@dataclass
+class EvalTrials:
+    """The finished trials of one evaluation: statuses and group id per task name."""
+
+    run_id: str
+    statuses: dict[str, list[sandbox_pb2.TrialStatus]]
+    groups: dict[str, str]
+
+
 async def _run_trials(
     cfg: RunConfig,
     target: str,
@@ -206,7 +229,7 @@ async def _run_trials(
     step: int,
     k: int,
     record: list[str] | None = None,
-) -> dict[str, list[sandbox_pb2.TrialStatus]]:
+) -> EvalTrials:
     r = cfg.run
     eval_run = f"{cfg.run_id}-eval"
     template = TrialTemplate(
@@ -214,9 +237,9 @@ async def _run_trials(
         dict(r.harness_options),
     )  # fmt: skip
     nonce = secrets.token_hex(3)
-    specs = []
+    specs, groups = [], {}
     for t, task in enumerate(tasks):
-        gid = f"{eval_run}-s{step}-{nonce}-t{t}"
+        gid = groups[task.name] = f"{eval_run}-s{step}-{nonce}-t{t}"
         specs += [template.spec(PlannedTrial(f"{gid}-{i}", gid, task, step, i), step) for i in range(k)]
     async with connect(target, cfg.token(), service="trainer") as channel:
         stub = sandbox_pb2_grpc.SandboxStub(channel)
@@ -228,6 +251,33 @@ async def _run_trials(
     out: dict[str, list[sandbox_pb2.TrialStatus]] = {t.name: [] for t in tasks}
     for spec in specs:
         out[Path(spec.task_path).name].append(done[spec.trial_id])
+    return EvalTrials(eval_run, out, groups)
+
+
+async def versions_seen(target: str, token: str | None, trials: EvalTrials) -> dict[str, list[int]] | None:
+    """Per task, the policy versions its trials sampled with (from their captured
+    trajectories; [] when none sampled a token); None, with a warning, when the
+    capture store cannot say (the evaluation's other figures stand)."""
+    out: dict[str, list[int]] = {}
+    try:
+        async with connect(target, token, service="trainer") as channel:
+            stub = capture_pb2_grpc.CaptureStoreStub(channel)
+            for task, gid in trials.groups.items():
+                seen: set[int] = set()
+                page_token = ""
+                while True:
+                    req = capture_pb2.ListTrajectoriesRequest(
+                        run_id=trials.run_id, group_id=gid, page_size=1000, page_token=page_token
+                    )
+                    page = await stub.ListTrajectories(req, timeout=30)
+                    seen.update(v for t in page.trajectories for v in t.policy_versions_seen)
+                    page_token = page.next_page_token
+                    if not page_token:
+                        break
+                out[task] = sorted(seen)
+    except grpc.aio.AioRpcError as e:
+        log.warning("eval: policy versions not read from the capture store: %s %s", e.code().name, e.details())
+        return None
     return out
 
 

@@ -137,7 +137,7 @@ async def _with_services(
         from stack.evaluate import PeriodicEval
 
         assert ends.sandbox_target is not None
-        periodic = PeriodicEval(cfg, ends.sandbox_target, evaluation, run_dir)
+        periodic = PeriodicEval(cfg, ends.sandbox_target, ends.capture_target, evaluation, run_dir)
         return await _train(cfg, ends, train, run_dir, console, stop, periodic)
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from harnessrl import paths
+from harnessrl.localservers import free_port
 from services.dashboard import panels, rundir
-from stack.evaluate import pass_at, pass_hat
+from stack.evaluate import EvalTrials, pass_at, pass_hat, versions_seen
 from tests.run_support import make_pool, tiny_model, write_config
 from tests.sandbox_support import make_task
 
@@ -24,6 +25,12 @@ def test_estimators() -> None:
     assert pass_at(5, 1, 2) == pytest.approx(1 - 6 / 10)  # 1 - C(4,2)/C(5,2)
     assert pass_hat(4, 2, 1) == 0.5 and pass_hat(4, 2, 2) == pytest.approx(1 / 6) and pass_hat(4, 4, 4) == 1.0
     assert pass_at(2, 1, 4) is None and pass_hat(2, 1, 4) is None
+
+
+async def test_an_unreachable_capture_store_leaves_the_versions_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    trials = EvalTrials("r-eval", {"east": []}, {"east": "r-eval-s0-t0"})
+    assert await versions_seen(f"127.0.0.1:{free_port()}", None, trials) is None
+    assert "policy versions not read from the capture store: UNAVAILABLE" in caplog.text
 
 
 def eval_pool(root: Path) -> Path:
@@ -51,6 +58,7 @@ def test_eval_of_the_base_model_then_of_a_trained_checkpoint(tmp_path: Path) -> 
         assert (row["step"], row["checkpoint"], row["n"], row["successes"]) == (0, "base", 4, 2)
         assert (row["pass@1"], row["pass@4"], row["pass^1"], row["pass^4"]) == (0.5, 1.0, 0.5, 0.0)
         assert row["termination"] == {"completed": 4} and row["infra_failures"] == 0
+    assert all(r["policy_versions"] == [0] for r in rows)  # read back from the captured trajectories
     assert rows[2]["n"] == 8 and rows[2]["pass@1"] == 0.5 and rows[2]["tasks"] == 2
     assert "overall" in proc.stdout and "pass@4" in proc.stdout
     assert json.loads((run_dir / "run.json").read_text())["status"] == "done"
@@ -63,6 +71,7 @@ def test_eval_of_the_base_model_then_of_a_trained_checkpoint(tmp_path: Path) -> 
     rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     latest = [r for r in rows if r["step"] == 1]
     assert [r["checkpoint"] for r in latest] == ["step-00000001"] * 3 and latest[0]["k"] == 2
+    assert all(r["policy_versions"] == [1] for r in latest)  # the gateway serves the checkpoint's version
     assert "pass@2" in latest[0] and "pass^2" in latest[0]
 
     run = rundir.open_run(tmp_path / "runs", "e2e")
@@ -89,5 +98,8 @@ def test_periodic_evaluation_during_a_run(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [0, 1, 2]  # the base model, then after each step
     assert all(r["k"] == 2 and r["n"] == 2 for r in rows if r["task_id"] != "*")
+    # Each row names the weights its trials sampled with: the step's, or a later one's
+    # when an update landed while the evaluation ran.
+    assert all(r["policy_versions"] and min(r["policy_versions"]) >= r["step"] for r in rows), rows
     read, problems = rundir.read_eval(rundir.open_run(tmp_path / "runs", "e2e"))
     assert problems == [] and panels.validation(read) == {0: 0.5, 1: 0.5, 2: 0.5}
