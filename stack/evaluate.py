@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from harnessrl.captured import list_trajectories
 from harnessrl.errors import ConfigError, FailedPrecondition
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
@@ -218,6 +219,7 @@ class EvalTrials:
     """The finished trials of one evaluation: statuses and group id per task name."""
 
     run_id: str
+    step: int
     statuses: dict[str, list[sandbox_pb2.TrialStatus]]
     groups: dict[str, str]
 
@@ -251,34 +253,25 @@ async def _run_trials(
     out: dict[str, list[sandbox_pb2.TrialStatus]] = {t.name: [] for t in tasks}
     for spec in specs:
         out[Path(spec.task_path).name].append(done[spec.trial_id])
-    return EvalTrials(eval_run, out, groups)
+    return EvalTrials(eval_run, step, out, groups)
 
 
 async def versions_seen(target: str, token: str | None, trials: EvalTrials) -> dict[str, list[int]] | None:
     """Per task, the policy versions its trials sampled with (from their captured
     trajectories; [] when none sampled a token); None, with a warning, when the
     capture store cannot say (the evaluation's other figures stand)."""
-    out: dict[str, list[int]] = {}
+    task_of = {gid: task for task, gid in trials.groups.items()}
+    seen: dict[str, set[int]] = {task: set() for task in trials.groups}
+    req = capture_pb2.ListTrajectoriesRequest(run_id=trials.run_id, step=trials.step, page_size=1000)
     try:
         async with connect(target, token, service="trainer") as channel:
-            stub = capture_pb2_grpc.CaptureStoreStub(channel)
-            for task, gid in trials.groups.items():
-                seen: set[int] = set()
-                page_token = ""
-                while True:
-                    req = capture_pb2.ListTrajectoriesRequest(
-                        run_id=trials.run_id, group_id=gid, page_size=1000, page_token=page_token
-                    )
-                    page = await stub.ListTrajectories(req, timeout=30)
-                    seen.update(v for t in page.trajectories for v in t.policy_versions_seen)
-                    page_token = page.next_page_token
-                    if not page_token:
-                        break
-                out[task] = sorted(seen)
+            async for t in list_trajectories(capture_pb2_grpc.CaptureStoreStub(channel), req, page_timeout_s=30):
+                if t.group_id in task_of:  # not an earlier evaluation of the same step
+                    seen[task_of[t.group_id]].update(t.policy_versions_seen)
     except grpc.aio.AioRpcError as e:
         log.warning("eval: policy versions not read from the capture store: %s %s", e.code().name, e.details())
         return None
-    return out
+    return {task: sorted(versions) for task, versions in seen.items()}
 
 
 async def _wait_done(stub: sandbox_pb2_grpc.SandboxStub, ids: list[str]) -> dict[str, sandbox_pb2.TrialStatus]:

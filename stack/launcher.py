@@ -28,6 +28,7 @@ from pathlib import Path
 import grpc
 
 from harnessrl import telemetry
+from harnessrl.captured import list_trajectories
 from harnessrl.errors import Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
@@ -150,20 +151,13 @@ class SandboxLauncher:
     async def finalized(self, step: int) -> set[str]:
         """Trials of ``step`` the capture store already holds finalized."""
         stub = capture_pb2_grpc.CaptureStoreStub(self._capture)
-        found: set[str] = set()
-        token = ""
-        while True:
-            req = capture_pb2.ListTrajectoriesRequest(
-                run_id=self.template.run_id, step=step, finalized_only=True, page_size=500, page_token=token
-            )
-            try:
-                page = await stub.ListTrajectories(req, timeout=30)
-            except grpc.aio.AioRpcError as e:
-                raise Unavailable(f"capture store: ListTrajectories: {e.code().name}: {e.details()}") from e
-            found |= {t.trial_id for t in page.trajectories}
-            token = page.next_page_token
-            if not token:
-                return found
+        req = capture_pb2.ListTrajectoriesRequest(
+            run_id=self.template.run_id, step=step, finalized_only=True, page_size=500
+        )
+        try:
+            return {t.trial_id async for t in list_trajectories(stub, req, page_timeout_s=30)}
+        except grpc.aio.AioRpcError as e:
+            raise Unavailable(f"capture store: ListTrajectories: {e.code().name}: {e.details()}") from e
 
     async def launch(self, step: int, policy_version: int) -> None:
         """Submits the step's trials not yet finalized; steps past the run's end are not launched."""

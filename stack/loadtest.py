@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from harnessrl.captured import list_trajectories
 from harnessrl.errors import InvalidArgument
 from harnessrl.localservers import RedisServer, S3Server, free_port
 from harnessrl.paths import default_model_dir
@@ -197,17 +198,13 @@ async def _one_trial(
 async def _captured_turns(store: capture_pb2_grpc.CaptureStoreStub, tag: str) -> tuple[dict[str, int], int]:
     """Per trial of this row, the model calls the store holds; and how many are finalized."""
     turns: dict[str, int] = {}
-    finalized, token = 0, ""
-    while True:
-        req = capture_pb2.ListTrajectoriesRequest(run_id=RUN, page_size=1000, page_token=token)
-        page = await store.ListTrajectories(req, timeout=120)
-        for traj in page.trajectories:
-            if traj.trial_id.startswith(f"{tag}-"):
-                turns[traj.trial_id] = sum(s.num_turns for s in traj.segments)
-                finalized += traj.finalized
-        token = page.next_page_token
-        if not token:
-            return turns, finalized
+    finalized = 0
+    req = capture_pb2.ListTrajectoriesRequest(run_id=RUN, page_size=1000)
+    async for traj in list_trajectories(store, req, page_timeout_s=120):
+        if traj.trial_id.startswith(f"{tag}-"):
+            turns[traj.trial_id] = sum(s.num_turns for s in traj.segments)
+            finalized += traj.finalized
+    return turns, finalized
 
 
 async def measure(

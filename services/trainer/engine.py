@@ -96,7 +96,8 @@ class CpuTrainer:
         rewards = [r.reward for _, rows in grouped for r in rows if r.valid]
         if rewards:  # every valid trajectory of the batch, used by the loss or not
             result.metrics["reward/mean"] = float(np.mean(rewards))
-        if not scored and counters.counts["skipped/zero_variance_groups"] == len(groups) > 0:
+        all_flat = bool(groups) and counters.counts["skipped/zero_variance_groups"] == len(groups)
+        if not scored and all_flat:
             log.info("step %d: every group has equal rewards (dropped); no optimizer step", self.step)
         elif not scored:
             result.alerts.append(f"step {self.step}: no trainable sample in {len(groups)} group(s)")

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import torch
 
+from harnessrl.captured import list_trajectories
 from harnessrl.errors import InvalidArgument, NotFound, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
@@ -35,21 +36,13 @@ async def fetch_run(target: str, run_id: str, token: str | None = None, limit: i
     out: list[records_pb2.Trajectory] = []
     async with connect(target, token) as channel:
         stub = capture_pb2_grpc.CaptureStoreStub(channel)
-        page = ""
-        while True:
-            resp = await stub.ListTrajectories(
-                capture_pb2.ListTrajectoriesRequest(
-                    run_id=run_id, finalized_only=True, page_size=PAGE_SIZE, page_token=page
-                )
-            )
-            for meta in resp.trajectories:
-                if limit and len(out) >= limit:
-                    return out
-                req = capture_pb2.GetTrajectoryRequest(run_id=run_id, trial_id=meta.trial_id, include_tokens=True)
-                out.append(await stub.GetTrajectory(req))
-            page = resp.next_page_token
-            if not page:
-                return out
+        listing = capture_pb2.ListTrajectoriesRequest(run_id=run_id, finalized_only=True, page_size=PAGE_SIZE)
+        async for meta in list_trajectories(stub, listing):
+            if limit and len(out) >= limit:
+                break
+            req = capture_pb2.GetTrajectoryRequest(run_id=run_id, trial_id=meta.trial_id, include_tokens=True)
+            out.append(await stub.GetTrajectory(req))
+    return out
 
 
 def report(

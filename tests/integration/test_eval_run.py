@@ -28,7 +28,7 @@ def test_estimators() -> None:
 
 
 async def test_an_unreachable_capture_store_leaves_the_versions_unknown(caplog: pytest.LogCaptureFixture) -> None:
-    trials = EvalTrials("r-eval", {"east": []}, {"east": "r-eval-s0-t0"})
+    trials = EvalTrials("r-eval", 0, {"east": []}, {"east": "r-eval-s0-t0"})
     assert await versions_seen(f"127.0.0.1:{free_port()}", None, trials) is None
     assert "policy versions not read from the capture store: UNAVAILABLE" in caplog.text
 
