@@ -95,6 +95,10 @@ def test_distributed_addresses_connect_instead_of_starting(tmp_path: Path, tasks
         ('[run]\ntrain_tasks = ["x"]\n[capture_store]\nbackend = "cloud"\n', "[capture_store]: backend:"),
         ('[run]\ntrain_tasks = ["x"]\n[dashboard]\nport = -3\n', "[dashboard]: port:"),
         ('[run]\ntrain_tasks = ["x"]\n[trainer.algo]\nloss_mode = "magic"\n', "[trainer]: algo.loss_mode:"),
+        (
+            '[run]\ntrain_tasks = ["x"]\n[trainer.algo]\ndrop_zero_variance_groups = "sometimes"\n',
+            "[trainer]: algo.drop_zero_variance_groups:",
+        ),
         ('[run]\ntrain_tasks = ["x"]\n[trainer.rollout]\ngroups_per_step = 5\n', "conflicts with the run's 2"),
         ('[run]\ntrain_tasks = ["x"]\n[trainer.rollout]\nmax_steps = 5\n', "max_steps is decided by [run] steps"),
         ('[run]\ntrain_tasks = ["x"]\n[trainer]\nrun_id = "other"\n', "run_id = 'other' conflicts"),
