@@ -127,6 +127,7 @@ def test_capabilities_are_checked_against_the_policy() -> None:
         network_isolation=False,
         kills_process_tree=True,
         hides_verifier_files=True,
+        squashes_git_history=True,
         memory_limit=True,
         pids_limit=True,
         disk_limit=True,

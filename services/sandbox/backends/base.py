@@ -48,6 +48,7 @@ class Capabilities(BaseModel):
     network_isolation: bool = Field(description="Agent phase can be limited to the proxy only.")
     kills_process_tree: bool = Field(description="Every process of a phase is dead when exec returns.")
     hides_verifier_files: bool = Field(description="Tests, solution and reward files are invisible to the agent.")
+    squashes_git_history: bool = Field(description="The workspace's git history is one commit, nothing older reachable.")
     memory_limit: bool
     pids_limit: bool
     disk_limit: bool
@@ -199,6 +200,7 @@ def check_requirements(name: str, caps: Capabilities, integrity: IntegrityPolicy
         "network_isolation": integrity.isolate_network,
         "kills_process_tree": integrity.kill_agent_processes,
         "hides_verifier_files": integrity.hide_tests_and_solution or integrity.protect_reward_files,
+        "squashes_git_history": integrity.squash_git_history,
         "wall_time_limit": True,
     }
     missing = [cap for cap, required in needed.items() if required and not getattr(caps, cap)]

@@ -111,6 +111,7 @@ class DockerBackend(Backend):
             network_isolation=True,
             kills_process_tree=True,
             hides_verifier_files=True,
+            squashes_git_history=True,
             memory_limit=True,
             pids_limit=True,
             disk_limit=True,

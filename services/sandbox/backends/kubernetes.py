@@ -150,6 +150,7 @@ class KubernetesBackend(Backend):
             network_isolation=True,
             kills_process_tree=True,
             hides_verifier_files=True,
+            squashes_git_history=False,
             memory_limit=True,
             pids_limit=False,
             disk_limit=True,

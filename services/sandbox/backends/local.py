@@ -77,6 +77,7 @@ class LocalBackend(Backend):
             network_isolation=True,
             kills_process_tree=True,
             hides_verifier_files=True,
+            squashes_git_history=True,
             memory_limit=True,
             pids_limit=self.cgroup_support.pids is not None,
             disk_limit=True,
