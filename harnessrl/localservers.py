@@ -228,3 +228,79 @@ def _can_connect(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+@dataclass
+class DockerEngine(_Process):
+    """A private ``dockerd`` (Debian ``docker.io``): its own socket, data root and
+    exec root under ``dir``, and no networking of its own: no bridge, no iptables
+    or masquerading rules, so starting it changes nothing in the host's network
+    configuration. Containers use ``--network none`` (or host networking);
+    builds use ``--network host``. Needs root."""
+
+    dir: Path = field(default_factory=lambda: _scratch("hrl-docker-"))
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "docker.sock"
+
+    @property
+    def host(self) -> str:
+        """The ``DOCKER_HOST`` value clients use."""
+        return f"unix://{self.socket}"
+
+    def start(self, timeout: float = 60) -> DockerEngine:
+        binary = shutil.which("dockerd")
+        if binary is None:
+            raise RuntimeError("dockerd not found; run scripts/setup (Debian package docker.io)")
+        if os.geteuid() != 0:
+            raise RuntimeError("dockerd needs root")
+        args = [
+            binary,
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--ip-masq=false",
+            f"--data-root={self.dir / 'root'}",
+            f"--exec-root={self.dir / 'exec'}",
+            f"--pidfile={self.dir / 'docker.pid'}",
+            f"--host={self.host}",
+            # containerd's own socket and state under our dir: several engines coexist.
+            f"--containerd-namespace=hrl-{self.dir.name}",
+            f"--containerd-plugins-namespace=hrl-{self.dir.name}-plugins",
+        ]
+        log = self.dir / "dockerd.log"
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(self._answers, timeout, "dockerd", self.proc, log)
+        return self
+
+    def _answers(self) -> bool:
+        if not self.socket.exists():
+            return False
+        result = subprocess.run(
+            ["docker", "--host", self.host, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            check=False,
+        )
+        return result.returncode == 0
+
+    def stop(self) -> None:
+        """Stops the engine by its PID; removes every container it still runs first."""
+        if self.proc is not None and self.proc.poll() is None:
+            ids = subprocess.run(
+                ["docker", "--host", self.host, "ps", "-aq"], capture_output=True, text=True, check=False
+            ).stdout.split()
+            if ids:
+                subprocess.run(["docker", "--host", self.host, "rm", "-f", *ids], capture_output=True, check=False)
+        super().stop()
+
+    def __enter__(self) -> DockerEngine:
+        return self.start()
+
+    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        self.stop()
+        if self.dir in _SCRATCH:
+            # The engine's overlay mounts are gone with it; what is left is plain files.
+            subprocess.run(["umount", "-R", "-l", str(self.dir / "root")], capture_output=True, check=False)
+        super().__exit__(*exc)

@@ -92,6 +92,28 @@ class LocalBackendSettings(BaseModel):
     )
 
 
+class DockerBackendSettings(BaseModel):
+    """The Docker backend (one container per trial on a Docker engine)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = Field(
+        default=None,
+        description="Engine address, e.g. unix:///run/docker.sock; unset: DOCKER_HOST or the default socket.",
+    )
+    build_network: str = Field(
+        default="host", description="Network of `docker build` steps (RUN apt-get/pip): host, none or default."
+    )
+    pull: bool = Field(default=True, description="Pull [environment] docker_image when it is not present locally.")
+    api_timeout_s: float = Field(default=120.0, gt=0, description="Timeout of one engine API call.")
+    disk_poll_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="How often the disk watchdog measures a container's writable layer where the storage "
+        "driver has no quota (overlay2 on ext4: --storage-opt size is refused there).",
+    )
+
+
 class Settings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="HARNESSRL_SANDBOX_", extra="forbid", validate_default=True)
 
@@ -126,4 +148,5 @@ class Settings(ServiceSettings):
         default=4100, ge=1024, le=65535, description="Loopback port forwarding to the proxy."
     )
     local: LocalBackendSettings = LocalBackendSettings()
+    docker: DockerBackendSettings = DockerBackendSettings()
     integrity: IntegrityPolicy = IntegrityPolicy()
