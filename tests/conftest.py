@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.localservers import RedisServer, S3Server
+from harnessrl.localservers import DockerEngine, RedisServer, S3Server
 from harnessrl.rpc import RECORD_ENV
 from tests.contract import check_rpc_coverage
 
@@ -32,6 +32,21 @@ def s3_server() -> Iterator[S3Server]:
     """One SeaweedFS S3 server per session; tests take their own bucket via ``s3_bucket``."""
     with S3Server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[DockerEngine]:
+    """One private dockerd per session (no bridge, no iptables), with the offline
+    base images imported (the rootfs that setup built, or built now)."""
+    import docker
+
+    from services.sandbox import baseimages
+
+    with DockerEngine() as engine:
+        client = docker.DockerClient(base_url=engine.host)
+        baseimages.ensure_imported(client, baseimages.rootfs())
+        client.close()
+        yield engine
 
 
 @pytest.fixture

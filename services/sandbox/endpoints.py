@@ -183,7 +183,7 @@ class UnixRelay:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         for w in (writer, up_writer):
             with contextlib.suppress(Exception):
                 w.close()
@@ -197,7 +197,8 @@ class UnixRelay:
             self.path.unlink()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copies ``reader`` to ``writer`` until EOF, then half-closes ``writer``."""
     try:
         while data := await reader.read(65536):
             writer.write(data)

@@ -27,6 +27,11 @@ class EnvSetupError(HarnessError):
     """The environment could not be built or started (termination reason env_setup_failed)."""
 
 
+class SandboxLost(EnvSetupError):
+    """The sandbox went away under a trial (its engine restarted, its container was
+    removed): an infrastructure failure, env_setup_failed with weight 0."""
+
+
 class UnsupportedInstruction(EnvSetupError):
     """A Dockerfile instruction the local backend cannot replay."""
 

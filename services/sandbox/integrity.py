@@ -39,6 +39,9 @@ async def _git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(repo), **_GIT_ENV}
     proc = await asyncio.create_subprocess_exec(
         "git",
+        # The worker may be root squashing a tree owned by the image's user.
+        "-c",
+        "safe.directory=*",
         "-C",
         str(repo),
         *args,
@@ -93,7 +96,18 @@ async def squash_git_history(repo: Path) -> bool:
     await _git(repo, "commit", "-q", "--allow-empty", "--no-verify", "-m", "base")
     await _git(repo, "config", "user.name", "agent")
     await _git(repo, "config", "user.email", "agent@localhost")
+    await asyncio.to_thread(_chown_like, git_dir, repo)
     return True
+
+
+def _chown_like(tree: Path, owner_of: Path) -> None:
+    """Gives ``tree`` the owner of ``owner_of`` (a root worker squashing a repo
+    that the sandbox's user owns must not leave it a .git it cannot write)."""
+    st = owner_of.stat()
+    if os.geteuid() != 0 or (tree.stat().st_uid, tree.stat().st_gid) == (st.st_uid, st.st_gid):
+        return
+    for path in (tree, *tree.rglob("*")):
+        os.lchown(path, st.st_uid, st.st_gid)
 
 
 def _drop_history(repo: Path, tracked: list[bytes]) -> list[bytes]:

@@ -1,24 +1,38 @@
-"""The Docker backend: one container per trial (docker SDK), images built from
-``environment/Dockerfile`` once per environment hash (the engine's build cache
-does the rest) or pulled from ``[environment] docker_image``.
+"""The Docker backend: one container per trial on a Docker engine (docker SDK),
+from the task's own image (``docker_images.ImageStore``: built from
+``environment/Dockerfile``, or ``[environment] docker_image``; squashed once
+per image).
 
-The container starts on its own internal network (no route out) with the
-proxy's Unix socket bound in;
-the agent phase runs as uid 1000 with every capability dropped behind the same
-in-sandbox forwarder as the local backend; tests are copied in only for
-verify, into a /logs/verifier recreated by root. No Docker engine runs on the
-development machines: ``container_spec`` is tested, live tests skip.
+Isolation and integrity, phase by phase:
+- The container runs with ``--network none``: only ``lo``. The agent reaches
+  the proxy through ``netns.NetnsRelay``, a worker-side listener made inside
+  the container's network namespace on the loopback port the harness is told;
+  it needs nothing in the image and closes when the agent phase ends.
+- Agent and verifier run as uid 1000 with every capability dropped and
+  ``no-new-privileges``; the harness's runtime (its install paths) is mounted
+  read-only at the same path, its HOME and runtime dirs from the worker.
+- Tests are copied in only for verify, into a ``/logs/verifier`` recreated by
+  root; ``/logs`` is root's, so the agent can create nothing there. Before
+  verify every uid-1000 process is killed (setsid daemons included), ``/tmp``
+  is emptied, and the verifier gets a fresh HOME.
+- Limits: memory (+swap), pids, CPUs; disk by ``--storage-opt size`` where the
+  storage driver has quotas, else by a watchdog over the container's writable
+  layer and its HOME (overlay2 on ext4 has none: the create would be refused).
+- Cancellation and timeouts kill the exec's processes mid-run.
+- Containers carry their worker's identity; a dead worker's are reaped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
-import tarfile
-import time
+import os
+import shlex
+import shutil
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import (
     Backend,
     Capabilities,
@@ -30,67 +44,79 @@ from services.sandbox.backends.base import (
     SandboxSpec,
     unpack_tar,
 )
-from services.sandbox.backends.limits import BoundedOutput
-from services.sandbox.errors import BackendUnavailable, EnvSetupError
+from services.sandbox.backends.docker_exec import ContainerExec, worker_identity, worker_is_dead
+from services.sandbox.backends.limits import watch_disk
+from services.sandbox.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import Settings
 
 LABEL_MANAGED = "io.harnessrl.managed"
 LABEL_TRIAL = "io.harnessrl.trial"
-NET_DIR = "/run/harnessrl-net"
-FORWARDER = Path(__file__).with_name("forwarder.py")
+LABEL_WORKER = "io.harnessrl.worker"
+SANDBOX_USER = "1000:1000"
+VERIFY_HOME = "/run/harnessrl-verify/home"
 
 
-def image_tag(spec: SandboxSpec) -> str:
-    return spec.task.config.environment.docker_image or f"harnessrl-env:{spec.task.environment_hash()[:24]}"
-
-
-def network_name(spec: SandboxSpec) -> str:
+def container_name(spec: SandboxSpec) -> str:
     return f"harnessrl-{spec.trial_id}"[:63]
 
 
-def container_spec(spec: SandboxSpec, image: str, workdir: str) -> dict[str, Any]:
+def container_spec(
+    spec: SandboxSpec, image: str, workdir: str, *, isolate_network: bool, disk_quota: bool
+) -> dict[str, Any]:
     """Keyword arguments of ``client.containers.create`` for one trial."""
-    limits = spec.limits
-    volumes = {}
-    if spec.proxy_socket is not None:
-        volumes[str(spec.proxy_socket)] = {"bind": f"{NET_DIR}/proxy.sock", "mode": "rw"}
-    volumes[str(FORWARDER)] = {"bind": f"{NET_DIR}/forwarder.py", "mode": "ro"}
-    for path in spec.ro_mounts:
-        volumes[str(path)] = {"bind": str(path), "mode": "ro"}
+    limits, dirs, paths = spec.limits, spec.dirs, SandboxPaths.for_workdir(workdir)
+    volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in spec.ro_mounts}
+    volumes[str(dirs.home(Phase.AGENT))] = {"bind": str(paths.home), "mode": "rw"}
+    volumes[str(dirs.runtime / Phase.AGENT)] = {"bind": str(paths.runtime), "mode": "ro"}
     kwargs: dict[str, Any] = {
         "image": image,
         "command": ["sleep", "infinity"],
-        "name": f"harnessrl-{spec.trial_id}"[:63],
+        "name": container_name(spec),
         "detach": True,
         "working_dir": workdir,
-        "labels": {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id},
-        # A per-trial internal network: no route out; the verify phase may join "bridge".
-        "network": network_name(spec),
+        "labels": {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id, LABEL_WORKER: worker_identity()},
+        # No network at all; the proxy comes in through the worker's relay. Host
+        # networking only when the red-team suite switches isolation off.
+        "network_mode": "none" if isolate_network else "host",
         "mem_limit": f"{limits.memory_mb}m",
         "memswap_limit": f"{limits.memory_mb}m",
         "pids_limit": limits.pids,
         "cap_drop": ["ALL"],
         "cap_add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"],
         "security_opt": ["no-new-privileges"],
-        "tmpfs": {"/tmp": f"size={limits.storage_mb}m"},
-        "storage_opt": {"size": f"{limits.storage_mb}m"},
+        "tmpfs": {"/tmp": f"size={limits.storage_mb}m,mode=1777"},
         "volumes": volumes,
         "init": True,
     }
+    if disk_quota:
+        kwargs["storage_opt"] = {"size": f"{limits.storage_mb}m"}
     if limits.cpus:
         kwargs["nano_cpus"] = int(limits.cpus * 1e9)
     return kwargs
 
 
-def exec_argv(request: ExecRequest) -> tuple[list[str], str]:
-    """The command and user of an exec. Agent and verifier run as uid 1000; the
-    agent's command is wrapped by the forwarder when it may reach the proxy."""
-    argv = list(request.argv)
-    if request.network == Network.PROXY_ONLY and request.proxy_port:
-        fwd = [f"{NET_DIR}/forwarder.py", f"127.0.0.1:{request.proxy_port}", f"{NET_DIR}/proxy.sock", "--"]
-        argv = ["python3", *fwd, *argv]
-    return ["timeout", "-s", "KILL", str(int(request.timeout_s) + 1), *argv], "1000:1000"
+def setup_script(workdir: str, ro_mounts: tuple[Path, ...]) -> str:
+    """Root's first exec: the agent owns its workspace and logs, and can traverse
+    to the read-only runtime mounts (an image's /root is 0700)."""
+    parents = sorted({str(p) for m in ro_mounts for p in PurePosixPath(m).parents if str(p) != "/"})
+    lines = [f"mkdir -p /logs/agent {_q(workdir)}", f"chown -R 1000:1000 /logs/agent {_q(workdir)}"]
+    if parents:
+        lines.append(f"chmod o+x {' '.join(_q(p) for p in parents)} 2>/dev/null || true")
+    return " && ".join(lines)
+
+
+def verify_script() -> str:
+    """Root's exec before verify: a fresh reward dir, an empty /tmp, a fresh HOME."""
+    return (
+        "rm -rf /logs/verifier /run/harnessrl-verify && mkdir -p /logs/verifier "
+        f"{VERIFY_HOME} && chown 1000:1000 /logs/verifier {VERIFY_HOME} && "
+        "find /tmp -mindepth 1 -delete"
+    )
+
+
+def _q(text: str) -> str:
+    return shlex.quote(text)
 
 
 class DockerBackend(Backend):
@@ -98,13 +124,26 @@ class DockerBackend(Backend):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.cfg = settings.docker
         try:
             import docker
 
-            self.client = docker.from_env(timeout=30)
-            self.client.ping()
+            kwargs: dict[str, Any] = {"timeout": int(self.cfg.api_timeout_s)}
+            self.client = (
+                docker.DockerClient(base_url=self.cfg.host, **kwargs) if self.cfg.host else docker.from_env(**kwargs)
+            )
+            info = self.client.info()
         except Exception as e:
             raise BackendUnavailable(f"no Docker engine reachable: {e}") from e
+        status = dict(info.get("DriverStatus") or [])
+        # Quotas need overlay2 over xfs with pquota (we cannot see the mount option: try, then fall back).
+        self.disk_quota = info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs"
+        # Without quotas, the watchdog measures the writable layer: needs the data root on this host.
+        self.watch_layers = Path(info.get("DockerRootDir") or "/nonexistent").is_dir()
+        self.cgroup_root = Path("/sys/fs/cgroup")
+        self.images = images.ImageStore(
+            self.client, build_network=self.cfg.build_network, pull=self.cfg.pull, cache_dir=settings.cache_dir
+        )
         self.capabilities = Capabilities(
             builds_dockerfile=True,
             prebuilt_images=True,
@@ -114,116 +153,178 @@ class DockerBackend(Backend):
             squashes_git_history=True,
             memory_limit=True,
             pids_limit=True,
-            disk_limit=True,
+            disk_limit=self.disk_quota or self.watch_layers,
             wall_time_limit=True,
             non_root=True,
         )
         super().__init__(settings.integrity)
 
-    async def _image(self, spec: SandboxSpec) -> str:
-        tag = image_tag(spec)
-        if spec.task.config.environment.docker_image:
-            await asyncio.to_thread(self.client.images.pull, tag)
-            return tag
-        try:
-            await asyncio.to_thread(self.client.images.get, tag)
-        except Exception:  # noqa: BLE001 - not built yet
-            try:
-                await asyncio.to_thread(
-                    self.client.images.build, path=str(spec.task.environment_dir), tag=tag, rm=True, forcerm=True
-                )
-            except Exception as e:
-                raise EnvSetupError(f"task {spec.task.task_id}: docker build failed: {e}") from e
-        return tag
-
+    # -- lifecycle ---------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        image = await self._image(spec)
-        inspect = await asyncio.to_thread(self.client.api.inspect_image, image)
-        workdir = spec.task.config.environment.workdir or inspect["Config"].get("WorkingDir") or "/app"
-        env = dict(e.split("=", 1) for e in inspect["Config"].get("Env") or [])
-        env |= spec.task.config.environment.env
-        labels = {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id}
-        await asyncio.to_thread(self.client.networks.create, network_name(spec), internal=True, labels=labels)
-        container = await asyncio.to_thread(self.client.containers.create, **container_spec(spec, image, workdir))
-        await asyncio.to_thread(container.start)
-        sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=container)
-        await self._root(sandbox, f"mkdir -p /logs/agent {workdir} && chown -R 1000:1000 /logs/agent {workdir}")
+        image = await self.images.image_for(spec.task, squash=self.integrity.squash_git_history)
+        inspect = await self._api(self.client.api.inspect_image, image)
+        workdir = images.workdir_of(inspect, spec.task)
+        env = images.image_env(inspect) | spec.task.config.environment.env
+        dirs = spec.dirs.create()
+        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT):
+            host_dir.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:  # the sandbox's uid writes its HOME through the bind mount
+                os.chown(host_dir, 1000, 1000)
+        container = await self._create(spec, image, workdir)
+        handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root)
+        sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
+        try:
+            await self._api(container.start)
+            await self._api(container.reload)
+            await handle.root(setup_script(workdir, spec.ro_mounts))
+        except Exception:
+            await self.stop(sandbox)
+            raise
+        handle.image = image
         return sandbox
 
-    async def _root(self, sandbox: Sandbox, script: str) -> None:
-        code, out = await asyncio.to_thread(sandbox.handle.exec_run, ["sh", "-c", script], user="0")  # type: ignore[attr-defined]
-        if code != 0:
-            raise EnvSetupError(f"sandbox {sandbox.spec.trial_id}: {script!r} failed: {out[-500:]!r}")
-
-    async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
-        container = sandbox.handle
-        if request.phase == Phase.VERIFY:
-            await self._root(
-                sandbox, "rm -rf /logs/verifier && mkdir -p /logs/verifier && chown 1000:1000 /logs/verifier"
-            )
-        argv, user = exec_argv(request)
-        started = time.monotonic()
-        bridge = self.client.networks.get("bridge") if request.network == Network.PUBLIC else None
-        if bridge is not None:
-            await asyncio.to_thread(bridge.connect, container)
+    async def _create(self, spec: SandboxSpec, image: str, workdir: str) -> Any:
+        isolate = self.integrity.isolate_network
+        kwargs = container_spec(spec, image, workdir, isolate_network=isolate, disk_quota=self.disk_quota)
         try:
-            code, raw = await asyncio.to_thread(
-                container.exec_run,  # type: ignore[attr-defined]
-                argv,
-                user=user,
-                environment=request.env,
+            return await asyncio.to_thread(self.client.containers.create, **kwargs)
+        except Exception as e:
+            if self.disk_quota and "storage-opt" in str(e).lower():
+                # No pquota on this xfs: the watchdog instead, for this and every later trial.
+                self.disk_quota = False
+                kwargs.pop("storage_opt")
+                return await self._api(self.client.containers.create, **kwargs)
+            raise EnvSetupError(f"sandbox {spec.trial_id}: container create failed: {e}") from e
+
+    async def stop(self, sandbox: Sandbox) -> None:
+        handle = _handle(sandbox)
+        if handle.stopped:
+            return
+        handle.stopped = True
+        await handle.close_relay()
+        try:
+            await asyncio.to_thread(handle.container.remove, force=True)
+        except Exception:  # noqa: BLE001 - already gone (engine restarted, reaped)
+            pass
+        if not self.settings.keep_trial_dirs:
+            await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
+
+    async def cleanup_orphans(self) -> int:
+        """Removes managed containers that stopped, and running ones whose worker
+        (on this host) is dead; a live worker's, or another host's, are left."""
+        containers = await self._api(self.client.containers.list, all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        removed = 0
+        for container in containers:
+            stopped = container.status in ("exited", "created", "dead")
+            if stopped or worker_is_dead(container.labels.get(LABEL_WORKER, "")):
+                await asyncio.to_thread(container.remove, force=True)
+                removed += 1
+        return removed
+
+    # -- exec --------------------------------------------------------------------
+    async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
+        handle, limits = _handle(sandbox), sandbox.spec.limits
+        env = dict(request.env)
+        if request.phase == Phase.VERIFY:
+            await handle.root(verify_script())
+            env["HOME"] = VERIFY_HOME
+        else:
+            env.setdefault("HOME", str(sandbox.paths.home))
+        if request.network == Network.PROXY_ONLY and request.proxy_port and sandbox.spec.proxy_socket is not None:
+            await handle.open_relay(request.proxy_port, sandbox.spec.proxy_socket)
+        disk_full = asyncio.Event()
+        watchdog = self._disk_watchdog(sandbox, disk_full)
+        try:
+            result = await handle.run(
+                request.argv,
+                user=SANDBOX_USER,
+                env=env,
                 workdir=request.cwd or str(sandbox.paths.workdir),
+                stdin=request.stdin,
+                timeout_s=request.timeout_s,
+                output_limit=limits.output_limit_bytes,
+                stop=[disk_full, *([cancel] if cancel else [])],
             )
         finally:
-            if bridge is not None:
-                await asyncio.to_thread(bridge.disconnect, container)
-        sink = BoundedOutput(sandbox.spec.limits.output_limit_bytes)
-        sink.feed(raw or b"")
-        if request.phase == Phase.AGENT and self.integrity.kill_agent_processes:
-            await asyncio.to_thread(container.exec_run, ["kill", "-9", "-1"], user="1000:1000")  # type: ignore[attr-defined]
-        return ExecResult(
-            exit_code=code,
-            timed_out=code in (124, 137) and time.monotonic() - started >= request.timeout_s,
-            output=sink.value(),
-            output_bytes=sink.total,
-            output_truncated=sink.truncated,
-            duration_s=time.monotonic() - started,
-        )
+            if watchdog is not None:
+                watchdog.cancel()
+            await handle.close_relay()
+        keep_alive = request.phase == Phase.AGENT and not self.integrity.kill_agent_processes
+        if not keep_alive:
+            result.killed_leftovers = await handle.kill_user(SANDBOX_USER)
+        result.disk_exceeded = disk_full.is_set()
+        return result
 
+    def _disk_watchdog(self, sandbox: Sandbox, event: asyncio.Event) -> asyncio.Future[None] | None:
+        if self.disk_quota or not self.watch_layers:
+            return None
+        handle = _handle(sandbox)
+        watched = [Path(p) for p in [handle.upper_dir()] if p] + [sandbox.spec.dirs.home(Phase.AGENT)]
+        limit = sandbox.spec.limits.storage_mb * 1024 * 1024
+        return asyncio.ensure_future(watch_disk(watched, limit, self.cfg.disk_poll_s, event))
+
+    # -- files -------------------------------------------------------------------
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            tar.add(src, arcname=dst.name)
-        await self._root(sandbox, f"mkdir -p {dst.parent} && rm -rf {dst}")
-        await asyncio.to_thread(sandbox.handle.put_archive, str(dst.parent), buffer.getvalue())  # type: ignore[attr-defined]
+        handle = _handle(sandbox)
+        await handle.root(f"mkdir -p {_q(str(dst.parent))} && rm -rf {_q(str(dst))}")
+        data = await asyncio.to_thread(images.tar_as_user, src, dst.name, 1000)
+        await self._api(handle.container.put_archive, str(dst.parent), data)
 
     async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
         try:
-            stream, _ = await asyncio.to_thread(sandbox.handle.get_archive, str(src))  # type: ignore[attr-defined]
+            stream, _ = await asyncio.to_thread(_handle(sandbox).container.get_archive, str(src))
+            data = await asyncio.to_thread(b"".join, stream)
         except Exception as e:
             raise FileNotFoundError(f"{src} does not exist in sandbox {sandbox.spec.trial_id}") from e
-        data = b"".join(stream)
         await asyncio.to_thread(unpack_tar, data, src, dst)
 
-    async def stop(self, sandbox: Sandbox) -> None:
-        try:
-            await asyncio.to_thread(sandbox.handle.remove, force=True)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        try:
-            network = await asyncio.to_thread(self.client.networks.get, network_name(sandbox.spec))
-            await asyncio.to_thread(network.remove)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    async def snapshot_pristine(self, sandbox: Sandbox) -> None:
+        """One host copy of the workspace per image (every trial of it starts the same)."""
+        handle = _handle(sandbox)
+        cache = images.pristine_cache(self.settings.cache_dir, handle.image, str(sandbox.paths.workdir))
+        async with handle.pristine_lock(cache):
+            if not (cache / "tree").exists():
+                partial = cache / f"partial-{uuid.uuid4().hex[:8]}"
+                await self.download(sandbox, sandbox.paths.workdir, partial / "tree")
+                try:
+                    (partial / "tree").rename(cache / "tree")
+                except OSError:  # another worker was first: same content
+                    pass
+                await asyncio.to_thread(shutil.rmtree, partial, True)
+        handle.pristine = cache / "tree"
 
-    async def cleanup_orphans(self) -> int:
-        """Removes labelled containers that stopped (exited or never started); a
-        running one may belong to a live worker on another host."""
-        containers = await asyncio.to_thread(
-            self.client.containers.list,
-            all=True,
-            filters={"label": f"{LABEL_MANAGED}=true", "status": ["exited", "created", "dead"]},
+    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
+        from services.sandbox import integrity
+
+        handle, paths = _handle(sandbox), sandbox.paths
+        if handle.pristine is None:
+            raise RuntimeError("snapshot_pristine was not called at start")
+        current = sandbox.spec.dirs.root / "current"
+        await self.download(sandbox, paths.workdir, current)
+        policy = self.integrity
+        events = await asyncio.to_thread(
+            integrity.restore_protected, current, handle.pristine, policy.protected_globs, policy.protected_dirs
         )
-        for container in containers:
-            await asyncio.to_thread(container.remove, force=True)
-        return len(containers)
+        if events:
+            await self.upload(sandbox, current, paths.workdir)
+        return events
+
+    async def _api(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """An engine call in a thread; an unreachable engine is a lost sandbox."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except Exception as e:
+            if _engine_down(e):
+                raise SandboxLost(f"Docker engine unreachable: {e}") from e
+            raise
+
+
+def _engine_down(error: Exception) -> bool:
+    import requests
+
+    return isinstance(error, requests.exceptions.ConnectionError) or "connection" in str(error).lower()
+
+
+def _handle(sandbox: Sandbox) -> ContainerExec:
+    assert isinstance(sandbox.handle, ContainerExec)
+    return sandbox.handle
