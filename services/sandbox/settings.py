@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl import paths
@@ -114,6 +115,112 @@ class DockerBackendSettings(BaseModel):
     )
 
 
+# -- Kubernetes backend ---------------------------------------------------------
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Volume sources a runtime volume may name (one key of a Kubernetes ``Volume``).
+RUNTIME_VOLUME_SOURCES = ("hostPath", "persistentVolumeClaim", "image", "nfs", "csi", "ephemeral", "configMap")
+
+
+class RuntimeVolume(BaseModel):
+    """A read-only volume holding harness installs (npm prefix, venvs, their
+    interpreter), mounted in the agent container at ``mount_path``. Harness
+    install paths are worker paths; each must lie under one ``mount_path``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=_DNS_LABEL, description="Volume name in the pod (a DNS label).")
+    mount_path: str = Field(description="Absolute path in the agent container, also the worker path it stands for.")
+    source: dict[str, Any] = Field(
+        description="One Kubernetes volume source, e.g. {hostPath: {path: /opt/tools, type: Directory}}, "
+        "{persistentVolumeClaim: {claimName: tools, readOnly: true}} or {image: {reference: REF}}."
+    )
+    sub_path: str | None = Field(default=None, description="subPath of the volume to mount.")
+
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or value.rstrip("/") == "" or ".." in value.split("/"):
+            raise ValueError(f"mount_path must be an absolute path other than / (got {value!r})")
+        return value.rstrip("/")
+
+    @field_validator("source")
+    @classmethod
+    def _one_source(cls, value: dict[str, Any]) -> dict[str, Any]:
+        keys = sorted(value)
+        if len(keys) != 1 or keys[0] not in RUNTIME_VOLUME_SOURCES or not isinstance(value[keys[0]], dict):
+            raise ValueError(f"source must have exactly one of {list(RUNTIME_VOLUME_SOURCES)} (a mapping), got {keys}")
+        return value
+
+
+class KubernetesBackendSettings(BaseModel):
+    """The Kubernetes backend (one pod per trial; see backends/kubernetes.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = Field(default="harnessrl", pattern=_DNS_LABEL, description="Namespace of the trial pods.")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig file; default: in-cluster, then ~/.kube.")
+    context: str | None = Field(default=None, description="kubeconfig context.")
+    agent_uid: int = Field(default=1000, ge=1, le=2**31 - 1, description="uid/gid of the agent container.")
+    verifier_uid: int = Field(default=1001, ge=1, le=2**31 - 1, description="uid/gid of the verifier container.")
+    helper_image: str | None = Field(
+        default=None,
+        description="Image of the root helper container (uploads, ownership); default: the task's image.",
+    )
+    relay_image: str = Field(
+        default="docker.io/alpine/socat:1.8.0.0",
+        min_length=1,
+        description="Image with socat for the relay sidecar to the proxy (pin it by digest in production).",
+    )
+    proxy_address: str | None = Field(
+        default=None,
+        description="host:port the relay dials (the proxy's Service, or an IP); default: host:port of proxy_url.",
+    )
+    proxy_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "harnessrl-proxy"},
+        min_length=1,
+        description="Labels of the proxy pods: the only egress of the agent phase.",
+    )
+    proxy_namespace: str | None = Field(
+        default=None, pattern=_DNS_LABEL, description="Namespace of the proxy pods; default: namespace."
+    )
+    proxy_target_port: int | None = Field(
+        default=None, ge=1, le=65535, description="The proxy pods' port (after the Service); default: proxy_address's."
+    )
+    dns_namespace: str = Field(default="kube-system", pattern=_DNS_LABEL, description="Namespace of the cluster DNS.")
+    dns_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"k8s-app": "kube-dns"}, min_length=1, description="Labels of the cluster DNS pods."
+    )
+    runtime_volumes: tuple[RuntimeVolume, ...] = Field(
+        default=(), description="Read-only volumes holding the harness installs (none: only script harnesses run)."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = Field(default=(), description="Secret names for private registries.")
+    runtime_class_name: str | None = Field(default=None, description="RuntimeClass (gVisor, Kata) of the pods.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of the pods.")
+    start_timeout_s: float = Field(default=300.0, gt=0, description="Scheduling + image pull + init, per pod.")
+
+    @field_validator("proxy_address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"proxy_address must be host:port (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KubernetesBackendSettings:
+        if self.agent_uid == self.verifier_uid:
+            raise ValueError(
+                f"agent_uid and verifier_uid must differ (both {self.agent_uid}): the agent must not write the reward"
+            )
+        for attr in ("name", "mount_path"):
+            values = [getattr(v, attr) for v in self.runtime_volumes]
+            if len(values) != len(set(values)):
+                raise ValueError(f"runtime_volumes: duplicate {attr} in {values}")
+        return self
+
+
 class Settings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="HARNESSRL_SANDBOX_", extra="forbid", validate_default=True)
 
@@ -148,5 +255,6 @@ class Settings(ServiceSettings):
         default=4100, ge=1024, le=65535, description="Loopback port forwarding to the proxy."
     )
     local: LocalBackendSettings = LocalBackendSettings()
+    kubernetes: KubernetesBackendSettings = KubernetesBackendSettings()
     docker: DockerBackendSettings = DockerBackendSettings()
     integrity: IntegrityPolicy = IntegrityPolicy()

@@ -1,25 +1,30 @@
 """The Kubernetes backend: one pod per trial (kubernetes client), from a
 prebuilt ``[environment] docker_image`` (a cluster builds no Dockerfiles).
 
-Each pod carries labels for orphan cleanup, resource limits, an
-``activeDeadlineSeconds`` covering every phase, no service-account token, a
-non-root security context; a per-trial NetworkPolicy lets the agent phase
-reach the proxy pods and nothing else, and is replaced by the verifier's
-policy for verify. No cluster runs on the development machines: the manifest
-builders are tested, live tests skip.
+The pod, its NetworkPolicies and every shell plan are built in
+``kubernetes_manifests.py`` (tested without a cluster); this module does the
+I/O: create the per-trial NetworkPolicy first (the pod never runs without it),
+then the pod; squash the workspace's git history on the worker and copy it
+back; route each exec to the container of its phase's identity; stream its
+output with a worker-side deadline and ``cancel``, after which the phase's
+processes are killed from inside their container.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
-import re
-import shlex
+import logging
+import shutil
 import tarfile
+import threading
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from services.sandbox import integrity
+from services.sandbox.backends import kubernetes_manifests as km
+from services.sandbox.backends import kubernetes_plans as plans
 from services.sandbox.backends.base import (
     Backend,
     Capabilities,
@@ -28,119 +33,52 @@ from services.sandbox.backends.base import (
     Phase,
     Sandbox,
     SandboxSpec,
-    unpack_tar,
 )
+from services.sandbox.backends.kubernetes_manifests import dns_name, network_policy, orphan_selector, pod_manifest
+from services.sandbox.backends.limits import BoundedOutput
 from services.sandbox.errors import BackendUnavailable, EnvSetupError
 from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import Settings
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "harnessrl-sandbox"}
-TRIAL_LABEL = "harnessrl.io/trial"
-RUN_LABEL = "harnessrl.io/run"
-PROXY_SELECTOR = {"app.kubernetes.io/name": "harnessrl-proxy"}
-_CHUNK = 64 * 1024
+log = logging.getLogger(__name__)
 
+__all__ = ["KubernetesBackend", "dns_name", "network_policy", "orphan_selector", "pod_manifest"]
 
-def dns_name(trial_id: str) -> str:
-    """A valid pod name for a trial id (lower-case, [a-z0-9-], <= 63 chars)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", trial_id.lower()).strip("-")
-    return f"hrl-{name}"[:63].rstrip("-")
-
-
-def labels(spec: SandboxSpec, run_id: str = "") -> dict[str, str]:
-    out = {**MANAGED_BY, TRIAL_LABEL: dns_name(spec.trial_id)}
-    if run_id:
-        out[RUN_LABEL] = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[:63]
-    return out
-
-
-def pod_manifest(spec: SandboxSpec, *, deadline_s: int, namespace: str, run_id: str = "") -> dict[str, Any]:
-    task, limits = spec.task, spec.limits
-    if not task.config.environment.docker_image:
-        raise EnvSetupError(f"task {task.task_id}: the kubernetes backend needs a prebuilt [environment] docker_image")
-    resources = {"memory": f"{limits.memory_mb}Mi", "ephemeral-storage": f"{limits.storage_mb}Mi"}
-    if limits.cpus:
-        resources["cpu"] = str(limits.cpus)
-    env = [{"name": k, "value": v} for k, v in sorted(task.config.environment.env.items())]
-    container: dict[str, Any] = {
-        "name": "sandbox",
-        "image": task.config.environment.docker_image,
-        "command": ["sleep", "infinity"],
-        "workingDir": task.config.environment.workdir or "/app",
-        "env": env,
-        "resources": {"limits": resources, "requests": resources},
-        "securityContext": {
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": dns_name(spec.trial_id), "namespace": namespace, "labels": labels(spec, run_id)},
-        "spec": {
-            "restartPolicy": "Never",
-            "activeDeadlineSeconds": deadline_s,
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": {"fsGroup": 1000},
-            "containers": [container],
-        },
-    }
-
-
-def network_policy(
-    spec: SandboxSpec, phase: Phase, *, namespace: str, proxy_port: int, public: bool = False
-) -> dict[str, Any]:
-    """Agent phase: egress only to the proxy pods (and DNS); verify: none, or all when public."""
-    egress: list[dict[str, Any]]
-    if phase == Phase.AGENT:
-        egress = [
-            {
-                "to": [{"podSelector": {"matchLabels": PROXY_SELECTOR}}],
-                "ports": [{"protocol": "TCP", "port": proxy_port}],
-            },
-            {"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": 53}]},
-        ]
-    else:
-        egress = [{}] if public else []
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": dns_name(spec.trial_id), "namespace": namespace, "labels": labels(spec)},
-        "spec": {
-            "podSelector": {"matchLabels": {TRIAL_LABEL: dns_name(spec.trial_id)}},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [],
-            "egress": egress,
-        },
-    }
-
-
-def orphan_selector() -> str:
-    return ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+_CHUNK = 256 * 1024
+_POLL_S = 0.2
+# Worker-side grace past a command's own timeout before the stream is cut.
+_GRACE_S = 15.0
+# Variables the container runtime sets that are no part of the image's ENV.
+_RUNTIME_ENV = ("HOSTNAME", "HOME", "KUBERNETES_")
+STDIN_FILE = ".stdin"
 
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
-    namespace = "harnessrl"
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.cfg = settings.kubernetes
+        self.namespace = self.cfg.namespace
+        # A proxy on the worker's loopback is a configuration error, caught before any trial.
+        self.proxy = km.proxy_target(self.cfg, settings.proxy_url)
         try:
             from kubernetes import client, config
 
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            if self.cfg.kubeconfig or self.cfg.context:
+                config.load_kube_config(
+                    config_file=str(self.cfg.kubeconfig) if self.cfg.kubeconfig else None, context=self.cfg.context
+                )
+            else:
+                try:
+                    config.load_incluster_config()
+                except config.ConfigException:
+                    config.load_kube_config()
             self.core = client.CoreV1Api()
             self.net = client.NetworkingV1Api()
+            # Exec streams patch their ApiClient while connecting: their own client, one connect at a time.
+            self._exec_api = client.CoreV1Api(client.ApiClient())
+            self._connect_lock = threading.Lock()
             self.core.get_api_resources()
         except Exception as e:
             raise BackendUnavailable(f"no Kubernetes cluster reachable: {e}") from e
@@ -150,110 +88,82 @@ class KubernetesBackend(Backend):
             network_isolation=True,
             kills_process_tree=True,
             hides_verifier_files=True,
-            squashes_git_history=False,
+            squashes_git_history=True,
             memory_limit=True,
-            pids_limit=False,
+            pids_limit=False,  # a kubelet setting (podPidsLimit), not a pod's
             disk_limit=True,
             wall_time_limit=True,
             non_root=True,
         )
         super().__init__(settings.integrity)
 
+    # -- lifecycle ---------------------------------------------------------------
     def _deadline(self, spec: SandboxSpec) -> int:
         cfg = spec.task.config
         agent = cfg.agent.timeout_sec or self.settings.default_agent_timeout_s
-        return int(cfg.environment.build_timeout_sec + agent + cfg.verifier.timeout_sec + 120)
+        verifier = cfg.verifier.timeout_sec or self.settings.default_verifier_timeout_s
+        return int(self.cfg.start_timeout_s + agent + verifier + 300)
+
+    def _policy(self, spec: SandboxSpec, phase: Phase, public: bool = False) -> dict[str, Any]:
+        return network_policy(
+            spec,
+            phase,
+            namespace=self.namespace,
+            proxy=self.proxy if spec.proxy_socket is not None else None,
+            dns=(self.cfg.dns_namespace, dict(self.cfg.dns_pod_labels)),
+            isolate=self.integrity.isolate_network,
+            public=public,
+        )
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        manifest = pod_manifest(spec, deadline_s=self._deadline(spec), namespace=self.namespace)
-        policy = network_policy(
-            spec, Phase.AGENT, namespace=self.namespace, proxy_port=self.settings.proxy_port_in_sandbox
+        if spec.proxy_socket is not None and self.proxy is None:
+            raise EnvSetupError(
+                "the trial needs the proxy but neither proxy_url nor [sandbox.kubernetes] proxy_address is set"
+            )
+        manifest = pod_manifest(
+            spec,
+            self.cfg,
+            self.integrity,
+            deadline_s=self._deadline(spec),
+            proxy=self.proxy if spec.proxy_socket is not None else None,
+            proxy_port=self.settings.proxy_port_in_sandbox,
         )
+        pod = manifest["metadata"]["name"]
+        paths = SandboxPaths.for_workdir(spec.task.config.environment.workdir)
+        sandbox = Sandbox(spec=spec, paths=paths, env=dict(spec.task.config.environment.env), handle=pod)
+        policy = self._policy(spec, Phase.AGENT)
+        # The policy exists before the pod, so the pod never has a moment of open egress.
         await asyncio.to_thread(self.net.create_namespaced_network_policy, self.namespace, policy)
-        await asyncio.to_thread(self.core.create_namespaced_pod, self.namespace, manifest)
-        await self._wait_running(manifest["metadata"]["name"], spec.task.config.environment.build_timeout_sec)
-        workdir = spec.task.config.environment.workdir or "/app"
-        return Sandbox(
-            spec=spec,
-            paths=SandboxPaths.for_workdir(workdir),
-            env=dict(spec.task.config.environment.env),
-            handle=manifest["metadata"]["name"],
-        )
+        try:
+            await asyncio.to_thread(self.core.create_namespaced_pod, self.namespace, manifest)
+            await self._wait_ready(pod, self.cfg.start_timeout_s)
+            sandbox.env = {**await self._image_env(pod), **spec.task.config.environment.env}
+        except BaseException:
+            # No Sandbox reaches the runner, so nobody else would delete them.
+            await self.stop(sandbox)
+            raise
+        return sandbox
 
-    async def _wait_running(self, pod: str, timeout_s: float) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout_s
+    async def _wait_ready(self, pod: str, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while True:
             status = (await asyncio.to_thread(self.core.read_namespaced_pod, pod, self.namespace)).status
-            if status.phase == "Running":
+            waiting = _problem(status)
+            if status.phase == "Running" and all(c.ready for c in status.container_statuses or []):
                 return
-            if status.phase in ("Failed", "Succeeded") or asyncio.get_running_loop().time() > deadline:
-                raise EnvSetupError(f"pod {pod} did not start: phase {status.phase}, {status.message or ''}")
+            if status.phase in ("Failed", "Succeeded") or waiting is not None or loop.time() > deadline:
+                detail = waiting or status.message or status.reason or "not ready in time"
+                raise EnvSetupError(f"pod {pod} did not start (phase {status.phase}): {detail}")
             await asyncio.sleep(1)
 
-    def _run(self, pod: str, argv: list[str], timeout_s: float) -> tuple[int, str]:
-        """One exec in the pod: (exit code, stdout+stderr text)."""
-        from kubernetes.stream import stream
-
-        resp = stream(
-            self.core.connect_get_namespaced_pod_exec,
-            pod,
-            self.namespace,
-            command=argv,
-            stderr=True,
-            stdout=True,
-            stdin=False,
-            tty=False,
-            _preload_content=False,
-        )
-        resp.run_forever(timeout=timeout_s)
-        out = resp.read_stdout() + resp.read_stderr()
-        code = resp.returncode
-        resp.close()
-        return (code if code is not None else 124), out
-
-    async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
-        pod = str(sandbox.handle)
-        if request.phase == Phase.VERIFY:
-            public = sandbox.spec.task.config.verifier.network_mode == "public"
-            policy = network_policy(sandbox.spec, Phase.VERIFY, namespace=self.namespace, proxy_port=0, public=public)
-            await asyncio.to_thread(self.net.replace_namespaced_network_policy, pod, self.namespace, policy)
-        env = [f"{k}={v}" for k, v in request.env.items()]
-        argv = ["timeout", "-s", "KILL", str(int(request.timeout_s)), "env", *env, *request.argv]
-        code, out = await asyncio.to_thread(self._run, pod, argv, request.timeout_s + 30)
-        if request.phase == Phase.AGENT and self.integrity.kill_agent_processes:
-            await asyncio.to_thread(self._run, pod, ["kill", "-9", "-1"], 30)
-        data = out.encode()
-        limit = sandbox.spec.limits.output_limit_bytes
-        return ExecResult(
-            exit_code=code,
-            timed_out=code in (124, 137),
-            output=data[-limit:],
-            output_bytes=len(data),
-            output_truncated=len(data) > limit,
-        )
-
-    async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
-        """tar, base64, appended in argv-sized chunks, then unpacked in the pod."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-            tar.add(src, arcname=dst.name)
-        payload = base64.b64encode(buffer.getvalue()).decode()
-        pod, tmp = str(sandbox.handle), f"/tmp/.hrl-upload-{dst.name}.b64"
-        await asyncio.to_thread(self._run, pod, ["rm", "-f", tmp], 30)
-        for i in range(0, len(payload), _CHUNK):
-            script = f"printf %s {shlex.quote(payload[i : i + _CHUNK])} >> {tmp}"
-            await asyncio.to_thread(self._run, pod, ["sh", "-c", script], 60)
-        unpack = f"mkdir -p {dst.parent} && rm -rf {dst} && base64 -d {tmp} | tar xzf - -C {dst.parent} && rm -f {tmp}"
-        code, out = await asyncio.to_thread(self._run, pod, ["sh", "-c", unpack], 120)
+    async def _image_env(self, pod: str) -> dict[str, str]:
+        """The image's ENV as the agent container has it (the worker never pulls the image)."""
+        code, out = await self._call(pod, km.AGENT, ["cat", "/proc/1/environ"])
         if code != 0:
-            raise EnvSetupError(f"upload to {dst} failed: {out[-500:]}")
-
-    async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
-        script = f"tar czf - -C {src.parent} {src.name} | base64 -w0"
-        code, out = await asyncio.to_thread(self._run, str(sandbox.handle), ["sh", "-c", script], 120)
-        if code != 0:
-            raise FileNotFoundError(f"{src} does not exist in sandbox {sandbox.spec.trial_id}: {out[-300:]}")
-        await asyncio.to_thread(unpack_tar, base64.b64decode(out), src, dst)
+            raise EnvSetupError(f"pod {pod}: reading the image's environment failed: {out[-300:]!r}")
+        env = dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
+        return {k: v for k, v in env.items() if not k.startswith(_RUNTIME_ENV)}
 
     async def stop(self, sandbox: Sandbox) -> None:
         for delete in (self.core.delete_namespaced_pod, self.net.delete_namespaced_network_policy):
@@ -261,12 +171,227 @@ class KubernetesBackend(Backend):
                 await asyncio.to_thread(delete, str(sandbox.handle), self.namespace)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        if not self.settings.keep_trial_dirs:
+            await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
 
     async def cleanup_orphans(self) -> int:
         """Deletes finished pods (a dead worker's pod ends Failed at its activeDeadlineSeconds)."""
         pods = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, label_selector=orphan_selector())
         done = [p for p in pods.items if p.status and p.status.phase in ("Failed", "Succeeded")]
         for pod in done:
-            await asyncio.to_thread(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace)
-            await asyncio.to_thread(self.net.delete_namespaced_network_policy, pod.metadata.name, self.namespace)
+            for delete in (self.core.delete_namespaced_pod, self.net.delete_namespaced_network_policy):
+                try:
+                    await asyncio.to_thread(delete, pod.metadata.name, self.namespace)
+                except Exception:  # noqa: BLE001 - another worker got there first
+                    pass
         return len(done)
+
+    # -- integrity ---------------------------------------------------------------
+    async def snapshot_pristine(self, sandbox: Sandbox) -> None:
+        """Downloads the workspace, squashes its git history on the worker (the
+        image need not have git) and copies it back: the pod's workspace and the
+        pristine snapshot are the same one-commit tree."""
+        pristine = sandbox.spec.dirs.root / "pristine"
+        await self.download(sandbox, sandbox.paths.workdir, pristine)
+        if self.integrity.squash_git_history:
+            try:
+                squashed = await integrity.squash_all_git(pristine)
+            except RuntimeError as e:
+                raise EnvSetupError(f"squashing the workspace's git history failed: {e}") from e
+            if squashed:
+                await self.upload(sandbox, pristine, sandbox.paths.workdir)
+
+    # -- exec --------------------------------------------------------------------
+    async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
+        pod, paths, spec = str(sandbox.handle), sandbox.paths, sandbox.spec
+        table = km.volume_table(paths, self.integrity)
+        container = km.VERIFIER if request.phase == Phase.VERIFY else km.AGENT
+        stdin_path = None
+        if request.phase == Phase.VERIFY:
+            public = spec.task.config.verifier.network_mode == "public"
+            policy = self._policy(spec, Phase.VERIFY, public=public)
+            await asyncio.to_thread(self.net.replace_namespaced_network_policy, pod, self.namespace, policy)
+            script = plans.verify_prep_script(table, self.cfg.verifier_uid, self.integrity.protect_reward_files)
+            await self._helper(pod, script)
+        else:
+            stdin_path = await self._agent_files(sandbox, request)
+        env = {**request.env, "HOME": str(paths.home), "USER": container}
+        argv = plans.exec_argv(request, cwd=request.cwd or str(paths.workdir), env=env, stdin_path=stdin_path)
+        sink = BoundedOutput(spec.limits.output_limit_bytes)
+        started = time.monotonic()
+        code, stopped = await self._stream(pod, container, argv, sink, request.timeout_s + _GRACE_S, cancel)
+        duration = time.monotonic() - started
+        kill = stopped is not None or request.phase != Phase.AGENT or self.integrity.kill_agent_processes
+        sweep = await self._sweep(pod, container, kill)
+        if request.phase == Phase.AGENT:
+            await self._pull_home(sandbox)
+        timed_out = stopped == "deadline" or (code in (124, 137) and duration >= request.timeout_s)
+        return ExecResult(
+            exit_code=code if code is not None else 137,
+            timed_out=timed_out,
+            output=sink.value(),
+            output_bytes=sink.total,
+            output_truncated=sink.truncated,
+            oom_killed=sweep.get("oom", 0) > 0,
+            killed_leftovers=sweep.get("leftovers", 0) if kill else 0,
+            duration_s=duration,
+        )
+
+    async def _agent_files(self, sandbox: Sandbox, request: ExecRequest) -> str | None:
+        """The harness's per-trial HOME and runtime files (written by its adapter
+        on the worker) and the command's stdin, copied into their volumes."""
+        dirs, paths = sandbox.spec.dirs, sandbox.paths
+        runtime, home = dirs.runtime / Phase.AGENT, dirs.home(Phase.AGENT)
+        await asyncio.to_thread(_write_stdin_file, runtime, request.stdin)
+        await asyncio.to_thread(home.mkdir, parents=True, exist_ok=True)
+        await self.upload(sandbox, home, paths.home)
+        await self.upload(sandbox, runtime, paths.runtime)
+        return None if request.stdin is None else str(paths.runtime / STDIN_FILE)
+
+    async def _pull_home(self, sandbox: Sandbox) -> None:
+        """Copies the agent's HOME back, where ``collect_logs`` of the adapter reads it."""
+        home = sandbox.spec.dirs.home(Phase.AGENT)
+        try:
+            await asyncio.to_thread(shutil.rmtree, home, True)
+            await self.download(sandbox, sandbox.paths.home, home)
+        except (FileNotFoundError, EnvSetupError) as e:
+            log.info("agent HOME not copied back", extra={"kv": {"trial": sandbox.spec.trial_id, "error": str(e)}})
+
+    async def _sweep(self, pod: str, container: str, kill: bool) -> dict[str, int]:
+        try:
+            _, out = await self._call(pod, container, ["sh", "-c", plans.sweep_script(kill)], timeout_s=60)
+        except Exception as e:  # noqa: BLE001 - a dead container has no process left
+            log.info("sweep failed", extra={"kv": {"pod": pod, "container": container, "error": str(e)}})
+            return {}
+        return plans.parse_sweep(out.decode(errors="replace"))
+
+    async def _helper(self, pod: str, script: str, stdin: bytes | None = None) -> bytes:
+        code, out = await self._call(pod, km.HELPER, ["sh", "-c", script], stdin=stdin, timeout_s=300)
+        if code != 0:
+            raise EnvSetupError(f"pod {pod}: {script[:200]!r} failed ({code}): {out[-500:].decode(errors='replace')}")
+        return out
+
+    async def _call(
+        self, pod: str, container: str, argv: list[str], stdin: bytes | None = None, timeout_s: float = 120
+    ) -> tuple[int, bytes]:
+        """A short exec whose whole output is wanted (downloads, plans)."""
+        sink = BoundedOutput(1 << 40)
+        code, stopped = await self._stream(pod, container, argv, sink, timeout_s, None, stdin=stdin)
+        if stopped is not None:
+            raise EnvSetupError(f"pod {pod}: {argv[:3]} in {container} ran past {timeout_s}s")
+        return (code if code is not None else 137), sink.value()
+
+    async def _stream(
+        self,
+        pod: str,
+        container: str,
+        argv: list[str],
+        sink: BoundedOutput,
+        deadline_s: float,
+        cancel: asyncio.Event | None,
+        stdin: bytes | None = None,
+    ) -> tuple[int | None, str | None]:
+        """Runs one exec; returns (exit code, None) or (None, "cancelled"/"deadline")."""
+        stop = threading.Event()
+        watcher = asyncio.ensure_future(_set_when(cancel, stop)) if cancel is not None else None
+        try:
+            return await asyncio.to_thread(self._stream_sync, pod, container, argv, sink, deadline_s, stop, stdin)
+        finally:
+            stop.set()  # also when this coroutine is cancelled: the thread closes its stream
+            if watcher is not None:
+                watcher.cancel()
+
+    def _stream_sync(
+        self,
+        pod: str,
+        container: str,
+        argv: list[str],
+        sink: BoundedOutput,
+        deadline_s: float,
+        stop: threading.Event,
+        stdin: bytes | None,
+    ) -> tuple[int | None, str | None]:
+        from kubernetes.stream import stream
+
+        with self._connect_lock:
+            resp = stream(
+                self._exec_api.connect_get_namespaced_pod_exec,
+                pod,
+                self.namespace,
+                container=container,
+                command=argv,
+                stderr=True,
+                stdout=True,
+                stdin=stdin is not None,
+                tty=False,
+                binary=True,
+                _preload_content=False,
+            )
+        deadline = time.monotonic() + deadline_s
+        try:
+            for i in range(0, len(stdin or b""), _CHUNK):
+                resp.write_stdin((stdin or b"")[i : i + _CHUNK])
+            while resp.is_open():
+                if stop.is_set() or time.monotonic() > deadline:
+                    return None, "cancelled" if stop.is_set() else "deadline"
+                resp.update(timeout=_POLL_S)
+                for chunk in (resp.read_stdout(timeout=0), resp.read_stderr(timeout=0)):
+                    if chunk:
+                        sink.feed(chunk)
+            return resp.returncode, None
+        finally:
+            resp.close()
+
+    # -- files -------------------------------------------------------------------
+    async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
+        """A tar of ``src`` streamed into the helper, which owns the volumes."""
+        vol, target = km.helper_path(km.volume_table(sandbox.paths, self.integrity), dst)
+        root = target == km.HELPER_ROOT / vol.name
+        data = await asyncio.to_thread(_tar, src, dst, root)
+        owner = {"agent": self.cfg.agent_uid, "verifier": self.cfg.verifier_uid}.get(vol.owner, 0)
+        await self._helper(str(sandbox.handle), plans.upload_script(target, root, len(data), owner), stdin=data)
+
+    async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
+        _, target = km.helper_path(km.volume_table(sandbox.paths, self.integrity), src)
+        code, out = await self._call(
+            str(sandbox.handle), km.HELPER, ["sh", "-c", plans.download_script(target)], timeout_s=300
+        )
+        if code != 0 or not out:
+            raise FileNotFoundError(f"{src} does not exist in sandbox {sandbox.spec.trial_id}: {out[-300:]!r}")
+        try:
+            await asyncio.to_thread(plans.unpack_download, out, dst)
+        except (tarfile.TarError, OSError) as e:
+            raise EnvSetupError(f"copying {src} out of sandbox {sandbox.spec.trial_id} failed: {e}") from e
+
+
+async def _set_when(cancel: asyncio.Event, stop: threading.Event) -> None:
+    await cancel.wait()
+    stop.set()
+
+
+def _tar(src: Path, dst: PurePosixPath, volume_root: bool) -> bytes:
+    """A volume's root gets a directory's contents; any other path the entry itself."""
+    if volume_root and not src.is_dir():
+        raise EnvSetupError(f"{dst} is a directory of the sandbox; {src} is a file")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(src, arcname="." if volume_root else dst.name)
+    return buffer.getvalue()
+
+
+def _write_stdin_file(runtime: Path, stdin: bytes | None) -> None:
+    runtime.mkdir(parents=True, exist_ok=True)
+    if stdin is not None:
+        (runtime / STDIN_FILE).write_bytes(stdin)
+
+
+def _problem(status: Any) -> str | None:
+    """Why a pod will never start (bad image, failed init), or None while it may."""
+    fatal = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff")
+    for c in (status.init_container_statuses or []) + (status.container_statuses or []):
+        state = c.state
+        if state is not None and state.waiting is not None and state.waiting.reason in fatal:
+            return f"container {c.name}: {state.waiting.reason}: {state.waiting.message or ''}".strip()
+        if state is not None and state.terminated is not None and state.terminated.exit_code != 0:
+            return f"container {c.name} exited {state.terminated.exit_code}: {state.terminated.message or ''}".strip()
+    return None
