@@ -42,7 +42,7 @@ from services.sandbox.backends.base import (
     SandboxSpec,
 )
 from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, ProxySummary, ProxyTrial, UnixRelay
-from services.sandbox.errors import EnvSetupError, VerifierError
+from services.sandbox.errors import EnvSetupError, SandboxLost, VerifierError
 from services.sandbox.harnesses import AgentContext, HarnessAdapter, ModelAccess, get_harness
 from services.sandbox.lifecycle import (
     PhaseTimings,
@@ -255,7 +255,9 @@ class TrialRunner:
             proxy_port=self.settings.proxy_port_in_sandbox if base_url else None,
             stdin=command.stdin,
         )
-        result = await self.backend.exec(sandbox, request, cancel)
+        result = await self._exec(t, request, cancel)
+        if result is None:
+            return
         self._record_exec(t, "agent", result)
         t.exit_code = result.exit_code
         t.flags["agent_timed_out"] = result.timed_out
@@ -295,7 +297,9 @@ class TrialRunner:
             timeout_s=t.spec.verifier_timeout_s or cfg.timeout_sec or self.settings.default_verifier_timeout_s,
             network=network,
         )
-        result = await self.backend.exec(sandbox, request, cancel)
+        result = await self._exec(t, request, cancel)
+        if result is None:
+            return
         self._record_exec(t, "verifier", result)
         t.verifier_summary = result.output.decode(errors="replace")[-_SUMMARY_BYTES:]
         if cancel.is_set():
@@ -389,6 +393,16 @@ class TrialRunner:
         t.flags[flag] = True
         t.errors.append(message)
         log.info("trial phase failed", extra={"kv": {"trial": t.spec.trial_id, "flag": flag, "error": message}})
+
+    async def _exec(self, t: _Trial, request: ExecRequest, cancel: asyncio.Event) -> ExecResult | None:
+        """One phase's exec; a sandbox lost under it (its engine restarted, its
+        container removed) ends the trial as an infrastructure failure."""
+        assert t.sandbox is not None
+        try:
+            return await self.backend.exec(t.sandbox, request, cancel)
+        except SandboxLost as e:
+            self._fail(t, "setup_failed", f"{request.phase}: sandbox lost: {e}")
+            return None
 
     @staticmethod
     def _record_exec(t: _Trial, name: str, result: ExecResult) -> None:

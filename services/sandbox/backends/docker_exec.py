@@ -126,7 +126,10 @@ class ContainerExec:
             await asyncio.wait([reader], timeout=_KILL_WAIT_S)
         if reader.done() and reader.exception() is not None:
             raise SandboxLost(f"container {self.container.name}: {reader.exception()}")
-        inspect = await asyncio.to_thread(api.exec_inspect, created["Id"])
+        try:
+            inspect = await asyncio.to_thread(api.exec_inspect, created["Id"])
+        except Exception as e:
+            raise SandboxLost(f"container {self.container.name}: the engine went away mid-exec: {e}") from e
         code = inspect.get("ExitCode")
         oom, pids = self.counters()
         return ExecResult(

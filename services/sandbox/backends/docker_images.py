@@ -105,16 +105,24 @@ class ImageStore:
             )
         except BuildError as e:
             tail = "".join(str(part.get("stream") or part.get("error") or "") for part in e.build_log)[-1500:]
+            missing = [name for name in base_images(task) if not self._present(name)]
             hint = ""
-            if "pull access denied" in tail or "failed to resolve" in tail or "not found" in tail:
+            if missing:
                 hint = (
-                    " (a base image in FROM is not present and no registry answered; "
-                    "`harnessrl sandbox base-images` imports the offline ones)"
+                    f" (FROM {', '.join(missing)}: not present locally and not pulled; "
+                    "`harnessrl sandbox base-images` imports the offline base images)"
                 )
             raise EnvSetupError(f"task {task.task_id}: docker build failed: {e.msg}{hint}\n{tail}") from e
         except Exception as e:
             raise EnvSetupError(f"task {task.task_id}: docker build failed: {e}") from e
         return image
+
+    def _present(self, name: str) -> bool:
+        try:
+            self.client.images.get(name)
+        except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound
+            return False
+        return True
 
     async def _squashed(self, task: Task, image: str) -> str:
         tag = f"{SQUASHED_REPO}:{image.split(':')[-1][:24]}"
@@ -155,6 +163,28 @@ class ImageStore:
         committed = await asyncio.to_thread(container.commit, repository=repo, tag=version, changes=changes)
         log.info("squashed git history", extra={"kv": {"image": image, "repos": repos, "tag": tag}})
         return str(committed.id)
+
+
+def base_images(task: Task) -> list[str]:
+    """The images the task's Dockerfile starts from (not its own stage names)."""
+    from services.sandbox import dockerfile
+
+    assert task.dockerfile is not None
+    try:
+        instructions = dockerfile.parse(task.dockerfile.read_text())
+    except (dockerfile.DockerfileError, UnicodeDecodeError):
+        return []
+    stages: set[str] = set()
+    bases = []
+    for ins in instructions:
+        if ins.keyword != "FROM" or not ins.raw.split():
+            continue
+        words = ins.raw.split()
+        if words[0] not in stages:
+            bases.append(words[0])
+        if len(words) == 3 and words[1].lower() == "as":
+            stages.add(words[2])
+    return bases
 
 
 def workdir_of(inspect: dict[str, Any], task: Task) -> str:
