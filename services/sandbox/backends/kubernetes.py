@@ -278,7 +278,7 @@ class KubernetesBackend(Backend):
         sink = BoundedOutput(1 << 40)
         code, stopped = await self._stream(pod, container, argv, sink, timeout_s, None, stdin=stdin)
         if stopped is not None:
-            raise EnvSetupError(f"pod {pod}: {argv[:3]} in {container} ran past {timeout_s}s")
+            raise EnvSetupError(f"pod {pod}: {argv[:3]} in {container} did not finish ({stopped}, limit {timeout_s}s)")
         return (code if code is not None else 137), sink.value()
 
     async def _stream(
@@ -338,7 +338,11 @@ class KubernetesBackend(Backend):
                 for chunk in (resp.read_stdout(timeout=0), resp.read_stderr(timeout=0)):
                     if chunk:
                         sink.feed(chunk)
-            return resp.returncode, None
+            try:
+                return resp.returncode, None
+            except (TypeError, KeyError, IndexError, ValueError):
+                # The stream closed without a status (kubelet or connection lost).
+                return None, "lost"
         finally:
             resp.close()
 
