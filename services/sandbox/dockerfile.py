@@ -1,7 +1,11 @@
 """A small Dockerfile parser: enough to replay a task's environment without a
 container engine (the local backend) and to know which instructions it
 cannot honour. Line continuations, comments, exec (JSON) and shell forms,
-``ARG``/``ENV`` substitution of ``$VAR``/``${VAR}``/``${VAR:-default}``."""
+``ARG``/``ENV`` substitution of ``$VAR``/``${VAR}``/``${VAR:-default}``.
+
+``DEFAULT_PATH`` is the one place Docker's default PATH is written down: the
+local backend starts every layer's env from it, and the runner falls back to
+it where a sandbox reports no PATH of its own."""
 
 from __future__ import annotations
 
@@ -13,6 +17,10 @@ from dataclasses import dataclass, field
 # Instructions that only describe the image (no files, no env): recorded, ignored.
 METADATA_ONLY = frozenset({"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "MAINTAINER", "STOPSIGNAL", "HEALTHCHECK", "VOLUME"})
 REPLAYED = frozenset({"FROM", "ARG", "ENV", "WORKDIR", "COPY", "ADD", "RUN", "USER"})
+
+# Docker's PATH for an image whose config sets none (BuildKit writes it into the image config at
+# FROM, so ``ENV PATH=/x:$PATH`` extends it and every RUN, and the container, sees it).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _VAR_RE = re.compile(
     r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"

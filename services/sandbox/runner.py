@@ -30,7 +30,7 @@ from opentelemetry.context import Context
 
 from harnessrl import telemetry
 from harnessrl.errors import HarnessError
-from services.sandbox import integrity
+from services.sandbox import dockerfile, integrity
 from services.sandbox.backends.base import (
     Backend,
     ExecRequest,
@@ -414,5 +414,8 @@ class TrialRunner:
 
 
 def _agent_env(sandbox: Sandbox, extra: dict[str, str]) -> dict[str, str]:
-    base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "TERM": "dumb"}
+    """The env of the agent and verify phases: the task's (the image's, or the local layer's, whose
+    PATH already starts from Docker's default) over Docker's default PATH, which applies alone only
+    where a sandbox reports no PATH; then the harness's or verifier's own."""
+    base = {"PATH": dockerfile.DEFAULT_PATH, "LANG": "C.UTF-8", "TERM": "dumb"}
     return {**base, **sandbox.env, "TMPDIR": "/tmp", **extra}
