@@ -159,7 +159,7 @@ async def test_unsupported_instruction_names_it_and_points_to_docker(
 async def test_failing_run_and_host_writes_are_env_setup_errors(backend: LocalBackend, tmp_path: Path) -> None:
     with pytest.raises(EnvSetupError, match="exited with 3"):
         await start(backend, make_task(tmp_path / "a", dockerfile="FROM x\nWORKDIR /app\nRUN echo boom; exit 3\n"))
-    with pytest.raises(EnvSetupError, match="WORKDIR/COPY targets"):
+    with pytest.raises(EnvSetupError, match=r"line 3: 'RUN touch /usr/bin/evil' exited with 1 \(the host's system"):
         await start(backend, make_task(tmp_path / "b", dockerfile="FROM x\nWORKDIR /app\nRUN touch /usr/bin/evil\n"))
     with pytest.raises(EnvSetupError, match="not found"):
         await start(backend, make_task(tmp_path / "c", dockerfile="FROM x\nCOPY missing.txt /app/\n"))

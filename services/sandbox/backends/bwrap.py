@@ -2,6 +2,11 @@
 given directories bound in, sensitive host files hidden, a fresh /tmp, all
 namespaces unshared, a non-root uid with no capabilities.
 
+The sandbox's ``/`` is bubblewrap's own tmpfs (what is written there outside
+the mounts vanishes with the exec) unless ``root`` names a host directory:
+the Dockerfile replay binds a capture directory there so that it can see, and
+keep or refuse, whatever a RUN step wrote outside the layer's roots.
+
 With ``host_uid`` set and a root worker, the sandbox also drops to that
 unprivileged host uid (``setpriv``), so an escape would land on a uid that owns
 nothing; every mounted path must then be traversable by it (bubblewrap 0.8
@@ -24,6 +29,8 @@ from services.sandbox.settings import LocalBackendSettings
 
 SANDBOX_UID = 1000
 SANDBOX_USER = "agent"
+# Plain directories ``build`` creates in the sandbox's / (not mounts: what is written in them stays in /).
+MADE_DIRS = ("/run",)
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,12 @@ def build(
     tmp_size_mb: int = 512,
     cgroup_procs: list[str] | None = None,
     rlimits: dict[str, int] | None = None,
+    root: Path | None = None,
+    tmp_dir: Path | None = None,
 ) -> Invocation:
-    """The argv (and file descriptors to pass) for one sandboxed command."""
+    """The argv (and file descriptors to pass) for one sandboxed command. ``root``: a host
+    directory bound writable as ``/`` under every other mount (else a tmpfs); ``tmp_dir``: a
+    host directory bound as ``/tmp`` (else a fresh tmpfs of ``tmp_size_mb``)."""
     inv = Invocation(argv=[])
     prefix: list[str] = []
     if cgroup_procs:
@@ -96,9 +107,16 @@ def build(
     args += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
+    if root is not None:
+        args += ["--bind", str(root), "/"]  # first: every later mount lands on top of it
     args += _system_mounts(settings)
     args += ["--dev", "/dev", "--proc", "/proc"]
-    args += ["--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp", "--dir", "/run"]
+    if tmp_dir is not None:
+        args += ["--bind", str(tmp_dir), "/tmp"]
+    else:
+        args += ["--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    for made in MADE_DIRS:
+        args += ["--dir", made]
     for hidden in settings.hidden_paths:
         if os.path.isdir(hidden):
             args += ["--tmpfs", hidden]
@@ -109,6 +127,16 @@ def build(
     args += ["--chdir", cwd, "--", *argv]
     inv.argv = prefix + args
     return inv
+
+
+def mount_points(settings: LocalBackendSettings, mounts: list[Mount]) -> set[str]:
+    """Every path ``build`` mounts something on (system paths and their symlinks, /dev, /proc,
+    /tmp, hidden files, ``mounts``): under a ``root`` these are bubblewrap's mount points, the
+    rest of what is left in it, but for ``MADE_DIRS`` themselves, was written by the command."""
+    points = {"/dev", "/proc", "/tmp", *(m.dest for m in mounts)}
+    points.update(p for p in (*settings.system_paths, *settings.extra_ro_paths) if os.path.lexists(p))
+    points.update(p for p in settings.hidden_paths if os.path.lexists(p))
+    return points
 
 
 def _system_mounts(settings: LocalBackendSettings) -> list[str]:

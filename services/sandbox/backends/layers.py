@@ -1,15 +1,25 @@
 """The local backend's image builder: replays ``environment/Dockerfile`` onto a
 layer directory cached by the environment's hash.
 
-The host system is the base image (``FROM`` is recorded, not pulled). A layer
-holds the directories the Dockerfile creates (WORKDIR and COPY/ADD targets:
-its *roots*), the accumulated ENV and the final WORKDIR and USER. RUN steps
-run in the sandbox with those roots writable and the host read-only, so a RUN
-that writes elsewhere fails with a clear message. Anything else that changes
-the filesystem (multi-stage builds, ``COPY --from``, ``ADD <url>``, ONBUILD,
-SHELL, heredocs) is refused with an error naming the instruction and pointing
-to the docker backend. The built layer is squashed to a one-commit git history
-when the integrity policy asks (so every trial copies an already-clean repo).
+What it reproduces: ``ARG``, ``ENV`` (from Docker's default env for a base
+image, so ``ENV PATH=/x:$PATH`` extends the default PATH), ``WORKDIR``,
+``COPY``/``ADD`` of local files and tars, ``USER``, and ``RUN``. A layer holds
+the directories the Dockerfile creates (its *roots*: WORKDIR and COPY/ADD
+targets, and the new directories RUN steps write, such as ``/opt/venv``), the
+accumulated ENV and the final WORKDIR and USER; every later step and phase
+mounts the roots at their places.
+
+What it does not: the base image. The host system is the base (``FROM`` is
+recorded, not pulled), read-only, so a RUN that changes it (``apt-get
+install``, ``pip install`` into /usr) fails setup naming the instruction, and
+a base image's own env (beyond the default PATH) and files are not there. What
+RUN steps leave in /tmp is not kept (each phase gets a fresh /tmp; listed in
+the layer's ``ignored``). Anything else that changes the filesystem
+(multi-stage builds, ``COPY --from``, ``ADD <url>``, ONBUILD, SHELL, heredocs)
+is refused with an error naming the instruction and pointing to the docker
+backend, which is the faithful one. The built layer is squashed to a
+one-commit git history when the integrity policy asks (so every trial copies
+an already-clean repo).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import asyncio
 import fcntl
 import json
 import logging
+import os
 import shutil
 import tarfile
 import uuid
@@ -34,7 +45,14 @@ log = logging.getLogger(__name__)
 
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 DEFAULT_WORKDIR = "/app"
-LAYER_FORMAT = "2"
+LAYER_FORMAT = "3"
+_READ_ONLY_HINT = (
+    "the host's system paths (/usr, /etc, ...) are the local backend's read-only base image; a RUN may write "
+    "anywhere else (WORKDIR, COPY targets, new directories such as /opt/venv); use the docker backend to "
+    "change the base system"
+)
+# Never layer roots: kernel or per-exec filesystems.
+_NOT_KEPT = ("/proc", "/sys", "/dev", "/tmp")
 
 
 @dataclass
@@ -111,10 +129,14 @@ class _Builder:
         self.task = task
         self.settings = settings
         self.context = task.environment_dir.resolve()
-        self.layer = Layer(path=build_dir, roots=[], workdir="", env={}, user="root", base_image="host")
+        # Docker's default env of a base image applies from FROM on (the host is the base image).
+        env = {"PATH": dockerfile.DEFAULT_PATH}
+        self.layer = Layer(path=build_dir, roots=[], workdir="", env=env, user="root", base_image="host")
         self.args: dict[str, str] = {}
         self.cwd = "/"
         self.froms = 0
+        # /tmp of the RUN steps: shared by them, as in docker, but not part of the layer.
+        self.tmp = build_dir / "build-tmp"
 
     def fail(self, ins: dockerfile.Instruction, why: str) -> UnsupportedInstruction:
         return UnsupportedInstruction(
@@ -134,8 +156,10 @@ class _Builder:
             instructions = dockerfile.parse(dockerfile_path.read_text())
         except (dockerfile.DockerfileError, UnicodeDecodeError) as e:
             raise EnvSetupError(f"task {self.task.task_id}: environment/Dockerfile: {e}") from e
+        self.tmp.mkdir()
         for ins in instructions:
             await self.apply(ins)
+        await asyncio.to_thread(self.drop_tmp)
         workdir = self.task.config.environment.workdir or (self.cwd if self.cwd != "/" else DEFAULT_WORKDIR)
         self.add_root(workdir)
         self.layer.workdir = workdir
@@ -171,7 +195,7 @@ class _Builder:
 
     async def do_workdir(self, ins: dockerfile.Instruction) -> None:
         self.cwd = self.resolve(dockerfile.substitute(ins.raw.strip(), self.variables()))
-        self.add_root(self.cwd)
+        self.add_root(self.cwd, ins)
 
     async def do_copy(self, ins: dockerfile.Instruction) -> None:
         if "from" in ins.flags:
@@ -191,29 +215,78 @@ class _Builder:
             raise self.fail(ins, "RUN flags (--mount, --network, --security) are not supported")
         argv = ins.exec_args() if ins.is_exec_form else ["/bin/sh", "-c", ins.raw]
         if self.cwd != "/":
-            self.add_root(self.cwd)
+            self.add_root(self.cwd, ins)
         mounts = [bwrap.Mount(self.layer.host_path(r), r, writable=True) for r in self.layer.roots]
-        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        env = {"PATH": path, "HOME": "/tmp", **self.args, **self.layer.env}  # ARGs are RUN's env, as in docker
+        env = {"HOME": "/tmp", **self.args, **self.layer.env}  # ARGs are RUN's env, as in docker
         net = self.task.config.environment.network_mode
-        inv = bwrap.build(
-            self.settings,
-            argv=argv,
-            mounts=mounts,
-            env=env,
-            cwd=self.cwd,
-            uid_inside=0 if self.layer.user in ("root", "0", "") else bwrap.SANDBOX_UID,
-            share_net=net in (None, NetworkMode.PUBLIC),
-            tmp_size_mb=self.settings.tmp_size_mb,
-        )
-        outcome = await bwrap.run(inv, timeout_s=self.task.config.environment.build_timeout_sec, output_limit=1 << 16)
-        if outcome.exit_code != 0:
-            tail = outcome.output.value().decode(errors="replace")[-1500:]
-            hint = " (the local backend can only write WORKDIR/COPY targets)" if "Read-only file system" in tail else ""
-            raise EnvSetupError(
-                f"task {self.task.task_id}: Dockerfile line {ins.line}: {ins.describe()!r} exited with "
-                f"{outcome.exit_code}{hint}:\n{tail}"
+        # The RUN's / is a capture directory, not bubblewrap's tmpfs: what it writes outside the
+        # roots is kept (or refused) by keep_writes, never lost with the tmpfs.
+        capture = self.layer.path / "capture"
+        capture.mkdir()
+        try:
+            inv = bwrap.build(
+                self.settings,
+                argv=argv,
+                mounts=mounts,
+                env=env,
+                cwd=self.cwd,
+                uid_inside=0 if self.layer.user in ("root", "0", "") else bwrap.SANDBOX_UID,
+                share_net=net in (None, NetworkMode.PUBLIC),
+                root=capture,
+                tmp_dir=self.tmp,
             )
+            limit = self.task.config.environment.build_timeout_sec
+            outcome = await bwrap.run(inv, timeout_s=limit, output_limit=1 << 16)
+            output = outcome.output.value().decode(errors="replace")
+            # A write into the base system that the RUN tolerated (``|| true``) would have worked in
+            # docker: the layer would differ from the image, so it fails setup all the same.
+            read_only = "Read-only file system" in output
+            if outcome.exit_code != 0 or read_only:
+                hint = f" ({_READ_ONLY_HINT})" if read_only else ""
+                raise EnvSetupError(
+                    f"task {self.task.task_id}: Dockerfile line {ins.line}: {ins.describe()!r} exited with "
+                    f"{outcome.exit_code}{hint}:\n{output[-1500:]}"
+                )
+            await asyncio.to_thread(self.keep_writes, ins, capture, bwrap.mount_points(self.settings, mounts))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, capture, True)
+
+    def keep_writes(self, ins: dockerfile.Instruction, capture: Path, mount_points: set[str]) -> None:
+        """Moves what a RUN wrote outside the layer's roots (left in ``capture``, its ``/``) into
+        the layer, as new roots. Kept, rather than refused, because everyday Dockerfiles do it
+        (``python3 -m venv /opt/venv``, ``mkdir /data``) and a new directory the host does not
+        have can be mounted as it is in every later step and phase without touching the host.
+        What cannot be kept that way is refused naming the instruction: a file directly in /,
+        anything under /proc, /sys, /dev or a host system path. (Writes into the host's system
+        paths rarely get here: those are mounted read-only, so the RUN itself fails.)"""
+        parents = {str(p) for point in mount_points for p in PurePosixPath(point).parents}
+        parents.update(bwrap.MADE_DIRS)
+        for written in _written(capture, PurePosixPath("/"), mount_points, parents):
+            for path, root in _split(capture, written):
+                if root == PurePosixPath("/"):
+                    raise self.fail(ins, f"it wrote {path} directly in /, where the local backend keeps no files")
+                refused = _refused(root, self.settings)
+                if refused:
+                    raise self.fail(ins, f"it wrote {path}, {refused}")
+                src, dest = capture / str(path).lstrip("/"), self.layer.host_path(str(path))
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if dest.is_dir() and src.is_dir() and not src.is_symlink():
+                    shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+                else:
+                    src.rename(dest)
+                self.add_root(str(root))
+                log.info("task=%s line=%d kept=%s root=%s", self.task.task_id, ins.line, path, root)
+
+    def drop_tmp(self) -> None:
+        """Unlike docker's, the local backend's /tmp is a fresh tmpfs in every phase (it is what
+        keeps trials apart), so what the RUN steps left there is not in the layer: logged and
+        listed in the layer's ``ignored``, not silently dropped."""
+        left = sorted(p.name for p in self.tmp.iterdir())
+        if left:
+            shown = ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
+            self.layer.ignored.append(f"files RUN steps left in /tmp (each phase gets a fresh /tmp): {shown}")
+            log.warning("task=%s dropped from /tmp after the build: %s", self.task.task_id, shown)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def variables(self) -> dict[str, str]:
         return {**self.args, **self.layer.env}
@@ -221,13 +294,18 @@ class _Builder:
     def resolve(self, path: str) -> str:
         return str(PurePosixPath(self.cwd, path)) if not path.startswith("/") else str(PurePosixPath(path))
 
-    def add_root(self, path: str) -> None:
-        """Makes ``path`` part of the layer unless an existing root already holds it."""
+    def add_root(self, path: str, ins: dockerfile.Instruction | None = None) -> None:
+        """Makes ``path`` part of the layer unless an existing root already holds it. A root under a
+        host system path is refused: it cannot be mounted there without hiding the host's files or
+        (bubblewrap cannot make a mount point in a read-only /usr) at all."""
         if any(PurePosixPath(path).is_relative_to(r) for r in self.layer.roots):
             self.layer.host_path(path).mkdir(parents=True, exist_ok=True)
             return
-        if path in ("/", "/usr", "/etc", "/bin", "/lib", "/proc", "/dev", "/tmp", "/run"):
-            raise EnvSetupError(f"task {self.task.task_id}: the local backend cannot write to {path}")
+        refused = _refused(PurePosixPath(path), self.settings)
+        if refused:
+            if ins is not None:
+                raise self.fail(ins, f"{path} is {refused}")
+            raise EnvSetupError(f"task {self.task.task_id}: the local backend cannot write to {path}: {refused}")
         self.layer.roots = [r for r in self.layer.roots if not PurePosixPath(r).is_relative_to(path)] + [path]
         self.layer.host_path(path).mkdir(parents=True, exist_ok=True)
 
@@ -244,7 +322,7 @@ class _Builder:
                     raise EnvSetupError(f"task {self.task.task_id}: Dockerfile line {ins.line}: {src!r} not found")
                 matches.append(resolved)
         into_dir = dest.endswith("/") or len(matches) > 1 or any(m.is_dir() for m in matches)
-        self.add_root(target if into_dir else str(PurePosixPath(target).parent))
+        self.add_root(target if into_dir else str(PurePosixPath(target).parent), ins)
         out = self.layer.host_path(target)
         for src_path in matches:
             if extract and src_path.is_file() and src_path.name.endswith(_TAR_SUFFIXES):
@@ -258,3 +336,44 @@ class _Builder:
                 shutil.copy2(src_path, out / src_path.name)
             else:
                 shutil.copy2(src_path, out)
+
+
+def _written(capture: Path, under: PurePosixPath, points: set[str], parents: set[str]) -> list[PurePosixPath]:
+    """The top-most entries of ``capture`` (a RUN's ``/``) that bubblewrap did not create as mount
+    points or their parents: what the RUN itself wrote outside every mount."""
+    found: list[PurePosixPath] = []
+    for entry in sorted(os.scandir(capture / str(under).lstrip("/")), key=lambda e: e.name):
+        path = under / entry.name
+        if str(path) in points:
+            continue  # a mount point: what was written there is in the mount
+        if str(path) in parents and entry.is_dir(follow_symlinks=False):
+            found += _written(capture, path, points, parents)
+        else:
+            found.append(path)
+    return found
+
+
+def _split(capture: Path, path: PurePosixPath) -> list[tuple[PurePosixPath, PurePosixPath]]:
+    """(what to move, the layer root that will hold it) for one written entry. A directory the
+    host lacks is its own root (/opt/venv); a directory the host has (/opt) is split into its
+    entries, so the root stays as narrow as what the RUN created; a file's root is its directory."""
+    src = capture / str(path).lstrip("/")
+    if not src.is_dir() or src.is_symlink():
+        return [(path, path.parent)]
+    host = Path(str(path))
+    children = sorted(src.iterdir())
+    if not host.is_dir() or host.is_symlink() or not children:
+        return [(path, path)]
+    if any(not c.is_dir() or c.is_symlink() for c in children):
+        return [(path, path)]
+    return [pair for child in children for pair in _split(capture, path / child.name)]
+
+
+def _refused(root: PurePosixPath, settings: LocalBackendSettings) -> str:
+    """Why ``root`` cannot be a layer root ('' if it can)."""
+    if root == PurePosixPath("/"):
+        return "the root directory, which the local backend cannot replace (the host is its base system)"
+    for base in (*settings.system_paths, *_NOT_KEPT):
+        if root.is_relative_to(base):
+            return f"under {base}, which the local backend cannot write (the host is its read-only base system)"
+    return ""

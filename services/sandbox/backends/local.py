@@ -1,6 +1,13 @@
 """The local backend: one bubblewrap sandbox per exec over a per-trial
 workspace copied from a cached layer.
 
+It is fast, not faithful to the base image: the host system (read-only) is
+every task's base, and ``layers.py`` replays the Dockerfile on top of it (ENV
+from Docker's default PATH, WORKDIR, COPY/ADD, RUN whose new directories are
+kept as layer roots). What it cannot reproduce (a RUN that changes /usr or
+/etc, a base image's own files and env, multi-stage builds) fails setup naming
+the Dockerfile line; the docker backend runs the task's real image.
+
 Every exec mounts only what its phase may see (``_phase_mounts``): the agent
 phase gets the workspace, its logs, its HOME, the harness installs read-only
 and the proxy's socket; never the tests, the solution (but for the oracle) or
