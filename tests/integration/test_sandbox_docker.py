@@ -57,7 +57,9 @@ def everyday_task(root: Path) -> Path:
 
 @pytest.fixture
 def backend(tmp_path: Path, docker_engine: DockerEngine) -> DockerBackend:
-    return DockerBackend(settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host)))
+    return DockerBackend(
+        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+    )
 
 
 async def start(backend: DockerBackend, task_dir: Path, name: str = "t", **limits: int) -> Sandbox:
@@ -218,7 +220,9 @@ async def test_dead_workers_containers_are_reaped_live_ones_kept(
     client = docker.DockerClient(base_url=docker_engine.host)
     dead = f"{socket.gethostname()}:999999:1"
     labels = {LABEL_MANAGED: "true", LABEL_TRIAL: "dead-trial", LABEL_WORKER: dead}
-    orphan = client.containers.run("debian:bookworm-slim", ["sleep", "300"], detach=True, labels=labels, network_mode="none")
+    orphan = client.containers.run(
+        "debian:bookworm-slim", ["sleep", "300"], detach=True, labels=labels, network_mode="none"
+    )
     assert await backend.cleanup_orphans() == 1
     names = {c.name for c in client.containers.list(all=True)}
     assert orphan.name not in names and box.handle.container.name in names  # type: ignore[attr-defined]
@@ -232,7 +236,9 @@ async def test_engine_restart_mid_exec_is_a_lost_sandbox(tmp_path: Path) -> None
 
         client = docker.DockerClient(base_url=engine.host)
         baseimages.ensure_imported(client, baseimages.rootfs(), names=("debian:bookworm-slim",))
-        backend = DockerBackend(settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=engine.host)))
+        backend = DockerBackend(
+            settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=engine.host))
+        )
         box = await start(backend, make_task(tmp_path / "t"))
         running = asyncio.ensure_future(sh(backend, box, "sleep 60", limit_s=60))
         await asyncio.sleep(1)

@@ -1,7 +1,8 @@
 """The red-team suite (invariant 6): agent scripts, run through the ``shell``
-harness on the local backend, each try one cheat on a pytest-verified task.
-Every cheat scores 0 with the defences on, and 1 with exactly its defence
-switched off, which proves each defence is what stops it."""
+harness on every backend that runs here (local bubblewrap, and Docker on a real
+engine), each try one cheat on a pytest-verified task. Every cheat scores 0
+with the defences on, and 1 with exactly its defence switched off, which
+proves each defence is what stops it, on each backend."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from pathlib import Path
 import _pytest
 import pytest
 
-from services.sandbox.backends.local import LocalBackend
+from services.sandbox.factory import create_backend
 from services.sandbox.lifecycle import TerminationReason, TrialSpec
 from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+BACKENDS = ["local", "docker"]
 
 FIXED = "def add(a, b):\n    return a + b\n"
 SITE = Path(_pytest.__file__).resolve().parents[1]
@@ -83,7 +85,11 @@ setsid nohup bash -c 'for i in $(seq 1 1500); do cp /tmp/keep.py /app/conftest.p
   > /dev/null 2>&1 < /dev/null &
 exit 0""",
     ),
-    "download the fix": ("isolate_network", "curl -sf --max-time 3 http://127.0.0.1:$FIX_PORT/calc.py -o /app/calc.py"),
+    "download the fix": (
+        "isolate_network",
+        "python3 -c \"import urllib.request as u; open('/app/calc.py', 'wb').write("
+        "u.urlopen('http://127.0.0.1:$FIX_PORT/calc.py', timeout=3).read())\"",
+    ),
     "read the solution": ("hide_tests_and_solution", "bash /solution/solve.sh"),
 }
 
@@ -137,9 +143,27 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("layer-cache")
 
 
-async def run_trial(tmp: Path, cache: Path, task: Path, harness: str, script: str = "", **policy: bool):
-    settings = settings_for(tmp, IntegrityPolicy(**policy), cache_dir=cache)
-    runner = TrialRunner(settings, LocalBackend(settings))
+@pytest.fixture(params=BACKENDS)
+def backend_kind(request: pytest.FixtureRequest) -> dict[str, object]:
+    """The settings that pick the backend (the Docker one on the session's engine)."""
+    if request.param == "docker":
+        engine = request.getfixturevalue("docker_engine")
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    return {"backend": "local"}
+
+
+async def run_trial(
+    tmp: Path,
+    cache: Path,
+    task: Path,
+    harness: str,
+    script: str = "",
+    *,
+    kind: dict[str, object] | None = None,
+    **policy: bool,
+):
+    settings = settings_for(tmp, IntegrityPolicy(**policy), cache_dir=cache, **(kind or {}))
+    runner = TrialRunner(settings, create_backend(settings))
     spec = TrialSpec(
         trial_id=f"rt-{uuid.uuid4().hex[:10]}",
         task_path=str(task),
@@ -149,23 +173,27 @@ async def run_trial(tmp: Path, cache: Path, task: Path, harness: str, script: st
     return await runner.run(spec)
 
 
-async def test_the_task_is_sound(tmp_path: Path, cache_dir: Path, redteam_task: Path) -> None:
-    oracle = await run_trial(tmp_path, cache_dir, redteam_task, "oracle")
-    nop = await run_trial(tmp_path, cache_dir, redteam_task, "nop")
+async def test_the_task_is_sound(
+    tmp_path: Path, cache_dir: Path, redteam_task: Path, backend_kind: dict[str, object]
+) -> None:
+    oracle = await run_trial(tmp_path, cache_dir, redteam_task, "oracle", kind=backend_kind)
+    nop = await run_trial(tmp_path, cache_dir, redteam_task, "nop", kind=backend_kind)
     assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle
     assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop
 
 
 @pytest.mark.parametrize("cheat", list(CHEATS))
 async def test_cheat_scores_zero_and_one_without_its_defence(
-    tmp_path: Path, cache_dir: Path, redteam_task: Path, fix_server: int, cheat: str
+    tmp_path: Path, cache_dir: Path, redteam_task: Path, fix_server: int, cheat: str, backend_kind: dict[str, object]
 ) -> None:
     defence, script = CHEATS[cheat]
     script = script.replace("$FIX_PORT", str(fix_server))
-    defended = await run_trial(tmp_path / "on", cache_dir, redteam_task, "shell", script)
+    defended = await run_trial(tmp_path / "on", cache_dir, redteam_task, "shell", script, kind=backend_kind)
     assert defended.termination_reason == TerminationReason.COMPLETED, defended.error
     assert defended.reward == 0.0, f"{cheat}: scored {defended.reward} with every defence on"
-    exposed = await run_trial(tmp_path / "off", cache_dir, redteam_task, "shell", script, **{defence: False})
+    exposed = await run_trial(
+        tmp_path / "off", cache_dir, redteam_task, "shell", script, kind=backend_kind, **{defence: False}
+    )
     assert exposed.termination_reason == TerminationReason.COMPLETED, exposed.error
     assert exposed.reward == 1.0, f"{cheat}: the cheat itself does not work ({exposed.verifier_summary})"
     if defence == "restore_pristine_files":

@@ -12,19 +12,17 @@ from harnessrl.errors import HarnessError
 from services.sandbox.backends import BACKENDS, create_backend
 from services.sandbox.backends.base import (
     Capabilities,
-    ExecRequest,
     Limits,
-    Network,
-    Phase,
     SandboxSpec,
     check_requirements,
 )
-from services.sandbox.backends.docker import LABEL_MANAGED, container_spec, exec_argv, image_tag
+from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_WORKER, container_spec, setup_script, verify_script
+from services.sandbox.backends.docker_images import base_images
 from services.sandbox.errors import BackendUnavailable, CapabilityError, UnknownName
 from services.sandbox.paths import TrialDirs
 from services.sandbox.settings import IntegrityPolicy
 from services.sandbox.tasks import load_task
-from tests.sandbox_support import DEFAULT_TOML, make_task, settings_for
+from tests.sandbox_support import make_task, settings_for
 
 
 def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> SandboxSpec:
@@ -40,24 +38,36 @@ def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> Sandb
 
 def test_docker_container_spec(tmp_path: Path) -> None:
     spec = sandbox_spec(tmp_path, proxy_socket=tmp_path / "proxy.sock", ro_mounts=(Path("/opt/tools"),))
-    kw = container_spec(spec, image_tag(spec), "/app")
-    assert kw["image"].startswith("harnessrl-env:") and kw["network"] == "harnessrl-Trial_42.x"
-    assert kw["labels"] == {LABEL_MANAGED: "true", "io.harnessrl.trial": "Trial_42.x"}
+    kw = container_spec(spec, "sha256:abc", "/app", isolate_network=True, disk_quota=True)
+    assert kw["image"] == "sha256:abc" and kw["network_mode"] == "none"
+    assert kw["labels"][LABEL_MANAGED] == "true" and kw["labels"]["io.harnessrl.trial"] == "Trial_42.x"
+    assert kw["labels"][LABEL_WORKER].count(":") == 2
     assert kw["mem_limit"] == "1024m" and kw["memswap_limit"] == "1024m" and kw["pids_limit"] == 128
     assert kw["nano_cpus"] == 1_500_000_000 and kw["storage_opt"] == {"size": "512m"}
     assert kw["cap_drop"] == ["ALL"] and "no-new-privileges" in kw["security_opt"]
-    assert kw["volumes"][str(tmp_path / "proxy.sock")]["bind"].endswith("/proxy.sock")
+    assert str(tmp_path / "proxy.sock") not in kw["volumes"], "the proxy comes in through the netns relay"
     assert kw["volumes"]["/opt/tools"] == {"bind": "/opt/tools", "mode": "ro"}
-    argv, user = exec_argv(
-        ExecRequest(argv=["claude"], phase=Phase.AGENT, timeout_s=60, network=Network.PROXY_ONLY, proxy_port=4100)
-    )
-    assert user == "1000:1000" and argv[:4] == ["timeout", "-s", "KILL", "61"]
-    assert "127.0.0.1:4100" in argv and argv[-1] == "claude"
+    assert kw["volumes"][str(spec.dirs.home("agent"))] == {"bind": "/home/agent", "mode": "rw"}
+    assert kw["volumes"][str(spec.dirs.runtime / "agent")] == {"bind": "/run/harnessrl", "mode": "ro"}
+    no_quota = container_spec(spec, "sha256:abc", "/app", isolate_network=False, disk_quota=False)
+    assert "storage_opt" not in no_quota and no_quota["network_mode"] == "host"
 
 
-def test_docker_uses_a_prebuilt_image_when_named(tmp_path: Path) -> None:
-    spec = sandbox_spec(tmp_path, toml=DEFAULT_TOML + 'docker_image = "python:3.12-slim"\n')
-    assert image_tag(spec) == "python:3.12-slim"
+def test_docker_root_scripts_keep_the_reward_dir_roots() -> None:
+    setup = setup_script("/app", (Path("/root/.pyenv/versions/3.11/bin"),))
+    assert "chown -R 1000:1000 /logs/agent /app" in setup and "/logs/verifier" not in setup
+    assert "chmod o+x /root /root/.pyenv /root/.pyenv/versions /root/.pyenv/versions/3.11" in setup
+    assert "/logs/verifier" in setup_script("/app", (), protect_reward_files=False)
+    verify = verify_script()
+    assert "rm -rf /logs/verifier" in verify and "find /tmp -mindepth 1 -delete" in verify
+    kept = verify_script(protect_reward_files=False, clear_agent_leftovers=False)
+    assert "rm -rf /logs/verifier" not in kept and "/tmp" not in kept
+
+
+def test_docker_base_images_of_a_dockerfile(tmp_path: Path) -> None:
+    dockerfile = "ARG X=1\nFROM python:3.11-slim AS build\nRUN true\nFROM build\nFROM debian:bookworm-slim\n"
+    task = load_task(make_task(tmp_path / "tasks", dockerfile=dockerfile))
+    assert base_images(task) == ["python:3.11-slim", "debian:bookworm-slim"]
 
 
 @pytest.mark.parametrize("backend", ["docker", "kubernetes"])

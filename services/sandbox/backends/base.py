@@ -48,7 +48,7 @@ class Capabilities(BaseModel):
     network_isolation: bool = Field(description="Agent phase can be limited to the proxy only.")
     kills_process_tree: bool = Field(description="Every process of a phase is dead when exec returns.")
     hides_verifier_files: bool = Field(description="Tests, solution and reward files are invisible to the agent.")
-    squashes_git_history: bool = Field(description="The workspace's git history is one commit, nothing older reachable.")
+    squashes_git_history: bool = Field(description="One-commit git history in the workspace, nothing older reachable.")
     memory_limit: bool
     pids_limit: bool
     disk_limit: bool
@@ -209,10 +209,25 @@ def check_requirements(name: str, caps: Capabilities, integrity: IntegrityPolicy
 
 
 def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:
-    """Unpacks a tar of sandbox path ``src`` (arcname = its name) so that it lands at ``dst``."""
+    """Unpacks a tar of sandbox path ``src`` (arcname = its name) so that it lands
+    at ``dst`` (merged into what is there), whatever ``dst`` is named."""
     import io
+    import shutil
     import tarfile
+    import tempfile
 
-    dst.mkdir(parents=True, exist_ok=True)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dst.parent if dst.name == src.name else dst, filter="data")
+        if dst.name == src.name:
+            tar.extractall(dst.parent, filter="data")
+            return
+        scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dst.parent))
+        try:
+            tar.extractall(scratch, filter="data")
+            unpacked = scratch / src.name
+            if unpacked.is_dir() and not unpacked.is_symlink():
+                shutil.copytree(unpacked, dst, symlinks=True, dirs_exist_ok=True)
+            else:
+                shutil.move(unpacked, dst)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -96,23 +96,27 @@ def container_spec(
     return kwargs
 
 
-def setup_script(workdir: str, ro_mounts: tuple[Path, ...]) -> str:
+def setup_script(workdir: str, ro_mounts: tuple[Path, ...], *, protect_reward_files: bool = True) -> str:
     """Root's first exec: the agent owns its workspace and logs, and can traverse
-    to the read-only runtime mounts (an image's /root is 0700)."""
+    to the read-only runtime mounts (an image's /root is 0700). /logs itself stays
+    root's, so the agent cannot create /logs/verifier (unless that defence is off)."""
     parents = sorted({str(p) for m in ro_mounts for p in PurePosixPath(m).parents if str(p) != "/"})
-    lines = [f"mkdir -p /logs/agent {_q(workdir)}", f"chown -R 1000:1000 /logs/agent {_q(workdir)}"]
+    owned = f"/logs/agent {_q(workdir)}" + ("" if protect_reward_files else " /logs/verifier")
+    lines = [f"mkdir -p {owned}", f"chown -R 1000:1000 {owned}"]
     if parents:
         lines.append(f"chmod o+x {' '.join(_q(p) for p in parents)} 2>/dev/null || true")
     return " && ".join(lines)
 
 
-def verify_script() -> str:
-    """Root's exec before verify: a fresh reward dir, an empty /tmp, a fresh HOME."""
-    return (
-        "rm -rf /logs/verifier /run/harnessrl-verify && mkdir -p /logs/verifier "
-        f"{VERIFY_HOME} && chown 1000:1000 /logs/verifier {VERIFY_HOME} && "
-        "find /tmp -mindepth 1 -delete"
-    )
+def verify_script(*, protect_reward_files: bool = True, clear_agent_leftovers: bool = True) -> str:
+    """Root's exec before verify: a fresh reward dir and HOME; an empty /tmp, since
+    the agent's leftovers (its processes, its files there) are gone with it."""
+    lines = [f"rm -rf /run/harnessrl-verify && mkdir -p {VERIFY_HOME} && chown 1000:1000 {VERIFY_HOME}"]
+    if protect_reward_files:
+        lines.append("rm -rf /logs/verifier && mkdir -p /logs/verifier && chown 1000:1000 /logs/verifier")
+    if clear_agent_leftovers:
+        lines.append("find /tmp -mindepth 1 -delete")
+    return " && ".join(lines)
 
 
 def _q(text: str) -> str:
@@ -176,7 +180,8 @@ class DockerBackend(Backend):
         try:
             await self._api(container.start)
             await self._api(container.reload)
-            await handle.root(setup_script(workdir, spec.ro_mounts))
+            policy = self.integrity.protect_reward_files
+            await handle.root(setup_script(workdir, spec.ro_mounts, protect_reward_files=policy))
         except Exception:
             await self.stop(sandbox)
             raise
@@ -226,7 +231,13 @@ class DockerBackend(Backend):
         handle, limits = _handle(sandbox), sandbox.spec.limits
         env = dict(request.env)
         if request.phase == Phase.VERIFY:
-            await handle.root(verify_script())
+            policy = self.integrity
+            await handle.root(
+                verify_script(
+                    protect_reward_files=policy.protect_reward_files,
+                    clear_agent_leftovers=policy.kill_agent_processes,
+                )
+            )
             env["HOME"] = VERIFY_HOME
         else:
             env.setdefault("HOME", str(sandbox.paths.home))
