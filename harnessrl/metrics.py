@@ -28,6 +28,11 @@ LATENCY = Histogram(
 QUEUE_DEPTH = Gauge("harnessrl_queue_depth", "Items waiting in a queue.", ["service", "queue"])
 ACTIVE_TRIALS = Gauge("harnessrl_active_trials", "Trials in progress.", ["service"])
 TOKENS = Counter("harnessrl_tokens", "Tokens processed, by kind (prompt, sampled, captured...).", ["service", "kind"])
+FAILURES = Counter(
+    "harnessrl_failures",
+    "Failures a service detected, by kind (proxy: engine_arrays_mismatch, refused, proxy_error).",
+    ["service", "kind"],
+)
 
 _served: set[int] = set()
 _lock = threading.Lock()

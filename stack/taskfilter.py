@@ -13,7 +13,7 @@ Choices (the issue is silent on them):
 * An attempt is *solved* when its reward is at least ``solve_threshold``
   (default 1.0: full marks; partial rewards from ``reward.json`` do not count).
 * An attempt that ends outside the policy's outcomes (``env_setup_failed``,
-  ``verifier_error``, ``verifier_timeout``, ``engine_error``, ``cancelled``; see
+  ``verifier_error``, ``verifier_timeout``, ``engine_error``, ``proxy_error``, ``cancelled``; see
   ``lifecycle.POLICY_REASONS``) is an *infra failure*: its task's count out of
   ``k`` is unknown, so the task is neither kept nor in the histogram; it is
   listed in the report with the reasons. Agent timeouts, max turns and context

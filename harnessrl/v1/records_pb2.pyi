@@ -19,6 +19,7 @@ class TerminationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TERMINATION_REASON_VERIFIER_ERROR: _ClassVar[TerminationReason]
     TERMINATION_REASON_ENGINE_ERROR: _ClassVar[TerminationReason]
     TERMINATION_REASON_CANCELLED: _ClassVar[TerminationReason]
+    TERMINATION_REASON_PROXY_ERROR: _ClassVar[TerminationReason]
 TERMINATION_REASON_UNSPECIFIED: TerminationReason
 TERMINATION_REASON_COMPLETED: TerminationReason
 TERMINATION_REASON_MAX_TURNS: TerminationReason
@@ -29,6 +30,7 @@ TERMINATION_REASON_ENV_SETUP_FAILED: TerminationReason
 TERMINATION_REASON_VERIFIER_ERROR: TerminationReason
 TERMINATION_REASON_ENGINE_ERROR: TerminationReason
 TERMINATION_REASON_CANCELLED: TerminationReason
+TERMINATION_REASON_PROXY_ERROR: TerminationReason
 
 class RoutedExperts(_message.Message):
     __slots__ = ("data", "num_tokens", "num_layers", "top_k")

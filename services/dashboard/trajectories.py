@@ -14,7 +14,9 @@ from harnessrl.arrays import unpack_f32, unpack_i32
 from harnessrl.v1 import records_pb2
 from services.dashboard.text import IM_END, Decoder, ToolParser, transcript
 
-INFRA_REASONS = frozenset({"verifier_timeout", "env_setup_failed", "verifier_error", "engine_error", "cancelled"})
+INFRA_REASONS = frozenset(
+    {"verifier_timeout", "env_setup_failed", "verifier_error", "engine_error", "proxy_error", "cancelled"}
+)
 POLICY_REASONS = frozenset({"completed", "max_turns", "context_overflow", "agent_timeout"})
 # Where a trial that did not succeed failed: (stage, infra?) by termination reason.
 STAGES = {
@@ -23,6 +25,7 @@ STAGES = {
     "max_turns": "agent",
     "context_overflow": "agent",
     "engine_error": "agent",
+    "proxy_error": "agent",
     "cancelled": "agent",
     "verifier_timeout": "verifier",
     "verifier_error": "verifier",

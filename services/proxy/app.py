@@ -66,6 +66,7 @@ def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
     @app.exception_handler(HarnessError)
     async def harness_error(request: Request, exc: HarnessError) -> JSONResponse:
         protocol = _protocol(request)
+        _note_failure(request, exc)
         log.info("request failed", extra={"kv": {"path": request.url.path, "error": str(exc)}})
         return JSONResponse(error_body(exc, protocol), status_of(exc, protocol), headers=retry_headers(exc))
 
@@ -82,6 +83,7 @@ def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", extra={"kv": {"path": request.url.path}})
+        _note_failure(request, exc)
         return JSONResponse(error_body(exc, _protocol(request)), 500)
 
     @app.get("/healthz")
@@ -108,6 +110,12 @@ def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
         return _model_card(model)
 
     return app
+
+
+def _note_failure(request: Request, exc: Exception) -> None:
+    trial = getattr(request.state, "trial", None)
+    if trial is not None:
+        trial.note_failure(exc, request.url.path.rsplit("/v1/", 1)[-1])
 
 
 def _model_card(name: str) -> dict[str, Any]:

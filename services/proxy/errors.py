@@ -75,6 +75,29 @@ class CaptureFailed(HarnessError):
     retryable = True
 
 
+def failure_kind(exc: BaseException) -> str | None:
+    """How a failed request of an authenticated trial counts against the trial:
+    ``"refused"`` for a 4xx of the proxy's own (a model name it does not serve, a
+    request it cannot parse or represent), ``"proxy_error"`` for a failure inside the
+    proxy; None for what is counted elsewhere or is the policy's doing (context
+    overflow, max_turns, engine trouble, capture trouble, load shedding, a trial
+    closed under the call)."""
+    policy_or_counted = (
+        ContextOverflow,
+        MaxTurnsReached,
+        EngineUnavailable,
+        EngineFailure,
+        CaptureFailed,
+        ResourceExhausted,
+        TrialNotFound,
+    )
+    if isinstance(exc, policy_or_counted):
+        return None
+    if isinstance(exc, HarnessError):
+        return "refused" if 400 <= exc.http_status < 500 else "proxy_error"
+    return "proxy_error"
+
+
 def retry_headers(exc: BaseException) -> dict[str, str]:
     if isinstance(exc, EngineUnavailable | ResourceExhausted | CaptureFailed):
         return {"x-should-retry": "true", "retry-after": "1"}

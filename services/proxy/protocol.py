@@ -48,7 +48,10 @@ def bearer(request: Request) -> str | None:
 
 
 def authenticate(request: Request, trial_id: str) -> Trial:
-    return core_of(request).authenticate(trial_id, bearer(request))
+    """The trial of a request; kept on the request so that a failure of it counts against the trial."""
+    trial = core_of(request).authenticate(trial_id, bearer(request))
+    request.state.trial = trial
+    return trial
 
 
 async def read_body(request: Request, limit: int) -> bytes:

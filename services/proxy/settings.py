@@ -29,7 +29,13 @@ class Settings(ServiceSettings):
         default_factory=default_model_dir, description="HF folder of the served model (tokenizer, template)."
     )
     served_model_names: list[str] = Field(
-        default_factory=list, description="Model names harnesses may ask for; empty: the model folder's name."
+        default_factory=list, description="Names the served model goes by; empty: the model folder's name."
+    )
+    accept_any_model_name: bool = Field(
+        True,
+        description="Serve the trial's policy under whatever model name the harness sends (harnesses send their "
+        "own defaults, e.g. Claude Code's); the names asked for are recorded in the trial summary. False: only "
+        "served_model_names and the trial's model are served, any other name is a 404.",
     )
     chat_template: str = Field(
         "auto",

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.context import Context
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl import metrics, telemetry
-from harnessrl.errors import AlreadyExists, ResourceExhausted
+from harnessrl.errors import AlreadyExists, HarnessError, ResourceExhausted
 from harnessrl.v1 import capture_pb2, records_pb2
 from services.proxy.capture.records import append_request
 from services.proxy.capture.state import Part, TrialCapture
 from services.proxy.capture.writer import CaptureClient, TrialWriter
 from services.proxy.chat.model import ChatModel
 from services.proxy.engine import EngineClient
-from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialNotFound, WrongTrial
+from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialNotFound, WrongTrial, failure_kind
 from services.proxy.settings import Settings
+
+MAX_MODEL_NAMES = 16  # distinct names recorded per trial; the rest count under "(other)"
+MAX_REFUSALS = 5  # refusal messages kept per trial (all are counted)
 
 
 class TrialSpec(BaseModel):
@@ -51,6 +54,13 @@ class Trial:
     aborted_turns: int = 0
     max_turns_reached: bool = False
     malformed_tool_calls: int = 0
+    # Requests this proxy refused itself (a 4xx of its own) and failures inside it:
+    # either makes the trial an infrastructure failure (termination reason proxy_error).
+    refused_requests: int = 0
+    proxy_errors: int = 0
+    refusals: list[str] = field(default_factory=list)
+    # Model names the harness asked for, with how many calls each.
+    requested_models: dict[str, int] = field(default_factory=dict)
     closing: asyncio.Future[dict[str, Any]] | None = None
     # The sandbox's trace (traceparent of the admin create call): every model call of
     # the trial is a span in it, though the harness itself sends no trace headers.
@@ -59,6 +69,33 @@ class Trial:
     @property
     def max_turns(self) -> int:
         return self.spec.max_turns
+
+    def asked_for(self, name: str) -> None:
+        name = name[:200]
+        if name not in self.requested_models and len(self.requested_models) >= MAX_MODEL_NAMES:
+            name = "(other)"
+        self.requested_models[name] = self.requested_models.get(name, 0) + 1
+
+    def note_failure(self, exc: BaseException, path: str = "") -> None:
+        """Counts a failed request against this trial (see ``errors.failure_kind``), once per exception."""
+        if getattr(exc, "_harnessrl_noted", False):
+            return
+        kind = failure_kind(exc)
+        if kind is None:
+            return
+        metrics.FAILURES.labels("proxy", kind).inc()
+        if kind == "refused":
+            self.refused_requests += 1
+        else:
+            self.proxy_errors += 1
+        if len(self.refusals) < MAX_REFUSALS:
+            status = exc.http_status if isinstance(exc, HarnessError) else 500
+            detail = str(exc) if isinstance(exc, HarnessError) else f"internal error: {type(exc).__name__}: {exc}"
+            self.refusals.append(f"{status} {path}: {detail}"[:500])
+        try:
+            exc._harnessrl_noted = True  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type with __slots__: it may be counted twice
+            pass
 
     def summary(self) -> dict[str, Any]:
         threads = [
@@ -83,6 +120,10 @@ class Trial:
             "aborted_turns": self.aborted_turns,
             "max_turns_reached": self.max_turns_reached,
             "malformed_tool_calls": self.malformed_tool_calls,
+            "refused_requests": self.refused_requests,
+            "proxy_errors": self.proxy_errors,
+            "refusals": list(self.refusals),
+            "requested_models": dict(self.requested_models),
             "render_mismatches": self.capture.render_mismatches,
             "capture_error": self.writer.error,
             "parts_appended": self.writer.appended,
@@ -192,11 +233,15 @@ class ProxyCore:
         return trial
 
     def check_model(self, trial: Trial, name: str) -> None:
-        allowed = {trial.spec.model} | set(self.model.names) if trial.spec.model else set(self.model.names)
-        if name not in allowed:
-            raise ModelNotFound(
-                f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}"
-            )
+        """Every name serves the trial's policy unless ``accept_any_model_name`` is off;
+        the name asked for is recorded either way."""
+        if not self.settings.accept_any_model_name:
+            allowed = {trial.spec.model} | set(self.model.names) if trial.spec.model else set(self.model.names)
+            if name not in allowed:
+                raise ModelNotFound(
+                    f"The model {name!r} does not exist or you do not have access to it; served: {sorted(allowed)}"
+                )
+        trial.asked_for(name)
 
     def append_request(
         self, trial: Trial, part: Part, finish: str, usage: records_pb2.Usage | None

@@ -18,7 +18,7 @@ import numpy as np
 from opentelemetry import trace
 
 from harnessrl import metrics, telemetry
-from harnessrl.arrays import F32, I32, U8
+from harnessrl.arrays import I32, U8
 from harnessrl.logs import kv
 from harnessrl.v1 import gateway_pb2, records_pb2
 from services.proxy.capture.state import OurTurn, Plan, Sampled
@@ -204,8 +204,15 @@ class ModelCall:
             finish = "tool_calls" if calls else ("length" if sampled.finish_reason == "length" else "stop")
             if final.malformed:
                 self.trial.malformed_tool_calls += 1
+            # Counts of what is captured, not the engine's report: a stop string cuts
+            # the reply short of the engine's count, and a stream may end without usage.
+            usage = records_pb2.Usage(
+                prompt_tokens=self.plan.prompt_tokens,
+                completion_tokens=sampled.num_tokens,
+                cached_prompt_tokens=min(last.usage.cached_prompt_tokens, self.plan.prompt_tokens),
+            )
             with trace.use_span(self.span, end_on_exit=False):
-                self._commit(sampled, calls, final.content, finish, last.usage)
+                self._commit(sampled, calls, final.content, finish, usage)
             committed = True
             if self.span.is_recording():
                 self.span.set_attributes(
@@ -242,6 +249,11 @@ class ModelCall:
         except (EngineUnavailable, EngineFailure, EngineContextOverflow) as e:
             self.trial.engine_errors += 1
             self.span.record_exception(e)
+            raise
+        except Exception as e:
+            # A failure of the proxy's own mid-call (a stream's status line is gone, so
+            # the route's error handler never sees it).
+            self.trial.note_failure(e, "turn")
             raise
         finally:
             if not committed:
@@ -316,8 +328,12 @@ def _sampled(
     lp = b"".join(logprobs)
     ver = b"".join(versions)
     if len(lp) != len(all_ids) or len(ver) != len(all_ids):
-        lp = lp if len(lp) == len(all_ids) else np.zeros(len(arr), F32).tobytes()
-        ver = ver if len(ver) == len(all_ids) else np.full(len(arr), -1, I32).tobytes()
-        log.warning("engine chunk arrays disagree in length; filled")
+        # A placeholder logprob or version in a training sample would break invariant 1:
+        # the turn fails as an engine error instead, and nothing of it is captured.
+        metrics.FAILURES.labels("proxy", "engine_arrays_mismatch").inc()
+        raise EngineFailure(
+            f"the engine returned {len(arr)} token ids but {len(lp) // 4} logprobs and {len(ver) // 4} "
+            "policy versions; the turn is not captured"
+        )
     r = np.concatenate(routes) if routes and sum(len(x) for x in routes) == len(arr) else None
     return Sampled(all_ids, lp, ver, finish, ended, r)

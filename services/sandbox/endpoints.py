@@ -45,6 +45,12 @@ class ProxySummary:
     engine_error: bool = False
     max_turns_reached: bool = False
     malformed_tool_calls: int = 0
+    # Requests the proxy refused itself (a 4xx of its own) or failed inside: infrastructure.
+    refused_requests: int = 0
+    proxy_errors: int = 0
+    refusals: list[str] = field(default_factory=list)
+    # Model names the harness asked for -> calls (every name serves the trial's policy).
+    requested_models: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProxySummary:
@@ -118,6 +124,7 @@ class CaptureFinalizer:
             metadata={
                 "policy_version": str(spec.policy_version),
                 "tamper_events": str(len(outcome.tamper_events)),
+                **({"requested_models": ",".join(outcome.requested_models)[:4096]} if outcome.requested_models else {}),
                 # Stable across attempts: the trace of the submitter (a redelivered trial's
                 # finalize must stay identical), absent when the trial came without one.
                 **({"trace_id": trace_id} if (trace_id := telemetry.trace_id_of(spec.trace_context)) else {}),

@@ -51,6 +51,7 @@ class TerminationReason(StrEnum):
     VERIFIER_ERROR = "verifier_error"
     ENGINE_ERROR = "engine_error"
     CANCELLED = "cancelled"
+    PROXY_ERROR = "proxy_error"
 
 
 # Outcomes of the policy keep their reward; the rest get weight 0 in the loss.
@@ -73,6 +74,7 @@ def decide_termination(
     cancelled: bool = False,
     setup_failed: bool = False,
     engine_error: bool = False,
+    proxy_error: bool = False,
     verifier_timed_out: bool = False,
     verifier_failed: bool = False,
     context_overflow: bool = False,
@@ -86,6 +88,7 @@ def decide_termination(
         (cancelled, TerminationReason.CANCELLED),
         (setup_failed, TerminationReason.ENV_SETUP_FAILED),
         (engine_error, TerminationReason.ENGINE_ERROR),
+        (proxy_error, TerminationReason.PROXY_ERROR),
         (verifier_timed_out, TerminationReason.VERIFIER_TIMEOUT),
         (verifier_failed, TerminationReason.VERIFIER_ERROR),
         (context_overflow, TerminationReason.CONTEXT_OVERFLOW),
@@ -158,6 +161,8 @@ class TrialOutcome(BaseModel):
     verifier_summary: str = ""
     artifacts_dir: str = ""
     task_id: str = ""
+    # Model names the harness asked the proxy for (each served the trial's policy).
+    requested_models: list[str] = Field(default_factory=list)
 
 
 class TrialRecord(BaseModel):

@@ -278,9 +278,21 @@ class TrialRunner:
             # Segments may not be durable: an infrastructure failure, never a reward.
             self._fail(t, "engine_error", f"proxy close: {e}")
             return
-        t.flags["engine_error"] = t.flags.get("engine_error", False) or t.summary.engine_error
-        t.flags["context_overflow"] = t.summary.context_overflow
-        t.flags["max_turns_reached"] = t.summary.max_turns_reached
+        summary = t.summary
+        t.flags["engine_error"] = t.flags.get("engine_error", False) or summary.engine_error
+        t.flags["context_overflow"] = summary.context_overflow
+        t.flags["max_turns_reached"] = summary.max_turns_reached
+        if summary.refused_requests or summary.proxy_errors:
+            # The harness was refused by the proxy, not answered by the policy: whatever
+            # the verifier says afterwards measures the proxy, never a reward.
+            detail = "; ".join(summary.refusals) or "no detail"
+            self._fail(
+                t,
+                "proxy_error",
+                f"the proxy refused {summary.refused_requests} request(s) and failed {summary.proxy_errors}: {detail}",
+            )
+        if summary.num_turns == 0 and t.harness is not None and t.harness.model_access == ModelAccess.REQUIRED:
+            t.events.append("agent:no_model_call")
 
     # -- verify ----------------------------------------------------------------
     async def _verify(self, t: _Trial, cancel: asyncio.Event) -> None:
@@ -338,6 +350,7 @@ class TrialRunner:
             cancelled=f.get("cancelled", False),
             setup_failed=f.get("setup_failed", False),
             engine_error=f.get("engine_error", False),
+            proxy_error=f.get("proxy_error", False),
             verifier_timed_out=f.get("verifier_timed_out", False),
             verifier_failed=f.get("verifier_failed", False),
             context_overflow=f.get("context_overflow", False),
@@ -357,6 +370,7 @@ class TrialRunner:
             verifier_summary=t.verifier_summary,
             artifacts_dir=str(t.artifacts),
             task_id=t.task_id,
+            requested_models=sorted(t.summary.requested_models),
         )
         t.artifacts.mkdir(parents=True, exist_ok=True)
         (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))

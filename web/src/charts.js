@@ -18,6 +18,7 @@ export const REASON_COLORS = {
   context_overflow: '#e8772e',
   agent_timeout: '#a0722a',
   engine_error: '#c0392b',
+  proxy_error: '#922b21',
   env_setup_failed: '#8e5cc4',
   verifier_error: '#e84393',
   verifier_timeout: '#f19bc1',

@@ -5,7 +5,7 @@ import { empty, fmt, h, panel, pct, seconds, steps } from '../dom.js';
 import { analysisPanel } from './analysis.js';
 import { trajectoriesPanel } from './table.js';
 
-const INFRA = new Set(['verifier_timeout', 'env_setup_failed', 'verifier_error', 'engine_error', 'cancelled']);
+const INFRA = new Set(['verifier_timeout', 'env_setup_failed', 'verifier_error', 'engine_error', 'proxy_error', 'cancelled']);
 
 function series(metrics, ...names) {
   const out = {};
