@@ -173,16 +173,20 @@ def _grow_segment(seg: rec.SegRec, p: PreparedAppend, now: float) -> None:
     req = p.req
     if p.part.routes is not None:
         seg.layers, seg.top_k = int(p.part.routes.shape[1]), int(p.part.routes.shape[2])
+    # Usage is derived from the tokens themselves (a writer's counts are checked in
+    # validate): prompt = what the engine saw for this call (the segment so far and
+    # the part's context), completion = the part's mask-1 tokens.
+    seen = seg.n_prompt + seg.n_tokens + p.part.n - p.n_sampled if p.n_sampled else 0
+    seg.usage = [
+        seg.usage[0] + seen,
+        seg.usage[1] + p.n_sampled,
+        seg.usage[2] + min(req.usage.cached_prompt_tokens, seen),
+    ]
     seg.n_parts += 1
     seg.n_turns += p.n_sampled > 0
     seg.n_tokens += p.part.n
     seg.n_sampled += p.n_sampled
     seg.finish_reason = req.finish_reason or seg.finish_reason
-    seg.usage = [
-        seg.usage[0] + req.usage.prompt_tokens,
-        seg.usage[1] + req.usage.completion_tokens,
-        seg.usage[2] + req.usage.cached_prompt_tokens,
-    ]
     seg.model = req.model or seg.model
     seg.template = req.chat_template_sha256 or seg.template
     seg.updated_at = now

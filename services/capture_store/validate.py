@@ -101,7 +101,13 @@ def prepare_append(req: capture_pb2.AppendSegmentRequest, settings: Settings) ->
         routes=arrays.unpack_routes(req.tokens.routed_experts),
         prompt=prompt,
     )
-    return PreparedAppend(req, part, digest(req), uuid.uuid4().hex, *_check_arrays(part, where))
+    n_sampled, versions = _check_arrays(part, where)
+    if req.HasField("usage") and req.usage.completion_tokens != n_sampled:
+        raise InvalidArgument(
+            f"{where}: usage.completion_tokens is {req.usage.completion_tokens} but the part holds "
+            f"{n_sampled} sampled (mask 1) tokens"
+        )
+    return PreparedAppend(req, part, digest(req), uuid.uuid4().hex, n_sampled, versions)
 
 
 def _check_arrays(part: codec.Part, where: str) -> tuple[int, list[int]]:

@@ -53,14 +53,16 @@ def append_request(
     **token_kw: Any,
 ) -> capture_pb2.AppendSegmentRequest:
     seed = hash((run, trial, thread, segment, part)) % 2**32 if seed is None else seed
+    arrays_ = tokens(seed, **token_kw)
+    n_sampled = int(np.frombuffer(arrays_.mask, np.uint8).sum())
     req = capture_pb2.AppendSegmentRequest(
         key=records_pb2.SegmentKey(run_id=run, trial_id=trial, thread=thread, segment_index=segment),
         part_index=part,
         thread_kind=kind,
         trainable=kind != "side",
-        tokens=tokens(seed, **token_kw),
+        tokens=arrays_,
         finish_reason="tool_calls" if not close else "stop",
-        usage=records_pb2.Usage(prompt_tokens=100, completion_tokens=16),
+        usage=records_pb2.Usage(prompt_tokens=100, completion_tokens=n_sampled),
         model="smollm2",
         chat_template_sha256="ab" * 32,
         close=close,

@@ -194,7 +194,23 @@ async def test_nonstandard_mask0_values_are_kept_exactly(store: Store) -> None:
 async def test_part_with_no_tokens_is_accepted(store: Store) -> None:
     req = append_request("r1", "t1")
     req.tokens.CopyFrom(tokens(0, n=0, sampled=0))
+    req.usage.completion_tokens = 0
     assert (await store.append(req)).segment_tokens == 10
+
+
+async def test_usage_is_derived_from_the_tokens_and_a_wrong_count_is_refused(store: Store) -> None:
+    # part 0: prompt 10, 24 context + 16 sampled; part 1: 5 context + 7 sampled
+    await store.append(append_request("r1", "tu", n=40, sampled=16))
+    await store.append(append_request("r1", "tu", part=1, n=12, sampled=7))
+    wrong = append_request("r1", "tu", part=2, n=8, sampled=3)
+    wrong.usage.completion_tokens = 4
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await store.append(wrong)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "usage.completion_tokens is 4 but the part holds 3 sampled (mask 1) tokens" in (info.value.details() or "")
+    seg = (await store.get("r1", "tu")).segments[0]
+    assert seg.usage.completion_tokens == 16 + 7 == int(np.frombuffer(seg.response.mask, np.uint8).sum())
+    assert seg.usage.prompt_tokens == (10 + 24) + (10 + 40 + 5), "what the engine saw at each call"
 
 
 async def test_trajectory_too_large_for_one_message_is_refused_clearly(make_store) -> None:
@@ -213,6 +229,7 @@ async def test_close_only_part_is_not_a_turn(store: Store) -> None:
     await store.append(append_request("r1", "t1"))
     close = append_request("r1", "t1", part=1, close=True)
     close.tokens.CopyFrom(records_pb2.TokenArrays())
+    close.ClearField("usage")  # as the proxy sends it
     close.finish_reason = ""
     await store.append(close)
     seg = (await store.get("r1", "t1")).segments[0]
