@@ -56,3 +56,32 @@ def worker(
             await queue.close()
 
     asyncio.run(run())
+
+
+@app.command("base-images")
+def base_images(
+    docker_host: Annotated[
+        str | None, typer.Option(help="Engine to import into (default: DOCKER_HOST or the default socket).")
+    ] = None,
+    rebuild: Annotated[bool, typer.Option(help="Build the rootfs again even if it is cached.")] = False,
+    build_only: Annotated[bool, typer.Option(help="Only build the rootfs tar; import into no engine.")] = False,
+) -> None:
+    """Build the offline base images (a Debian rootfs from Debian's packages) and
+    import them into a Docker engine under the names task Dockerfiles use in FROM."""
+    from services.sandbox import baseimages
+
+    fs = baseimages.rootfs(rebuild=rebuild)
+    typer.echo(f"rootfs {fs.tar} ({fs.tar.stat().st_size / 1e6:.0f} MB)")
+    if build_only:
+        return
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
+        client.ping()
+    except Exception as e:  # any failure to reach the engine
+        typer.echo(f"no Docker engine reachable ({docker_host or 'DOCKER_HOST/default'}): {e}", err=True)
+        raise typer.Exit(2) from e
+    tagged = baseimages.ensure_imported(client, fs)
+    for name in baseimages.NAMES:
+        typer.echo(f"{name}: {'imported' if name in tagged else 'present'}")

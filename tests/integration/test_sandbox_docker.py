@@ -5,7 +5,10 @@ task's own image, isolation, limits, cancellation, faults and orphans."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -246,3 +249,19 @@ async def test_engine_restart_mid_exec_is_a_lost_sandbox(tmp_path: Path) -> None
         with pytest.raises(SandboxLost):
             await asyncio.wait_for(running, 30)
         await backend.stop(box)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "harnessrl", "sandbox", "base-images", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_base_images_cli_imports_into_the_engine_and_refuses_a_dead_one(
+    docker_engine: DockerEngine, tmp_path: Path
+) -> None:
+    done = _cli("--docker-host", docker_engine.host)
+    assert done.returncode == 0, done.stderr
+    assert "python:3.11-slim: present" in done.stdout and "rootfs " in done.stdout
+    dead = _cli("--docker-host", f"unix://{tmp_path}/none.sock")
+    assert dead.returncode == 2 and "no Docker engine reachable" in dead.stderr
+    assert "Traceback" not in dead.stderr
