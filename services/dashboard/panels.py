@@ -192,15 +192,21 @@ def validation(eval_rows: list[dict[str, Any]]) -> dict[int, float]:
 
 
 def rollout_throughput(rows: list[dict[str, Any]], metrics: list[StepRecord]) -> dict[int, float]:
-    """Sampled tokens per second between consecutive trainer steps (what the engines delivered)."""
+    """Sampled tokens per second between consecutive trainer steps (what the engines delivered).
+
+    A window counts only while rollouts ran in it: it ends at the last finalized
+    trajectory. Rollouts one step ahead of the optimizer all finish before the last
+    step does, and that step's window would otherwise read as a measured 0."""
     out: dict[int, float] = {}
     done = sorted((r["finalized_at"], r["completion_tokens"]) for r in rows if r["finalized_at"])
     if not done:
         return out  # no trajectories: not a measured zero
+    last = done[-1][0]
     for prev, cur in itertools.pairwise(metrics):
-        span = cur.wall_time - prev.wall_time
+        end = min(cur.wall_time, last)
+        span = end - prev.wall_time
         if span > 0:
-            out[cur.step] = sum(n for t, n in done if prev.wall_time < t <= cur.wall_time) / span
+            out[cur.step] = sum(n for t, n in done if prev.wall_time < t <= end) / span
     return out
 
 

@@ -114,3 +114,13 @@ def test_candidates_are_parsed_defensively() -> None:
     for bad in ["no json here", '{"candidates": "x"}', '{"candidates": [{"title": ""}]}']:
         with pytest.raises(AnalysisError):
             parse_candidates(bad, 5)
+
+
+def test_rollout_throughput_ends_with_the_last_rollout() -> None:
+    metrics = [StepRecord(1, 10.0, {}), StepRecord(2, 20.0, {}), StepRecord(3, 30.0, {})]
+    # One step ahead: the rollouts of step 3 finished during step 2; nothing ran after t=18.
+    rows = [{"finalized_at": t, "completion_tokens": 100} for t in (5.0, 12.0, 14.0, 18.0)]
+    assert panels.rollout_throughput(rows, metrics) == {2: 300 / 8}, "step 3 had no rollouts: not a measured 0"
+    rows.append({"finalized_at": 25.0, "completion_tokens": 50})
+    assert panels.rollout_throughput(rows, metrics) == {2: 300 / 10, 3: 50 / 5}
+    assert panels.rollout_throughput([], metrics) == {}
