@@ -33,6 +33,30 @@ npm_harnesses() {
   mark npm "$key"
 }
 
+# A self-contained Node.js for harnesses that run on node (Codex's launcher):
+# the binary, every library it links and the dynamic loader, with the loader
+# and library path patched to point inside the bundle, so it runs in a task's
+# container whatever that image holds (or lacks). Mounted read-only there.
+node_runtime() {
+  local node out key
+  node="$(readlink -f "$(command -v node)")"
+  out="$TOOLS/runtime/node"
+  key="$(sha256sum "$node" | cut -c1-16)"
+  done_with node-runtime "$key" && [[ -x "$out/bin/node" ]] && return
+  step "node runtime: $node"
+  command -v patchelf >/dev/null || { echo "setup: patchelf is missing (Debian package patchelf)" >&2; return 1; }
+  rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+  cp "$node" "$out/bin/node"
+  ldd "$node" | awk '/=> \//{print $3} /^\s*\/.*ld-linux/{print $1}' | while read -r lib; do
+    cp -L "$lib" "$out/lib/"
+  done
+  local loader
+  loader="$(basename "$(patchelf --print-interpreter "$node")")"
+  patchelf --set-interpreter "$out/lib/$loader" --set-rpath "$out/lib" "$out/bin/node"
+  "$out/bin/node" -e 'process.exit(0)'
+  mark node-runtime "$key"
+}
+
 # A Python 3.12 interpreter (OpenHands SDK needs it): on PATH, or a pyenv build.
 python312() {
   local c
@@ -56,6 +80,7 @@ python_harness() { # NAME PYTHON PACKAGES...
 }
 
 npm_harnesses
+node_runtime
 python_harness mini-swe-agent "${PYTHON311:-python3.11}" "mini-swe-agent==$MINI_SWE_AGENT_VERSION"
 # The OpenHands SDK needs Python >= 3.12.
 python_harness openhands "$(python312)" "openhands-sdk==$OPENHANDS_VERSION" "openhands-tools==$OPENHANDS_VERSION"

@@ -1,7 +1,9 @@
 """Each real, unmodified harness runs a multi-turn task to completion inside
-the local sandbox (no network but the proxy's socket), against the real proxy,
-gateway (scripted engine playing the policy) and capture store; the verifier
-scores the result and the trajectory is finalized."""
+a sandbox, on the local backend and in the task's own container on the Docker
+backend (a real engine; the harness comes from its read-only mounted runtime),
+with no network but the proxy, against the real proxy, gateway (scripted
+engine playing the policy) and capture store; the verifier scores the result
+and the trajectory is finalized."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ import pytest
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
-from services.sandbox.backends.local import LocalBackend
+from services.sandbox.backends import create_backend
 from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
 from services.sandbox.harnesses import get_harness
 from services.sandbox.lifecycle import TerminationReason, TrialSpec
 from services.sandbox.runner import TrialRunner
+from services.sandbox.settings import DockerBackendSettings
 from tests.e2e.test_proxy_harnesses import CLAUDE_MAIN, CODEX_MAIN, MINI_MAIN, OPENCODE_MAIN, OPENHANDS_MAIN
 from tests.sandbox_support import make_task, model_stack
 
@@ -41,8 +44,18 @@ CASES: dict[str, tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]] = {
 }
 
 
+@pytest.fixture(params=["local", "docker"])
+def backend_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "docker":
+        engine = request.getfixturevalue("docker_engine")
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    return {"backend": "local"}
+
+
 @pytest.mark.parametrize("harness", list(CASES))
-async def test_real_harness_completes_a_task_in_the_sandbox(tmp_path: Path, harness: str) -> None:
+async def test_real_harness_completes_a_task_in_the_sandbox(
+    tmp_path: Path, harness: str, backend_settings: dict[str, Any]
+) -> None:
     adapter = get_harness(harness)
     missing = [p for p in adapter.install_paths() if not p.exists()]
     if missing:
@@ -50,10 +63,10 @@ async def test_real_harness_completes_a_task_in_the_sandbox(tmp_path: Path, harn
     threads, extra = CASES[harness]
     task = make_task(tmp_path / "tasks", toml=TOML, instruction="Create hello.txt containing hello")
     async with model_stack(tmp_path / "stack", threads, **extra) as stack:
-        settings = stack.sandbox_settings(tmp_path, default_agent_timeout_s=240)
+        settings = stack.sandbox_settings(tmp_path, default_agent_timeout_s=240, **backend_settings)
         runner = TrialRunner(
             settings,
-            LocalBackend(settings),
+            create_backend(settings),
             proxy=ProxyAdmin(stack.proxy.url, stack.admin_token),
             capture=CaptureFinalizer(settings.capture_target or "", None),
         )

@@ -172,8 +172,6 @@ class DockerBackend(Backend):
         dirs = spec.dirs.create()
         for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT):
             host_dir.mkdir(parents=True, exist_ok=True)
-            if os.geteuid() == 0:  # the sandbox's uid writes its HOME through the bind mount
-                os.chown(host_dir, 1000, 1000)
         container = await self._create(spec, image, workdir)
         handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root)
         sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
@@ -241,6 +239,8 @@ class DockerBackend(Backend):
             env["HOME"] = VERIFY_HOME
         else:
             env.setdefault("HOME", str(sandbox.paths.home))
+            # What the harness adapter wrote into HOME since start is the worker's: give it to the agent.
+            await asyncio.to_thread(_chown_tree, sandbox.spec.dirs.home(Phase.AGENT), 1000)
         if request.network == Network.PROXY_ONLY and request.proxy_port and sandbox.spec.proxy_socket is not None:
             await handle.open_relay(request.proxy_port, sandbox.spec.proxy_socket)
         disk_full = asyncio.Event()
@@ -328,6 +328,13 @@ class DockerBackend(Backend):
             if _engine_down(e):
                 raise SandboxLost(f"Docker engine unreachable: {e}") from e
             raise
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    if os.geteuid() != 0 or not root.is_dir():
+        return
+    for path in (root, *root.rglob("*")):
+        os.lchown(path, uid, uid)
 
 
 def _engine_down(error: Exception) -> bool:

@@ -19,6 +19,12 @@ def _bin(name: str) -> Path:
     return npm_prefix() / "node_modules" / ".bin" / name
 
 
+def node_runtime() -> Path:
+    """The self-contained Node.js setup bundles (binary, its libraries, its loader):
+    a harness launched by a .js entry runs on it in any task image."""
+    return paths.tools_dir() / "runtime" / "node"
+
+
 def _model(ctx: AgentContext) -> str:
     return ctx.model or "harnessrl-policy"
 
@@ -27,7 +33,7 @@ class _NpmHarness(HarnessAdapter):
     binary: str
 
     def install_paths(self) -> list[Path]:
-        return [npm_prefix()]
+        return [npm_prefix(), node_runtime()] if self._on_node() else [npm_prefix()]
 
     def check_installed(self) -> None:
         super().check_installed()
@@ -35,6 +41,16 @@ class _NpmHarness(HarnessAdapter):
             from services.sandbox.errors import EnvSetupError
 
             raise EnvSetupError(f"harness {self.name!r}: {_bin(self.binary)} not found; run scripts/setup")
+
+    def _on_node(self) -> bool:
+        """Whether the entry is a node script (``#!/usr/bin/env node``) rather than a native binary."""
+        return _bin(self.binary).resolve().suffix in (".js", ".mjs", ".cjs")
+
+    def launcher(self) -> list[str]:
+        """The argv prefix that starts the harness: its entry, run by the bundled
+        node when it is a script (a task image need not have node)."""
+        entry = str(_bin(self.binary))
+        return [str(node_runtime() / "bin" / "node"), entry] if self._on_node() else [entry]
 
     def xdg_env(self, ctx: AgentContext) -> dict[str, str]:
         home = str(ctx.paths.home)
@@ -67,7 +83,7 @@ class ClaudeCode(_NpmHarness):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "IS_SANDBOX": "1",
         }
-        argv = [str(_bin(self.binary)), "-p", ctx.instruction, "--output-format", "json", "--model", _model(ctx)]
+        argv = [*self.launcher(), "-p", ctx.instruction, "--output-format", "json", "--model", _model(ctx)]
         argv += ["--dangerously-skip-permissions"]
         if ctx.max_turns:
             argv += ["--max-turns", str(ctx.max_turns)]
@@ -108,7 +124,7 @@ class OpenCode(_NpmHarness):
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
             "OPENCODE_DISABLE_SHARE": "1",
         }
-        return AgentCommand(argv=[str(_bin(self.binary)), "run", ctx.instruction], env=env)
+        return AgentCommand(argv=[*self.launcher(), "run", ctx.instruction], env=env)
 
     def log_paths(self) -> list[str]:
         return [".local/share/opencode"]
@@ -147,7 +163,7 @@ class Codex(_NpmHarness):
             "CODEX_HOME": str(ctx.paths.home / ".codex"),
             "HARNESSRL_API_KEY": ctx.token or "",
         }
-        argv = [str(_bin(self.binary)), "exec", "--skip-git-repo-check"]
+        argv = [*self.launcher(), "exec", "--skip-git-repo-check"]
         argv += ["--dangerously-bypass-approvals-and-sandbox", ctx.instruction]
         return AgentCommand(argv=argv, env=env)
 
