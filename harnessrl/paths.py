@@ -37,4 +37,7 @@ def tools_dir() -> Path:
 
 
 def runs_dir() -> Path:
-    return home() / "runs"
+    """Run directories (``harnessrl run`` and single ``trial run`` trials):
+    ``$HARNESSRL_RUNS_DIR`` or ``<home>/runs``."""
+    env = os.environ.get("HARNESSRL_RUNS_DIR")
+    return Path(env).expanduser().resolve() if env else home() / "runs"

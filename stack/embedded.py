@@ -232,16 +232,23 @@ class _WorkerHandle:
 
 @contextlib.asynccontextmanager
 async def model_stack(
-    engine: str | None, workdir: Path, model: str | None, temperature: float | None = None
+    engine: str | None,
+    workdir: Path,
+    model: str | None,
+    temperature: float | None = None,
+    capture_dir: Path | None = None,
 ) -> AsyncIterator[Endpoints]:
-    """One trial's services: the capture store (embedded in ``workdir``) always; the
-    gateway with ``engine`` and the proxy (sampling at ``temperature``, unset: the
-    proxy's default) when an engine is given."""
+    """One trial's services: the capture store (embedded in ``capture_dir``, default
+    ``workdir/capture``) always; the gateway with ``engine`` and the proxy (sampling at
+    ``temperature``, unset: the proxy's default; its socket in ``workdir``) when an
+    engine is given."""
     from services.capture_store.settings import Settings as CaptureSettings
 
     stoppers: list[_Stopper] = []
     try:
-        capture = await start_capture(CaptureSettings.model_validate({"port": 0, "store_dir": workdir / "capture"}))
+        capture = await start_capture(
+            CaptureSettings.model_validate({"port": 0, "store_dir": capture_dir or workdir / "capture"})
+        )
         stoppers.append(_Stopper("capture store", capture))
         ends = Endpoints(capture_target=f"127.0.0.1:{capture.port}")
         if engine is not None:

@@ -1,6 +1,8 @@
 """``harnessrl capture``: serve the capture store, export and retire captured trajectories.
 
-Commands other than ``serve`` reach a store one of three ways (exactly one):
+Commands other than ``serve`` reach a store one of three ways (exactly one;
+``export`` with none of them finds the trial's run under ``$HARNESSRL_RUNS_DIR``,
+default ``$HARNESSRL_HOME/runs``: a ``trial run`` trial or a run's trial):
 ``--target HOST:PORT`` talks gRPC to a running store (with ``--token`` and, if
 the store fences runs, ``--run-token``); ``--store DIR`` opens an embedded
 store directory directly; ``--config FILE`` opens the store its
@@ -121,10 +123,15 @@ def export(
     token: TokenOption = None,
     run_token: RunTokenOption = None,
 ) -> None:
-    """Write one JSON object per segment of a trajectory (JSONL), with its reward and termination."""
+    """Write one JSON object per segment of a trajectory (JSONL), with its reward and termination.
+
+    Without --target/--store/--config, the trial is looked up by its id in the run
+    directories (``trial run`` keeps each trial as one)."""
     from services.capture_store.export import segment_objects, write_jsonl
 
     _check_out(out)
+    if target is None and store is None and config is None:
+        store, run = _local_store_of(trial, run)
 
     async def go(client: Any) -> int:
         run_id = run or await _find_run(client, trial)
@@ -133,6 +140,32 @@ def export(
 
     count = _with_client(target, store, config, token, run_token, False, go)
     typer.echo(f"wrote {count} segment(s) of trial {trial} to {out}")
+
+
+def _local_store_of(trial: str, run: str | None) -> tuple[Path, str]:
+    """The embedded store and run id of a trial under the runs directory."""
+    from harnessrl.errors import NotFound
+    from harnessrl.paths import runs_dir
+    from services.dashboard.rundir import open_run, runs_holding
+
+    root = runs_dir()
+    found = []
+    for run_id in [run] if run else runs_holding(root, trial):
+        try:
+            store = open_run(root, run_id).capture_dir()
+        except NotFound:
+            continue
+        if store is not None and (store / "index.sqlite3").exists():
+            found.append((store, run_id))
+    if not found:
+        where = f"run {run!r}" if run else "run"
+        raise InvalidArgument(
+            f"no {where} under {root} holds a trial {trial!r} (single-trial runs and run artifacts searched); "
+            "give exactly one of --target HOST:PORT, --store DIR or --config FILE"
+        )
+    if len(found) > 1:
+        raise InvalidArgument(f"trial {trial!r} is in runs {[r for _, r in found]}; pick one with --run")
+    return found[0]
 
 
 async def _find_run(client: Any, trial: str) -> str:

@@ -2,7 +2,8 @@
 
 Pages (``/``, ``/runs/<id>``, ``/runs/<id>/trajectories/<trial>``, ``/compare``)
 serve the built web UI after checking that what they name exists (else a 404
-page); ``/api/...`` serves JSON; ``/api/runs/<id>/events`` streams SSE.
+page); ``/trials/<trial>`` redirects to the trial's page in whichever run holds
+it (``/api/trials/<trial>`` says which); ``/api/...`` serves JSON; ``/api/runs/<id>/events`` streams SSE.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
         service.open(run_id)
         return spa()
 
+    @app.get("/trials/{trial_id}")
+    async def trial_page(trial_id: str) -> RedirectResponse:
+        run_id = await service.find_trial(trial_id)
+        return RedirectResponse(f"/runs/{run_id}/trajectories/{trial_id}", status_code=307)
+
     @app.get("/runs/{run_id}/trajectories/{trial_id}", response_class=HTMLResponse)
     async def trajectory_page(run_id: str, trial_id: str) -> HTMLResponse:
         await service.trajectory_exists(run_id, trial_id)
@@ -112,6 +118,11 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
         run_id: str, step: int | None = None, task: str | None = None, reason: str | None = None
     ) -> dict[str, Any]:
         return {"trajectories": await service.trajectory_rows(run_id, step, task, reason)}
+
+    @app.get("/api/trials/{trial_id}")
+    async def api_trial(trial_id: str) -> dict[str, str]:
+        run_id = await service.find_trial(trial_id)
+        return {"run_id": run_id, "trial_id": trial_id, "page": f"/runs/{run_id}/trajectories/{trial_id}"}
 
     @app.get("/api/runs/{run_id}/trajectories/{trial_id}")
     async def api_trajectory(run_id: str, trial_id: str) -> dict[str, Any]:

@@ -42,6 +42,8 @@ class RunInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     run_id: str
+    # "trial": one ``harnessrl trial run`` (no trainer, no config file; run id = trial id).
+    kind: Literal["run", "trial"] = "run"
     created_at: float | str | None = None
     status: Literal["running", "done", "failed", "stopped"] = "running"
     group_size: int | None = Field(None, ge=1)
@@ -159,6 +161,9 @@ def _read_info(path: Path, run_id: str, problems: list[str]) -> RunInfo | None:
 
 def _check_files(run: RunDir) -> None:
     info, path = run.info, run.path
+    if info is not None and info.kind == "trial":
+        _check_capture(run, info)
+        return
     if not (path / "config.toml").exists():
         run.problems.append("config.toml is missing: the resolved config cannot be shown")
     elif run.config_text() is None:
@@ -172,6 +177,12 @@ def _check_files(run: RunDir) -> None:
         run.problems.append("metrics.jsonl is missing: no trainer metrics (training panels are empty)")
     if info is None:
         return
+    _check_capture(run, info)
+    if info.live and not info.trainer_target:
+        run.problems.append("run.json: status is running but trainer_target is not set (metrics from file)")
+
+
+def _check_capture(run: RunDir, info: RunInfo) -> None:
     if info.capture is None:
         run.problems.append("run.json names no capture store: trajectories cannot be shown")
     elif info.capture.backend == "embedded":
@@ -180,8 +191,18 @@ def _check_files(run: RunDir) -> None:
             run.problems.append(f"capture store directory {store} is missing (run.json: capture.dir)")
     elif not info.capture.target:
         run.problems.append("run.json: a distributed capture store needs capture.target (host:port)")
-    if info.live and not info.trainer_target:
-        run.problems.append("run.json: status is running but trainer_target is not set (metrics from file)")
+
+
+def runs_holding(root: Path, trial_id: str) -> list[str]:
+    """Runs under ``root`` whose directory shows the trial, cheapest first and without
+    opening a store: the single-trial run of that id, then every run whose artifacts
+    hold a folder of that trial (``artifacts/<run id>/<trial id>``)."""
+    if not RUN_ID.match(trial_id):
+        raise InvalidArgument(f"bad trial id {trial_id!r}: letters, digits, '.', '_', '-' (max 128)")
+    out = [trial_id] if is_run_dir(root / trial_id) else []
+    if root.is_dir():
+        out += [r for r in list_run_ids(root) if r != trial_id and (root / r / "artifacts" / r / trial_id).is_dir()]
+    return out
 
 
 def read_metrics(run: RunDir) -> tuple[list[StepRecord], list[str]]:

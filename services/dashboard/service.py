@@ -247,6 +247,18 @@ class DashboardService:
         reader = await self.readers.capture(await self.opener.target_for(run))
         await reader.get(run_id, trial_id, include_tokens=False)
 
+    async def find_trial(self, trial_id: str) -> str:
+        """The run holding a trial, found by its id alone (``rundir.runs_holding``)."""
+        candidates = [r for r in rundir.runs_holding(self.settings.root(), trial_id) if r in self.run_ids()]
+        for run_id in candidates:
+            try:
+                await self.trajectory_exists(run_id, trial_id)
+            except HarnessError as e:
+                log.info("trial not in a candidate run", extra=kv(run=run_id, trial=trial_id, error=str(e)))
+                continue
+            return run_id
+        raise NotFound(f"no run under {self.settings.root()} holds a trial {trial_id!r}")
+
     def trace_link(self, view: dict[str, Any]) -> str | None:
         trace_id = view["metadata"].get("trace_id")
         if not trace_id and "{trace_id}" in self.settings.trace_url:
