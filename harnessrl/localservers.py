@@ -245,6 +245,12 @@ class DockerEngine(_Process):
         return self.dir / "docker.sock"
 
     @property
+    def _ns(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
+
+    @property
     def host(self) -> str:
         """The ``DOCKER_HOST`` value clients use."""
         return f"unix://{self.socket}"
@@ -265,9 +271,9 @@ class DockerEngine(_Process):
             f"--exec-root={self.dir / 'exec'}",
             f"--pidfile={self.dir / 'docker.pid'}",
             f"--host={self.host}",
-            # containerd's own socket and state under our dir: several engines coexist.
-            f"--containerd-namespace=hrl-{self.dir.name}",
-            f"--containerd-plugins-namespace=hrl-{self.dir.name}-plugins",
+            # A containerd namespace of its own: several engines coexist (names: [A-Za-z0-9] and ._- between).
+            f"--containerd-namespace=hrl{self._ns}",
+            f"--containerd-plugins-namespace=hrl{self._ns}-plugins",
         ]
         log = self.dir / "dockerd.log"
         with open(log, "wb") as out:

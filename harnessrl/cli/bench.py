@@ -11,11 +11,21 @@ app = typer.Typer(help="bench", no_args_is_help=True)
 
 
 @app.command()
-def sandbox(trials: Annotated[int, typer.Option(min=2, help="Trials per measurement.")] = 20) -> None:
-    """Local sandbox: overhead per trial (warm layer cache) and trials/minute at concurrency 1, 4, 16."""
+def sandbox(
+    trials: Annotated[int, typer.Option(min=2, help="Trials per measurement.")] = 20,
+    backend: Annotated[list[str] | None, typer.Option(help="Backends beside local: docker (repeatable).")] = None,
+    docker_host: Annotated[
+        str | None, typer.Option(help="Engine of the docker backend (default: a private dockerd the bench starts).")
+    ] = None,
+) -> None:
+    """Sandbox backends: overhead per trial (warm cache) and trials/minute at concurrency 1, 4, 16."""
     from services.sandbox.bench import print_report, run_bench
 
-    print_report(*asyncio.run(run_bench(trials)))
+    kinds = tuple(dict.fromkeys(["local", *(backend or [])]))
+    unknown = [k for k in kinds if k not in ("local", "docker")]
+    if unknown:
+        raise typer.BadParameter(f"unknown backend {unknown[0]!r}; valid: local, docker", param_hint="--backend")
+    print_report(*asyncio.run(run_bench(trials, backends=kinds, docker_host=docker_host)))
 
 
 @app.command()

@@ -17,7 +17,7 @@ from services.sandbox.backends.base import (
     check_requirements,
 )
 from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_WORKER, container_spec, setup_script, verify_script
-from services.sandbox.backends.docker_images import base_images
+from services.sandbox.backends.docker_images import base_images, prepare_script
 from services.sandbox.errors import BackendUnavailable, CapabilityError, UnknownName
 from services.sandbox.paths import TrialDirs
 from services.sandbox.settings import IntegrityPolicy
@@ -49,15 +49,18 @@ def test_docker_container_spec(tmp_path: Path) -> None:
     assert kw["volumes"]["/opt/tools"] == {"bind": "/opt/tools", "mode": "ro"}
     assert kw["volumes"][str(spec.dirs.home("agent"))] == {"bind": "/home/agent", "mode": "rw"}
     assert kw["volumes"][str(spec.dirs.runtime / "agent")] == {"bind": "/run/harnessrl", "mode": "ro"}
+    assert kw["volumes"][str(spec.dirs.agent_logs)] == {"bind": "/logs/agent", "mode": "rw"}
     no_quota = container_spec(spec, "sha256:abc", "/app", isolate_network=False, disk_quota=False)
     assert "storage_opt" not in no_quota and no_quota["network_mode"] == "host"
 
 
 def test_docker_root_scripts_keep_the_reward_dir_roots() -> None:
-    setup = setup_script("/app", (Path("/root/.pyenv/versions/3.11/bin"),))
-    assert "chown -R 1000:1000 /logs/agent /app" in setup and "/logs/verifier" not in setup
-    assert "chmod o+x /root /root/.pyenv /root/.pyenv/versions /root/.pyenv/versions/3.11" in setup
-    assert "/logs/verifier" in setup_script("/app", (), protect_reward_files=False)
+    mounts = (Path("/root/.pyenv/versions/3.11/bin"), Path("/work/tools"))
+    assert setup_script(mounts, ["/var/cache/ldconfig"]) == "", "nothing to open, no exec"
+    assert setup_script(mounts, ["/root", "/etc/ssl/private"]) == "chmod o+x /root"
+    assert "chown 1000:1000 /logs/verifier" in setup_script((), [], protect_reward_files=False)
+    prepare = prepare_script("/app")
+    assert "chown -R 1000:1000 /logs/agent /app" in prepare and "chmod 755 /logs" in prepare
     verify = verify_script()
     assert "rm -rf /logs/verifier" in verify and "find /tmp -mindepth 1 -delete" in verify
     kept = verify_script(protect_reward_files=False, clear_agent_leftovers=False)

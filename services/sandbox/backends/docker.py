@@ -69,6 +69,8 @@ def container_spec(
     volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in spec.ro_mounts}
     volumes[str(dirs.home(Phase.AGENT))] = {"bind": str(paths.home), "mode": "rw"}
     volumes[str(dirs.runtime / Phase.AGENT)] = {"bind": str(paths.runtime), "mode": "ro"}
+    # The agent's logs land on the worker directly (no copy out after the phase).
+    volumes[str(dirs.agent_logs)] = {"bind": str(paths.agent_logs), "mode": "rw"}
     kwargs: dict[str, Any] = {
         "image": image,
         "command": ["sleep", "infinity"],
@@ -96,15 +98,15 @@ def container_spec(
     return kwargs
 
 
-def setup_script(workdir: str, ro_mounts: tuple[Path, ...], *, protect_reward_files: bool = True) -> str:
-    """Root's first exec: the agent owns its workspace and logs, and can traverse
-    to the read-only runtime mounts (an image's /root is 0700). /logs itself stays
-    root's, so the agent cannot create /logs/verifier (unless that defence is off)."""
-    parents = sorted({str(p) for m in ro_mounts for p in PurePosixPath(m).parents if str(p) != "/"})
-    owned = f"/logs/agent {_q(workdir)}" + ("" if protect_reward_files else " /logs/verifier")
-    lines = [f"mkdir -p {owned}", f"chown -R 1000:1000 {owned}"]
+def setup_script(ro_mounts: tuple[Path, ...], closed_dirs: list[str], *, protect_reward_files: bool = True) -> str:
+    """Root's first exec, only when needed (the prepared image did the rest): the
+    sandbox user may traverse to the read-only runtime mounts (an image's /root is
+    0700), and owns /logs/verifier when that defence is off. '' when nothing is needed."""
+    closed = set(closed_dirs)
+    parents = sorted({str(p) for m in ro_mounts for p in PurePosixPath(m).parents if str(p) in closed})
+    lines = [] if protect_reward_files else ["mkdir -p /logs/verifier && chown 1000:1000 /logs/verifier"]
     if parents:
-        lines.append(f"chmod o+x {' '.join(_q(p) for p in parents)} 2>/dev/null || true")
+        lines.append(f"chmod o+x {' '.join(_q(p) for p in parents)}")
     return " && ".join(lines)
 
 
@@ -165,13 +167,15 @@ class DockerBackend(Backend):
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        image = await self.images.image_for(spec.task, squash=self.integrity.squash_git_history)
+        prepared = await self.images.image_for(spec.task, squash=self.integrity.squash_git_history)
+        image = prepared.image
         inspect = await self._api(self.client.api.inspect_image, image)
         workdir = images.workdir_of(inspect, spec.task)
         env = images.image_env(inspect) | spec.task.config.environment.env
         dirs = spec.dirs.create()
-        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT):
+        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT, dirs.agent_logs):
             host_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_chown_tree, dirs.agent_logs, 1000)
         container = await self._create(spec, image, workdir)
         handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root)
         sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
@@ -179,7 +183,9 @@ class DockerBackend(Backend):
             await self._api(container.start)
             await self._api(container.reload)
             policy = self.integrity.protect_reward_files
-            await handle.root(setup_script(workdir, spec.ro_mounts, protect_reward_files=policy))
+            script = setup_script(spec.ro_mounts, prepared.closed_dirs, protect_reward_files=policy)
+            if script:
+                await handle.root(script)
         except Exception:
             await self.stop(sandbox)
             raise
@@ -260,8 +266,8 @@ class DockerBackend(Backend):
             if watchdog is not None:
                 watchdog.cancel()
             await handle.close_relay()
-        keep_alive = request.phase == Phase.AGENT and not self.integrity.kill_agent_processes
-        if not keep_alive:
+        # The agent's leftovers die before verify; the verifier's die with the container.
+        if request.phase == Phase.AGENT and self.integrity.kill_agent_processes:
             result.killed_leftovers = await handle.kill_user(SANDBOX_USER)
         result.disk_exceeded = disk_full.is_set()
         return result
@@ -277,11 +283,27 @@ class DockerBackend(Backend):
     # -- files -------------------------------------------------------------------
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
         handle = _handle(sandbox)
-        await handle.root(f"mkdir -p {_q(str(dst.parent))} && rm -rf {_q(str(dst))}")
         data = await asyncio.to_thread(images.tar_as_user, src, dst.name, 1000)
-        await self._api(handle.container.put_archive, str(dst.parent), data)
+        # A path of the image (the workspace) or one uploaded before is replaced, not merged;
+        # a fresh one (/tests, /solution) goes straight in: one engine call, no exec.
+        fresh = str(dst) not in handle.uploaded and not dst.is_relative_to(sandbox.paths.workdir)
+        if fresh:
+            try:
+                await self._api(handle.container.put_archive, str(dst.parent), data)
+            except SandboxLost:
+                raise
+            except Exception:  # noqa: BLE001 - the parent does not exist yet: make it below
+                fresh = False
+        if not fresh:
+            await handle.root(f"mkdir -p {_q(str(dst.parent))} && rm -rf {_q(str(dst))}")
+            await self._api(handle.container.put_archive, str(dst.parent), data)
+        handle.uploaded.add(str(dst))
 
     async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
+        if src.is_relative_to(sandbox.paths.agent_logs):  # bind-mounted from the worker
+            host = sandbox.spec.dirs.agent_logs / src.relative_to(sandbox.paths.agent_logs)
+            await asyncio.to_thread(_copy_out, host, dst, sandbox.spec.trial_id, src)
+            return
         try:
             stream, _ = await asyncio.to_thread(_handle(sandbox).container.get_archive, str(src))
             data = await asyncio.to_thread(b"".join, stream)
@@ -328,6 +350,16 @@ class DockerBackend(Backend):
             if _engine_down(e):
                 raise SandboxLost(f"Docker engine unreachable: {e}") from e
             raise
+
+
+def _copy_out(host: Path, dst: Path, trial_id: str, src: PurePosixPath) -> None:
+    if not (host.exists() or host.is_symlink()):
+        raise FileNotFoundError(f"{src} does not exist in sandbox {trial_id}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if host.is_dir() and not host.is_symlink():
+        shutil.copytree(host, dst, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copy2(host, dst, follow_symlinks=False)
 
 
 def _chown_tree(root: Path, uid: int) -> None:

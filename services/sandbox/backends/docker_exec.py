@@ -60,6 +60,7 @@ class ContainerExec:
     pristine: Path | None = None
     stopped: bool = False
     relay: NetnsRelay | None = None
+    uploaded: set[str] = field(default_factory=set)
     counter: itertools.count[int] = field(default_factory=itertools.count)
 
     # -- root's short commands ------------------------------------------------

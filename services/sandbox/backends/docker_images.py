@@ -1,9 +1,10 @@
 """Images of the Docker backend: built from ``environment/Dockerfile`` by the
 engine (tagged by the environment's hash, so the engine's cache is the build
 cache), or ``[environment] docker_image`` used as it is when present and
-pulled when not; then, when the integrity policy asks, a derived image whose
-workspace has a one-commit git history (``harnessrl-sq:<image id>``), made
-once per image and committed, so a trial starts from an already clean repo.
+pulled when not; then a derived image prepared once per image and committed
+(``harnessrl-prep:<image id>-sq|raw``): the workspace squashed to a one-commit
+git history when the integrity policy asks, owned by the sandbox user, and
+/logs/agent made, so a trial's setup needs no exec of its own.
 
 The squash runs on the worker's side (the workspace goes out as a tar, is
 squashed by ``integrity.squash_all_git`` and comes back), so it needs no git
@@ -18,9 +19,11 @@ import hashlib
 import io
 import json
 import logging
+import shlex
 import shutil
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -30,8 +33,9 @@ from services.sandbox.tasks import Task
 
 log = logging.getLogger(__name__)
 
-SQUASHED_REPO = "harnessrl-sq"
-LABEL_SQUASHED = "io.harnessrl.squashed-from"
+PREPARED_REPO = "harnessrl-prep"
+LABEL_PREPARED = "io.harnessrl.prepared-from"
+LABEL_CLOSED = "io.harnessrl.closed-dirs"
 
 
 def build_tag(task: Task) -> str:
@@ -51,15 +55,13 @@ class ImageStore:
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
-    async def image_for(self, task: Task, *, squash: bool) -> str:
-        """The image id a trial of ``task`` starts from. Raises EnvSetupError."""
+    async def image_for(self, task: Task, *, squash: bool) -> Prepared:
+        """The image a trial of ``task`` starts from, prepared once. Raises EnvSetupError."""
         name = task.config.environment.docker_image
         async with self._lock(name or build_tag(task)):
             image = await (self._prebuilt(task, name) if name else self._built(task))
-        if not squash:
-            return image
-        async with self._lock(f"sq:{image}"):
-            return await self._squashed(task, image)
+        async with self._lock(f"prep:{image}:{squash}"):
+            return await self._prepared(task, image, squash)
 
     async def _prebuilt(self, task: Task, name: str) -> str:
         try:
@@ -124,45 +126,77 @@ class ImageStore:
             return False
         return True
 
-    async def _squashed(self, task: Task, image: str) -> str:
-        tag = f"{SQUASHED_REPO}:{image.split(':')[-1][:24]}"
+    async def _prepared(self, task: Task, image: str, squash: bool) -> Prepared:
+        tag = f"{PREPARED_REPO}:{image.split(':')[-1][:24]}-{'sq' if squash else 'raw'}"
         try:
-            return str((await asyncio.to_thread(self.client.images.get, tag)).id)
+            found = await asyncio.to_thread(self.client.images.get, tag)
+            return Prepared(str(found.id), _closed_dirs(found.attrs))
         except Exception:  # noqa: BLE001 - not made yet
             pass
         workdir = workdir_of(await asyncio.to_thread(self.client.api.inspect_image, image), task)
         create = self.client.containers.create
         container = await asyncio.to_thread(create, image, ["sleep", "infinity"], network_mode="none", detach=True)
-        tree = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hrl-squash-"))
+        tree = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hrl-prepare-"))
         try:
-            return await self._squash_in(task, container, image, workdir, tree, tag)
+            await asyncio.to_thread(container.start)
+            if squash:
+                await self._squash_in(task, container, workdir, tree)
+            closed = await self._root(task, container, prepare_script(workdir))
+            changes = [f"LABEL {LABEL_PREPARED}={image}", f"LABEL {LABEL_CLOSED}={','.join(closed.split())}"]
+            commit = container.commit
+            committed = await asyncio.to_thread(
+                commit, repository=PREPARED_REPO, tag=tag.split(":")[1], changes=changes
+            )
+            log.info("prepared image", extra={"kv": {"image": image, "tag": tag, "squashed": squash}})
+            return Prepared(str(committed.id), closed.split())
         finally:
             await asyncio.to_thread(shutil.rmtree, tree, True)
             await asyncio.to_thread(container.remove, force=True)
 
-    async def _squash_in(self, task: Task, container: Any, image: str, workdir: str, tree: Path, tag: str) -> str:
-        repo, version = tag.split(":")
+    async def _squash_in(self, task: Task, container: Any, workdir: str, tree: Path) -> None:
         try:
             stream, _ = await asyncio.to_thread(container.get_archive, workdir)
             data = await asyncio.to_thread(b"".join, stream)
         except Exception:  # noqa: BLE001 - no workdir in the image: nothing to squash
-            data = b""
-        if data:
-            await asyncio.to_thread(extract_owned, data, tree)
+            return
+        await asyncio.to_thread(extract_owned, data, tree)
         root = tree / PurePosixPath(workdir).name
-        repos = await integrity.squash_all_git(root) if data else 0
-        if repos == 0:
-            await asyncio.to_thread(self.client.api.tag, image, repo, version)
-            return image
-        await asyncio.to_thread(container.start)
-        code, out = await asyncio.to_thread(container.exec_run, ["rm", "-rf", workdir], user="0")
+        repos = await integrity.squash_all_git(root)
+        if repos:
+            await self._root(task, container, f"rm -rf {shlex.quote(workdir)}")
+            await asyncio.to_thread(container.put_archive, str(PurePosixPath(workdir).parent), tar_owned(root))
+            log.info("squashed git history", extra={"kv": {"task": task.task_id, "repos": repos}})
+
+    @staticmethod
+    async def _root(task: Task, container: Any, script: str) -> str:
+        code, out = await asyncio.to_thread(container.exec_run, ["sh", "-c", script], user="0")
+        text = out.decode(errors="replace")
         if code != 0:
-            raise EnvSetupError(f"task {task.task_id}: clearing {workdir} to squash it failed: {out[-300:]!r}")
-        await asyncio.to_thread(container.put_archive, str(PurePosixPath(workdir).parent), tar_owned(root))
-        changes = [f"LABEL {LABEL_SQUASHED}={image}"]
-        committed = await asyncio.to_thread(container.commit, repository=repo, tag=version, changes=changes)
-        log.info("squashed git history", extra={"kv": {"image": image, "repos": repos, "tag": tag}})
-        return str(committed.id)
+            raise EnvSetupError(f"task {task.task_id}: preparing the image failed: {script!r}: {text[-300:]}")
+        return text
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A trial's starting image and the directories in it the sandbox user cannot traverse."""
+
+    image: str
+    closed_dirs: list[str]
+
+
+def prepare_script(workdir: str) -> str:
+    """Run once per image (root): the sandbox user owns its workspace and /logs/agent
+    (/logs stays root's); prints the directories it could not traverse."""
+    q = shlex.quote(workdir)
+    return (
+        f"mkdir -p /logs/agent {q} && chown -R 1000:1000 /logs/agent {q} && chmod 755 /logs && "
+        "{ find / -xdev -maxdepth 3 -type d ! -perm -o=x 2>/dev/null || true; }"
+    )
+
+
+def _closed_dirs(attrs: dict[str, Any]) -> list[str]:
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    return [d for d in str(labels.get(LABEL_CLOSED, "")).split(",") if d]
 
 
 def base_images(task: Task) -> list[str]:
