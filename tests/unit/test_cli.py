@@ -33,3 +33,8 @@ def test_capture_agreement_is_the_trainers_agreement_command(tmp_path) -> None:
     )
     assert proc.returncode == 2 and "not a model folder" in proc.stderr
     assert not out.exists()
+
+
+def test_bench_sandbox_refuses_an_unknown_backend() -> None:
+    result = CliRunner().invoke(app, ["bench", "sandbox", "--backend", "firecracker"])
+    assert result.exit_code == 2 and "valid: local, docker" in result.output
