@@ -5,8 +5,10 @@ graceful stop on SIGTERM; and client channels that carry the same."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -284,6 +286,36 @@ class _BearerStreamStream(_Bearer, grpc.aio.StreamStreamClientInterceptor):
 
 
 _BEARERS = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
+
+
+_HOST = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+def check_target(target: str) -> str:
+    """``target`` if it is a gRPC address a channel can dial: ``host:port``, ``[v6]:port``
+    or ``unix:/absolute/path``; a ValueError that names the accepted forms otherwise
+    (pydantic validators turn it into a field error)."""
+    forms = "expected host:port, [ipv6]:port or unix:/absolute/path"
+    if target != target.strip() or not target or len(target) > 500:
+        raise ValueError(f"gRPC target {target!r}: {forms}")
+    if target.startswith("unix:"):
+        path = target[len("unix://") :] if target.startswith("unix://") else target[len("unix:") :]
+        if not path.startswith("/") or "\x00" in path:
+            raise ValueError(f"gRPC target {target!r}: a unix socket path must be absolute ({forms})")
+        return target
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"gRPC target {target!r}: no port in 1-65535 ({forms})")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError as e:
+            raise ValueError(f"gRPC target {target!r}: {host} is not an IPv6 address ({forms})") from e
+    elif not _HOST.match(host):
+        raise ValueError(f"gRPC target {target!r}: {host!r} is not a host name or IPv4 address ({forms})")
+    return target
 
 
 def connect(

@@ -26,7 +26,7 @@ TRIAL_STATE_TEARDOWN: TrialState
 TRIAL_STATE_DONE: TrialState
 
 class TrialSpec(_message.Message):
-    __slots__ = ("trial_id", "run_id", "task_path", "task_id", "group_id", "group_size", "step", "harness", "policy_version", "max_turns", "agent_timeout_s", "verifier_timeout_s", "harness_options", "model")
+    __slots__ = ("trial_id", "run_id", "task_path", "task_id", "group_id", "group_size", "step", "harness", "policy_version", "max_turns", "agent_timeout_s", "verifier_timeout_s", "harness_options", "model", "gateway_target")
     class HarnessOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class TrialSpec(_message.Message):
     VERIFIER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     HARNESS_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_TARGET_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     run_id: str
     task_path: str
@@ -62,7 +63,8 @@ class TrialSpec(_message.Message):
     verifier_timeout_s: float
     harness_options: _containers.ScalarMap[str, str]
     model: str
-    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., task_path: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., policy_version: _Optional[int] = ..., max_turns: _Optional[int] = ..., agent_timeout_s: _Optional[float] = ..., verifier_timeout_s: _Optional[float] = ..., harness_options: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ...) -> None: ...
+    gateway_target: str
+    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., task_path: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., policy_version: _Optional[int] = ..., max_turns: _Optional[int] = ..., agent_timeout_s: _Optional[float] = ..., verifier_timeout_s: _Optional[float] = ..., harness_options: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., gateway_target: _Optional[str] = ...) -> None: ...
 
 class SubmitTrialRequest(_message.Message):
     __slots__ = ("spec",)

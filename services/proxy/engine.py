@@ -1,10 +1,13 @@
-"""The proxy's client of the rollout gateway: streaming Generate over token ids,
-with gRPC failures mapped to the proxy's typed errors."""
+"""The proxy's clients of rollout gateways: streaming Generate over token ids,
+with gRPC failures mapped to the proxy's typed errors; one client per gateway
+target, the proxy's own and those trials name (``EnginePool``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -48,9 +51,18 @@ def map_rpc_error(e: grpc.aio.AioRpcError | grpc.aio.UsageError) -> Exception:
 
 class EngineClient:
     def __init__(self, target: str, token: str | None, timeout_s: float, tracing: bool = True) -> None:
+        self.target = target
         self._channel = connect(target, token, tracing=tracing, service="proxy")
         self._stub = gateway_pb2_grpc.RolloutGatewayStub(self._channel)
         self._timeout = timeout_s
+        self._window: int | None = None
+
+    async def context_window(self) -> int:
+        """The window this gateway reports (asked once)."""
+        if self._window is None:
+            health = await self.health()
+            self._window = int(health.context_window) or 8192
+        return self._window
 
     async def health(self) -> gateway_pb2.GatewayHealthResponse:
         try:
@@ -81,3 +93,70 @@ class EngineClient:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+@dataclass
+class _Entry:
+    client: EngineClient
+    users: int = 0
+    idle_timer: asyncio.TimerHandle | None = None
+
+
+class EnginePool:
+    """The proxy's gateway clients by target: the default one (the proxy's own
+    gateway, open for the proxy's life) and one per other target a trial names,
+    shared by the trials naming it and closed ``idle_s`` after its last trial
+    closed, or at shutdown."""
+
+    def __init__(self, default_target: str, token: str | None, timeout_s: float, tracing: bool, idle_s: float) -> None:
+        self.default_target = default_target
+        self._token, self._timeout, self._tracing, self._idle_s = token, timeout_s, tracing, idle_s
+        self._entries: dict[str, _Entry] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self.default = self._entry(default_target).client
+
+    def _entry(self, target: str) -> _Entry:
+        entry = self._entries.get(target)
+        if entry is None:
+            client = EngineClient(target, self._token, self._timeout, self._tracing)
+            entry = self._entries[target] = _Entry(client)
+        return entry
+
+    @property
+    def targets(self) -> list[str]:
+        return list(self._entries)
+
+    def acquire(self, target: str) -> EngineClient:
+        """The client of ``target`` ("" = the default), held until ``release``."""
+        entry = self._entry(target or self.default_target)
+        entry.users += 1
+        if entry.idle_timer is not None:
+            entry.idle_timer.cancel()
+            entry.idle_timer = None
+        return entry.client
+
+    def release(self, target: str) -> None:
+        target = target or self.default_target
+        entry = self._entries.get(target)
+        if entry is None or entry.users == 0:
+            return
+        entry.users -= 1
+        if entry.users == 0 and target != self.default_target:
+            entry.idle_timer = asyncio.get_running_loop().call_later(self._idle_s, self._expire, target)
+
+    def _expire(self, target: str) -> None:
+        entry = self._entries.get(target)
+        if entry is None or entry.users:
+            return
+        del self._entries[target]
+        log.info("closing idle gateway channel", extra=kv(target=target))
+        task = asyncio.ensure_future(entry.client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            if entry.idle_timer is not None:
+                entry.idle_timer.cancel()
+        await asyncio.gather(*(e.client.close() for e in entries), *self._closing)

@@ -23,7 +23,13 @@ from harnessrl.errors import (
 
 
 class BadRequest(InvalidArgument):
-    """Malformed JSON, wrong types, unsupported content."""
+    """Malformed JSON, wrong types, unsupported content. ``param`` and ``code`` fill
+    the OpenAI error's fields of those names (the field at fault, a machine code)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 class BodyTooLarge(InvalidArgument):
@@ -157,4 +163,6 @@ def error_body(exc: BaseException, protocol: str) -> dict[str, Any]:
     if protocol == "anthropic":
         return {"type": "error", "error": {"type": _anthropic_type(exc), "message": anthropic_message(exc)}}
     kind, code = _openai_type(exc)
+    if isinstance(exc, BadRequest):
+        return {"error": {"message": message, "type": kind, "param": exc.param, "code": exc.code or code}}
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}

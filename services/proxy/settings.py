@@ -78,3 +78,10 @@ class Settings(ServiceSettings):
         True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
     )
     engine_timeout_s: float = Field(600.0, gt=0, description="Deadline of one Generate call.")
+    gateway_idle_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="Seconds a channel to a gateway that trials named (not gateway_target) stays open after "
+        "its last trial closed.",
+    )

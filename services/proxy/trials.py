@@ -9,16 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.context import Context
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harnessrl import metrics, telemetry
 from harnessrl.errors import AlreadyExists, HarnessError, ResourceExhausted
+from harnessrl.rpc import check_target
 from harnessrl.v1 import capture_pb2, records_pb2
 from services.proxy.capture.records import append_request
 from services.proxy.capture.state import Part, TrialCapture
 from services.proxy.capture.writer import CaptureClient, TrialWriter
 from services.proxy.chat.model import ChatModel
-from services.proxy.engine import EngineClient
+from services.proxy.engine import EngineClient, EnginePool
 from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialNotFound, WrongTrial, failure_kind
 from services.proxy.settings import Settings
 
@@ -39,6 +40,17 @@ class TrialSpec(BaseModel):
         "", max_length=500, description="An extra name the harness may ask for (an alias of the served model)."
     )
     max_turns: int = Field(0, ge=0, description="Model calls allowed (main and sub-agents); 0 = no limit.")
+    gateway_target: str = Field(
+        "",
+        max_length=500,
+        description="The rollout gateway (gRPC host:port, [ipv6]:port or unix:/path) this trial's model calls "
+        "go to; empty: the proxy's own (settings.gateway_target).",
+    )
+
+    @field_validator("gateway_target")
+    @classmethod
+    def _dialable(cls, target: str) -> str:
+        return check_target(target) if target else target
 
 
 @dataclass(eq=False)
@@ -47,6 +59,7 @@ class Trial:
     token: str
     capture: TrialCapture
     writer: TrialWriter
+    engine: EngineClient  # the client of the trial's gateway (held in the pool until close)
     closed: bool = False
     turns: int = 0
     context_overflow: bool = False
@@ -144,7 +157,10 @@ class ProxyCore:
         if tracing:
             telemetry.configure("proxy", settings.otlp_endpoint)
         token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
-        self.engine = EngineClient(settings.gateway_target, token, settings.engine_timeout_s, tracing)
+        self.engines = EnginePool(
+            settings.gateway_target, token, settings.engine_timeout_s, tracing, settings.gateway_idle_s
+        )
+        self.engine = self.engines.default
         ctoken = settings.capture_token.get_secret_value() if settings.capture_token else None
         self.capture = CaptureClient(
             settings.capture_target, ctoken, settings.capture_retries, tracing, settings.capture_try_timeout_s
@@ -153,11 +169,11 @@ class ProxyCore:
         self._by_token: dict[str, Trial] = {}
         self._window = settings.context_window
 
-    async def context_window(self) -> int:
-        if self._window is None:
-            health = await self.engine.health()
-            self._window = int(health.context_window) or 8192
-        return self._window
+    async def context_window(self, trial: Trial | None = None) -> int:
+        """The configured window, else the one the trial's gateway (or the default) reports."""
+        if self._window is not None:
+            return self._window
+        return await (trial.engine if trial is not None else self.engine).context_window()
 
     # -- admin ------------------------------------------------------------------
 
@@ -176,7 +192,8 @@ class ProxyCore:
             main_requires_tools=s.main_requires_tools,
             render_check=s.render_check,
         )
-        trial = Trial(spec, secrets.token_urlsafe(32), capture, self.capture.writer(spec.trial_id))
+        writer = self.capture.writer(spec.trial_id)
+        trial = Trial(spec, secrets.token_urlsafe(32), capture, writer, self.engines.acquire(spec.gateway_target))
         metrics.ACTIVE_TRIALS.labels("proxy").inc()
         self.trials[spec.trial_id] = trial
         self._by_token[trial.token] = trial
@@ -198,6 +215,7 @@ class ProxyCore:
     async def _close(self, trial: Trial) -> dict[str, Any]:
         if not trial.closed:
             metrics.ACTIVE_TRIALS.labels("proxy").dec()
+            self.engines.release(trial.spec.gateway_target)
         trial.closed = True
         self._by_token.pop(trial.token, None)
         for part in trial.capture.close_all():
@@ -263,5 +281,5 @@ class ProxyCore:
         for trial in list(self.trials.values()):
             if not trial.closed:
                 await self.close(trial.spec.trial_id)
-        await self.engine.close()
+        await self.engines.close()
         await self.capture.close()

@@ -79,6 +79,10 @@ class ModelCall:
         self._chunks: AsyncIterator[gateway_pb2.GenerateChunk] | None = None
         self._first: gateway_pb2.GenerateChunk | None = None
         self.span: trace.Span = trace.INVALID_SPAN
+        # What the engine sent so far (int32 / float32 LE per chunk), read by routes that
+        # return logprobs; the capture commits exactly these arrays.
+        self.received_ids: list[bytes] = []
+        self.received_logprobs: list[bytes] = []
 
     @property
     def prompt_tokens(self) -> int:
@@ -117,7 +121,7 @@ class ModelCall:
             raise MaxTurnsReached(f"trial {trial.spec.trial_id} reached max_turns={trial.max_turns}")
         self.plan = plan = trial.capture.plan(self.conv)
         try:
-            window = await core.context_window()
+            window = await core.context_window(trial)
         except Exception:
             trial.engine_errors += 1
             raise
@@ -141,7 +145,7 @@ class ModelCall:
             prompt_ids=plan.prompt,
             sampling=sampling,
         )
-        self._chunks = core.engine.generate(request)
+        self._chunks = trial.engine.generate(request)
         try:
             self._first = await anext(self._chunks)
         except EngineContextOverflow as e:
@@ -159,8 +163,7 @@ class ModelCall:
         decoder = tok.decoder()
         out = OutputStream(self.core.model.parser, self.conv.tools, self.core.model.reasoning)
         stopper = StopStrings(self.params.stop)
-        ids: list[bytes] = []
-        logprobs: list[bytes] = []
+        ids, logprobs = self.received_ids, self.received_logprobs
         versions: list[bytes] = []
         routes: list[np.ndarray] = []
         last = self._first
@@ -265,7 +268,7 @@ class ModelCall:
     async def _stop_engine(self) -> None:
         if self._chunks is not None:
             await self._chunks.aclose()  # type: ignore[attr-defined]
-        await self.core.engine.abort(self.request_id)
+        await self.trial.engine.abort(self.request_id)
 
     def _commit(
         self, sampled: Sampled, calls: list[ToolCallOut], content: str, finish: str, usage: records_pb2.Usage

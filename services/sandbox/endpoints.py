@@ -79,6 +79,8 @@ class ProxyAdmin:
             "model": spec.model,
             "max_turns": spec.max_turns,
         }
+        if spec.gateway_target:  # absent otherwise: a proxy without per-trial routing still accepts the body
+            body["gateway_target"] = spec.gateway_target
         data = await self._post("/admin/trials", body, context)
         return ProxyTrial(trial_id=data["trial_id"], token=data["token"], base_path=data["base_path"])
 

@@ -13,8 +13,9 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harnessrl.rpc import check_target
 from harnessrl.v1 import records_pb2, sandbox_pb2
 
 
@@ -129,10 +130,17 @@ class TrialSpec(BaseModel):
     verifier_timeout_s: float = Field(default=0.0, ge=0)
     harness_options: dict[str, str] = Field(default_factory=dict)
     model: str = ""
+    # The gateway (gRPC target) the trial's model calls go to; "" = the proxy's own.
+    gateway_target: str = Field(default="", max_length=500)
     # The submitter's trace context (``traceparent``), carried through the queue so the
     # trial's spans join the trace of the trainer step that enqueued it. Not in the
     # proto spec and not part of a spec's identity (``same_as``).
     trace_context: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gateway_target")
+    @classmethod
+    def _dialable(cls, target: str) -> str:
+        return check_target(target) if target else target
 
     def same_as(self, other: TrialSpec) -> bool:
         return self.model_copy(update={"trace_context": {}}) == other.model_copy(update={"trace_context": {}})

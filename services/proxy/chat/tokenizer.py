@@ -5,11 +5,13 @@ incremental detokenizer for streaming."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer as _RustTokenizer
+from tokenizers import decoders
 from tokenizers.decoders import DecodeStream
 
 from harnessrl.arrays import I32
@@ -47,6 +49,9 @@ class Tokenizer:
         gen = _read_json(model_dir / "generation_config.json").get("eos_token_id")
         stop.update(gen if isinstance(gen, list) else [gen] if isinstance(gen, int) else [])
         self.stop_ids = sorted(stop)
+        self._added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+        self._byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
+        self._bytes: dict[int, bytes] = {}
 
     def encode(self, text: str) -> list[int]:
         if not text:
@@ -62,6 +67,27 @@ class Tokenizer:
     def decoder(self) -> IncrementalDecoder:
         return IncrementalDecoder(self._tok)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for on its own (a byte-level token may be part
+        of a UTF-8 character); special tokens are their text. Cached per id."""
+        out = self._bytes.get(token_id)
+        if out is None:
+            out = self._bytes[token_id] = self._raw_bytes(token_id)
+        return out
+
+    def _raw_bytes(self, token_id: int) -> bytes:
+        added = self._added.get(token_id)
+        if added is not None:
+            return added.encode()
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            return bytes(_UNICODE_TO_BYTE.get(c, 0x3F) for c in piece)
+        if m := _BYTE_FALLBACK.fullmatch(piece):  # SentencePiece byte fallback, e.g. <0xE2>
+            return bytes([int(m[1], 16)])
+        return piece.replace("\u2581", " ").encode()
+
 
 class IncrementalDecoder:
     """Turns sampled ids into text as they arrive (handles multi-byte characters
@@ -73,6 +99,20 @@ class IncrementalDecoder:
 
     def step(self, token_id: int) -> str:
         return self._stream.step(self._tok, int(token_id)) or ""
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to U+0100 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b], extra = chr(256 + extra), extra + 1
+    return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

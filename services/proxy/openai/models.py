@@ -66,6 +66,9 @@ class ChatRequest(Loose):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     stop: str | list[str] | None = None
+    # Checked by ``openai.logprobs.chat_request`` for OpenAI's own 400s.
+    logprobs: Any = None
+    top_logprobs: Any = None
 
 
 def _arguments(value: str | dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.errors import error_body
+from services.proxy.openai.logprobs import TokenLogprobs, chat_request
 from services.proxy.openai.models import ChatRequest, to_conversation
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.turn import CallParams, Done, ModelCall
@@ -23,6 +24,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
     body = await parse_request(request, ChatRequest, "openai")
     core = core_of(request)
     core.check_model(trial, body.model)
+    top = chat_request(body.logprobs, body.top_logprobs)
     params = CallParams(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
@@ -32,11 +34,12 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
     )
     call = ModelCall(core, trial, to_conversation(body), params)
     await call.start()
+    lp = TokenLogprobs(call, top) if top is not None else None
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream(call, body.model, usage), media_type="text/event-stream")
+        return StreamingResponse(_stream(call, body.model, usage, lp), media_type="text/event-stream")
     done = await _collect(call)
-    return FastJSON(completion(done, body.model))
+    return FastJSON(completion(done, body.model, lp.take() if lp else None))
 
 
 async def _collect(call: ModelCall) -> Done:
@@ -61,7 +64,11 @@ def _tool_calls(done: Done) -> list[dict[str, Any]]:
     ]
 
 
-def completion(done: Done, model: str) -> dict[str, Any]:
+def _logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+def completion(done: Done, model: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": done.content or None}
     if done.calls:
         message["tool_calls"] = _tool_calls(done)
@@ -72,12 +79,14 @@ def completion(done: Done, model: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": done.finish_reason, "logprobs": None}],
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": done.finish_reason, "logprobs": _logprobs(logprobs)}
+        ],
         "usage": _usage(done),
     }
 
 
-async def _stream(call: ModelCall, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(call: ModelCall, model: str, include_usage: bool, lp: TokenLogprobs | None) -> AsyncIterator[bytes]:
     base = {
         "id": f"chatcmpl-{call.turn_id}",
         "object": "chat.completion.chunk",
@@ -86,7 +95,10 @@ async def _stream(call: ModelCall, model: str, include_usage: bool) -> AsyncIter
     }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+        # Each chunk carries the logprobs of the tokens received since the last one.
+        logprobs = _logprobs(lp.take()) if lp is not None else None
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return sse({**base, "choices": [choice]})
 
     yield chunk({"role": "assistant", "content": ""})
     try:

@@ -47,6 +47,8 @@ class ResponsesRequest(Loose):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     previous_response_id: str | None = None
+    include: list[str] | None = None
+    top_logprobs: Any = None  # checked by ``openai.logprobs.responses_request``
 
 
 def _ref(item_id: str | None) -> str:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.errors import ContextOverflow, error_body
+from services.proxy.openai.logprobs import TokenLogprobs, responses_request
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.responses.models import ResponsesRequest, to_conversation
 from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
@@ -26,14 +27,17 @@ async def responses(trial_id: str, request: Request) -> Response:
     core = core_of(request)
     core.check_model(trial, body.model)
     conv, custom = to_conversation(body)
+    top = responses_request(body.include, body.top_logprobs)
     params = CallParams(body.max_output_tokens, body.temperature, body.top_p, call_id_prefix="call_")
     call = ModelCall(core, trial, conv, params)
     await call.start()
+    lp = TokenLogprobs(call, top) if top is not None else None
     if body.stream:
-        return StreamingResponse(_Stream(call, body.model, custom).events(), media_type="text/event-stream")
+        return StreamingResponse(_Stream(call, body.model, custom, lp).events(), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
-            return FastJSON(response_object(call.turn_id, body.model, "completed", _items(event, custom), event))
+            items = _items(event, custom, lp.take() if lp else None)
+            return FastJSON(response_object(call.turn_id, body.model, "completed", items, event))
     raise RuntimeError("generation ended without a result")
 
 
@@ -63,15 +67,22 @@ def _reasoning_item(turn: str, text: str) -> dict[str, Any]:
     return {"type": "reasoning", "id": f"rs_{turn}", "summary": [{"type": "summary_text", "text": text}]}
 
 
-def _message_item(turn: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return part if logprobs is None else {**part, "logprobs": logprobs}
+
+
+def _message_item(
+    turn: str, text: str, status: str = "completed", logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    content = [_text_part(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": f"msg_{turn}", "status": status, "role": "assistant", "content": content}
 
 
-def _items(done: Done, custom: set[str]) -> list[dict[str, Any]]:
+def _items(done: Done, custom: set[str], logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     items = [_reasoning_item(done.turn_id, done.reasoning)] if done.reasoning else []
-    if done.content:
-        items.append(_message_item(done.turn_id, done.content))
+    if done.content:  # the turn's logprobs ride on its text; a turn of tool calls only has none
+        items.append(_message_item(done.turn_id, done.content, logprobs=logprobs))
     return items + [_call_item(c, custom) for c in done.calls]
 
 
@@ -106,8 +117,8 @@ def response_object(
 
 
 class _Stream:
-    def __init__(self, call: ModelCall, model: str, custom: set[str]) -> None:
-        self.call, self.model, self.custom = call, model, custom
+    def __init__(self, call: ModelCall, model: str, custom: set[str], lp: TokenLogprobs | None) -> None:
+        self.call, self.model, self.custom, self.lp = call, model, custom, lp
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.open: str | None = None  # "reasoning" | "text"
@@ -145,17 +156,13 @@ class _Stream:
             )
             item = _reasoning_item(turn, self.buffer)
         elif self.open == "text":
-            part = {"type": "output_text", "text": self.buffer, "annotations": []}
-            item_id = f"msg_{turn}"
-            out.append(
-                self.ev(
-                    "response.output_text.done", item_id=item_id, output_index=idx, content_index=0, text=self.buffer
-                )
-            )
-            out.append(
-                self.ev("response.content_part.done", item_id=item_id, output_index=idx, content_index=0, part=part)
-            )
-            item = _message_item(turn, self.buffer)
+            item_id, lps = f"msg_{turn}", self.lp.entries if self.lp else None
+            if self.lp is not None and (rest := self.lp.take()):  # tokens after the last text delta
+                out.append(self._text_delta("", rest))
+            done = {"item_id": item_id, "output_index": idx, "content_index": 0}
+            out.append(self.ev("response.output_text.done", **done, text=self.buffer, logprobs=lps or []))
+            out.append(self.ev("response.content_part.done", **done, part=_text_part(self.buffer, lps)))
+            item = _message_item(turn, self.buffer, logprobs=lps)
         else:
             return out
         out.append(self.ev("response.output_item.done", output_index=idx, item=item))
@@ -219,13 +226,7 @@ class _Stream:
                         delta=event.text,
                     )
                 else:
-                    yield self.ev(
-                        "response.output_text.delta",
-                        item_id=f"msg_{turn}",
-                        output_index=idx,
-                        content_index=0,
-                        delta=event.text,
-                    )
+                    yield self._text_delta(event.text, self.lp.take() if self.lp else [])
         except Exception as e:  # noqa: BLE001 - the status line is gone; the SDK reads response.failed
             body = error_body(e, "openai")["error"]
             failed = response_object(turn, self.model, "failed", self.output, None)
@@ -234,6 +235,10 @@ class _Stream:
                 "message": body["message"],
             }
             yield self.ev("response.failed", response=failed)
+
+    def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> bytes:
+        ids = {"item_id": f"msg_{self.call.turn_id}", "output_index": len(self.output), "content_index": 0}
+        return self.ev("response.output_text.delta", **ids, delta=text, logprobs=logprobs)
 
     def _call(self, c: ToolCallOut) -> list[bytes]:
         idx = len(self.output)
