@@ -265,3 +265,9 @@ def test_base_images_cli_imports_into_the_engine_and_refuses_a_dead_one(
     dead = _cli("--docker-host", f"unix://{tmp_path}/none.sock")
     assert dead.returncode == 2 and "no Docker engine reachable" in dead.stderr
     assert "Traceback" not in dead.stderr
+
+
+async def test_a_public_verifier_is_refused_at_setup(backend: DockerBackend, tmp_path: Path) -> None:
+    toml = '[task]\nname = "t/pub"\n[verifier]\nnetwork_mode = "public"\n'
+    with pytest.raises(EnvSetupError, match="network_mode = 'public' is not supported"):
+        await start(backend, make_task(tmp_path / "t", toml=toml))

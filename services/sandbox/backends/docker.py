@@ -49,6 +49,7 @@ from services.sandbox.backends.limits import watch_disk
 from services.sandbox.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import Settings
+from services.sandbox.tasks import NetworkMode
 
 LABEL_MANAGED = "io.harnessrl.managed"
 LABEL_TRIAL = "io.harnessrl.trial"
@@ -167,6 +168,13 @@ class DockerBackend(Backend):
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> Sandbox:
+        if spec.task.config.verifier.network_mode == NetworkMode.PUBLIC:
+            # One container, no network of its own: a public verifier would need a network
+            # the agent phase must not have. Refused at setup, never run without it.
+            raise EnvSetupError(
+                f"task {spec.task.task_id}: [verifier] network_mode = 'public' is not supported by the docker "
+                "backend (trial containers run with --network none); use the local backend"
+            )
         prepared = await self.images.image_for(spec.task, squash=self.integrity.squash_git_history)
         image = prepared.image
         inspect = await self._api(self.client.api.inspect_image, image)

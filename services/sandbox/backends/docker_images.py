@@ -29,7 +29,7 @@ from typing import Any
 
 from services.sandbox import integrity
 from services.sandbox.errors import EnvSetupError
-from services.sandbox.tasks import Task
+from services.sandbox.tasks import NetworkMode, Task
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,8 @@ class ImageStore:
     def _build(self, task: Task, tag: str) -> Any:
         from docker.errors import BuildError
 
+        # No network for the build unless the task allows its setup one (allowlist: stricter, none).
+        open_net = task.config.environment.network_mode in (None, NetworkMode.PUBLIC)
         try:
             image, _ = self.client.images.build(
                 path=str(task.environment_dir),
@@ -103,7 +105,7 @@ class ImageStore:
                 rm=True,
                 forcerm=True,
                 pull=False,
-                network_mode=self.build_network,
+                network_mode=self.build_network if open_net else "none",
             )
         except BuildError as e:
             tail = "".join(str(part.get("stream") or part.get("error") or "") for part in e.build_log)[-1500:]
