@@ -6,8 +6,9 @@ capture store as verl's AgentLoopOutput. What needs GPUs is in stack/verl/README
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import hydra
@@ -15,23 +16,22 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    AgentLoopWorker,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
 from verl.workers.rollout.replica import TokenOutput
 
 from harnessrl import arrays, paths
-from harnessrl.errors import InvalidArgument
 from harnessrl.rpc import connect
 from harnessrl.v1 import (
-    capture_pb2,
-    capture_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
-    records_pb2,
-    sandbox_pb2,
-    sandbox_pb2_grpc,
 )
-from services.capture_store.server import create_server as create_capture
-from services.capture_store.settings import Settings as CaptureSettings
+from services.gateway.scripted import read_generation_log
 from stack import verl_agent_loop as val
 from tests.trainer_support import TR, segment, trajectory
 
@@ -74,14 +74,56 @@ def test_trajectory_becomes_verl_output_token_for_token() -> None:
     assert batch["rm_scores"].tolist() == [0.0, 0.0, 1.0]
 
 
-def test_infra_failures_and_oversized_captures() -> None:
-    seg = segment([1], [2], [1], [-1.0])
-    bad = val.trajectory_to_output(trajectory("t", "g", 1.0, [seg], TR.TERMINATION_REASON_VERIFIER_ERROR), 8)
-    assert bad.reward_score == 0.0 and bad.extra_fields["harnessrl_valid"] is False
-    with pytest.raises(InvalidArgument, match="response_length"):
-        val.trajectory_to_output(trajectory("t", "g", 1.0, [segment([1], [2] * 9, [1] * 9, [-1.0] * 9)]), 8)
-    with pytest.raises(InvalidArgument, match="no trainable main-thread segment"):
-        val.trajectory_to_output(trajectory("t", "g", 1.0, [segment([1], [2], [1], [-1.0], trainable=False)]), 8)
+def verl_worker(tokenizer: Any, prompt_length: int, response_length: int) -> AgentLoopWorker:
+    """verl's own AgentLoopWorker, without Ray and servers: only what its per-sample
+    postprocess (padding, masks, routes, rm_scores) and batch assembly read."""
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)
+    worker.rollout_config = SimpleNamespace(prompt_length=prompt_length, response_length=response_length)  # type: ignore[assignment]
+    worker.tokenizer, worker.processor, worker.mm_processor_kwargs = tokenizer, None, {}
+    worker.reward_loop_worker_handles, worker.distillation_enabled = None, False  # type: ignore[assignment]
+    return worker
+
+
+async def verl_batch(worker: AgentLoopWorker, outputs: list[AgentLoopOutput]) -> Any:
+    """The batch verl builds from these samples (what its trainer then reads)."""
+    rows = [await worker._agent_loop_postprocess(o, False, raw_prompt=[]) for o in outputs]
+    return worker._postprocess(rows)
+
+
+async def test_every_outcome_is_a_well_formed_sample_and_untrainable_ones_weigh_zero() -> None:
+    from transformers import AutoTokenizer
+
+    routes = np.arange(2 * 2 * 2, dtype=np.uint8).reshape(2, 2, 2)
+    good = trajectory("ok", "g", 1.0, [segment([1, 2], [3, 4], [1, 1], [-1.0, -2.0], routes=routes)])
+    infra = trajectory("infra", "g", 1.0, [segment([1], [2], [1], [-1.0])], TR.TERMINATION_REASON_VERIFIER_ERROR)
+    setup = trajectory("setup", "g", 0.0, [], TR.TERMINATION_REASON_ENV_SETUP_FAILED)
+    setup.has_reward = False
+    long = trajectory("long", "g", 1.0, [segment([1], [2] * 9, [1] * 9, [-1.0] * 9)])
+    wide = trajectory("wide", "g", 1.0, [segment([1] * 9, [2], [1], [-1.0])])
+    untrainable = trajectory("sub", "g", 1.0, [segment([1], [2], [1], [-1.0], trainable=False)])
+    outs = [val.trajectory_to_output(t, 8, prompt_length=8, pad_id=0, route_shape=(2, 2)) for t in (good, infra)]
+    outs += [
+        val.trajectory_to_output(t, 8, prompt_length=8, route_shape=(2, 2)) for t in (setup, long, wide, untrainable)
+    ]
+    masked = {o.extra_fields["harnessrl_trial_id"]: o.extra_fields["harnessrl_masked"] for o in outs}
+    assert masked == {
+        "ok": "",
+        "infra": "infra:verifier_error",
+        "setup": "infra:env_setup_failed",
+        "long": "response_too_long",
+        "wide": "prompt_too_long",
+        "sub": "no_trainable_segment",
+    }
+    for out in outs[1:]:
+        assert out.response_mask == [0] and out.reward_score == 0.0 and out.extra_fields["harnessrl_valid"] is False
+    assert outs[1].extra_fields["harnessrl_reward"] == 1.0, "the verifier's reward is reported, not trained"
+    # verl's own worker turns them into one batch: nothing raises, masked rows weigh 0.
+    batch = await verl_batch(verl_worker(AutoTokenizer.from_pretrained(paths.default_model_dir()), 8, 8), outs)
+    mask = batch.batch["response_mask"]
+    assert mask.shape == (6, 8) and mask[0].tolist() == [1, 1, 0, 0, 0, 0, 0, 0] and int(mask[1:].sum()) == 0
+    assert batch.batch["routed_experts"].shape == (6, 16, 2, 2)
+    assert batch.batch["rm_scores"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert list(batch.non_tensor_batch["harnessrl_valid"]) == [True] + [False] * 5
 
 
 async def test_engine_adapter_serves_verl_server_manager_through_a_real_gateway() -> None:
@@ -112,134 +154,113 @@ async def test_engine_adapter_serves_verl_server_manager_through_a_real_gateway(
     assert request_id  # the gateway's own request id, passed through
 
 
-class ScriptedSandbox(sandbox_pb2_grpc.SandboxServicer):
-    """Stands in for the sandbox service + harness + proxy: one model call through the
-    gateway named in the trial's harness options, captured in the real capture store."""
+# The harness: one chat call with tools (the trial's main thread) through its proxy.
+CALL = """set -e
+python3 - <<'PY'
+import json, os, urllib.request
 
-    def __init__(self, capture: str) -> None:
-        self.capture = capture
-        self.done: dict[str, float] = {}
-        self.specs: list[sandbox_pb2.TrialSpec] = []
-        self.tasks: list[asyncio.Future[None]] = []
-
-    async def SubmitTrial(self, request, context):  # type: ignore[no-untyped-def]
-        self.specs.append(request.spec)
-        self.tasks.append(asyncio.ensure_future(self._run(request.spec)))
-        return sandbox_pb2.SubmitTrialResponse(trial_id=request.spec.trial_id, created=True)
-
-    async def _run(self, spec: sandbox_pb2.TrialSpec) -> None:
-        prompt = [1, 2, 3]
-        async with connect(spec.harness_options[val.GATEWAY_OPTION]) as channel:
-            req = gateway_pb2.GenerateRequest(
-                request_id=f"{spec.trial_id}-0",
-                trial_id=spec.trial_id,
-                thread="main",
-                prompt_ids=arrays.pack_i32(prompt),
-            )
-            tokens = [c.tokens async for c in gateway_pb2_grpc.RolloutGatewayStub(channel).Generate(req)]
-        ids = [i for t in tokens for i in arrays.unpack_i32(t.ids).tolist()]
-        lps = [x for t in tokens for x in arrays.unpack_f32(t.logprobs).tolist()]
-        vs = [v for t in tokens for v in arrays.unpack_i32(t.policy_versions).tolist()]
-        async with connect(self.capture) as channel:
-            stub = capture_pb2_grpc.CaptureStoreStub(channel)
-            key = records_pb2.SegmentKey(run_id=spec.run_id, trial_id=spec.trial_id, thread="main")
-            await stub.AppendSegment(
-                capture_pb2.AppendSegmentRequest(
-                    key=key,
-                    thread_kind="main",
-                    trainable=True,
-                    prompt_ids=arrays.pack_i32(prompt),
-                    tokens=arrays.make_tokens(ids, [1] * len(ids), lps, vs),
-                    close=True,
-                    task_id=spec.task_id,
-                    group_id=spec.group_id,
-                )
-            )
-            await stub.FinalizeTrajectory(
-                capture_pb2.FinalizeTrajectoryRequest(
-                    run_id=spec.run_id,
-                    trial_id=spec.trial_id,
-                    task_id=spec.task_id,
-                    group_id=spec.group_id,
-                    group_size=spec.group_size,
-                    reward=1.0,
-                    has_reward=True,
-                    termination_reason=records_pb2.TERMINATION_REASON_COMPLETED,
-                )
-            )
-        self.done[spec.trial_id] = 1.0
-
-    async def GetTrial(self, request, context):  # type: ignore[no-untyped-def]
-        state = sandbox_pb2.TRIAL_STATE_DONE if request.trial_id in self.done else sandbox_pb2.TRIAL_STATE_AGENT
-        return sandbox_pb2.TrialStatus(
-            trial_id=request.trial_id, state=state, reward=self.done.get(request.trial_id, 0)
-        )
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+body = json.dumps({"model": os.environ["HARNESSRL_MODEL"], "tools": tools,
+                   "messages": [{"role": "user", "content": "go"}]}).encode()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"}
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=60).read()
+PY
+echo hello > hello.txt
+"""
 
 
-@pytest.fixture
-async def capture(tmp_path: Path) -> AsyncIterator[str]:
-    server = await create_capture(CaptureSettings(store_dir=tmp_path / "store", fsync=False, shutdown_grace_s=0.2))
-    try:
-        yield f"127.0.0.1:{server.port}"
-    finally:
-        await server.stop(0.2)
-
-
-@pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
-async def test_harness_agent_loop_runs_a_trial_and_returns_the_capture(
-    capture: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import grpc
-    from transformers import AutoTokenizer
+def agent_loop(manager: FakeServerManager, tokenizer: Any, prompt_length: int, response_length: int, **kw: Any) -> Any:
+    """Exactly how verl's AgentLoopWorker builds an agent loop from agent_loop_config_path."""
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    sandbox = ScriptedSandbox(capture)
-    server = grpc.aio.server()
-    sandbox_pb2_grpc.add_SandboxServicer_to_server(sandbox, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {
-                "rollout": {
-                    "prompt_length": 64,
-                    "response_length": 32,
-                    "n": 2,
-                }
-            }
-        }
-    )
-    manager = FakeServerManager()
-    monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", f"127.0.0.1:{port}")
-    monkeypatch.setenv("HARNESSRL_CAPTURE_TARGET", capture)
-    monkeypatch.setenv("HARNESSRL_RUN_ID", "verl-run")
+    rollout = {"prompt_length": prompt_length, "response_length": response_length, "n": 2}
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}})
     (entry,) = OmegaConf.load(AGENT_LOOPS)
-    # Exactly how verl's AgentLoopWorker builds an agent loop from agent_loop_config_path.
-    loop = hydra.utils.instantiate(
+    return hydra.utils.instantiate(
         config=entry,
         trainer_config=DictConfigWrap(config=config),
         server_manager=manager,
-        tokenizer=AutoTokenizer.from_pretrained(paths.default_model_dir()),
+        tokenizer=tokenizer,
         processor=None,
         hf_model_type="llama",
         dataset_cls=RLHFDataset,
         data_config=DictConfigWrap(OmegaConf.create({})),
         tools=ToolListWrap([]),
+        **kw,
     )
-    assert isinstance(loop, val.HarnessAgentLoop)
+
+
+@pytest.mark.skipif(not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_harness_agent_loop_runs_real_trials_on_verls_replicas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real path: the real sandbox (gRPC + worker + bubblewrap), the real proxy
+    whose own gateway is a scripted engine (A), the real capture store. The trial's
+    spec names the worker's gateway, so its model calls reach verl's server manager
+    and none reach A; a failed setup and an over-long response are masked rows of
+    one batch that verl's own worker assembles."""
+    from transformers import AutoTokenizer
+
+    from services.sandbox.server import create_sandbox_server
+    from tests.sandbox_support import make_task, model_stack
+
+    tasks = tmp_path / "tasks"
+    good, broken = make_task(tasks, "good"), make_task(tasks, "broken", dockerfile="FROM x\nRUN exit 7\n")
+    tokenizer = AutoTokenizer.from_pretrained(paths.default_model_dir())
+    manager = FakeServerManager()
+    async with model_stack(tmp_path / "stack", {"*": [{"content": "from A"}]}) as stack:
+        sandbox = await create_sandbox_server(stack.sandbox_settings(tmp_path, heartbeat_s=0.2, concurrency=3))
+        monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", f"127.0.0.1:{sandbox.port}")
+        monkeypatch.setenv("HARNESSRL_CAPTURE_TARGET", f"127.0.0.1:{stack.capture.port}")
+        monkeypatch.setenv("HARNESSRL_RUN_ID", "verl-run")
+        monkeypatch.setenv("HARNESSRL_HARNESS", "shell")
+        options = {"harness_options": {"script": CALL}}
+        loop = agent_loop(manager, tokenizer, prompt_length=4096, response_length=32, **options)
+        short = agent_loop(manager, tokenizer, prompt_length=4096, response_length=2, **options)
+        assert isinstance(loop, val.HarnessAgentLoop)
+        params: dict[str, Any] = {"temperature": 1.0}
+        try:
+            outs = await asyncio.gather(
+                loop.run(params, task_path=str(good), task_id="good", uid="g-good", global_steps=3),
+                loop.run(params, task_path=str(broken), task_id="broken", uid="g-broken", global_steps=3),
+                short.run(params, task_path=str(good), task_id="good", uid="g-good", global_steps=3),
+            )
+        finally:
+            await sandbox.stop(0)
+            await val._GATEWAY.close()
+        on_a = read_generation_log(stack.engine_log) if stack.engine_log.exists() else []
+    assert on_a == [], "no model call of a routed trial reaches the proxy's own gateway"
+    ok, failed, too_long = outs
+    assert ok.extra_fields["harnessrl_masked"] == "" and ok.reward_score == 1.0
+    sampled = [[(sum(prompt) + k) % 1000 + 3 for k in range(4)] for _, prompt, _ in manager.calls]
+    assert ok.response_ids in sampled, "the tokens verl's replicas sampled, as captured"
+    assert ok.response_logprobs == pytest.approx([-0.5, -0.6, -0.7, -0.8])
+    assert ok.extra_fields["harnessrl_policy_versions"] == [3] * 4 and set(ok.response_mask) == {1}
+    assert failed.extra_fields["harnessrl_masked"] == "infra:env_setup_failed" and failed.response_mask == [0]
+    assert too_long.extra_fields["harnessrl_masked"] == "response_too_long" and too_long.response_mask == [0]
+    assert len(manager.calls) == 2, "the two trials that ran called verl's replicas once each"
+    sticky = [request_id for request_id, _, _ in manager.calls]
+    assert all(r.endswith("/main") and r.startswith("verl-") for r in sticky), sticky
+    worker = verl_worker(tokenizer, 4096, 32)
+    batch = await verl_batch(worker, [o.model_copy(update={"routed_experts": None}) for o in outs[:2]])
+    assert batch.batch["response_mask"].sum(-1).tolist() == [4, 0]
+
+
+@pytest.mark.skipif(not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
+async def test_an_unreachable_sandbox_is_a_masked_row_not_a_failed_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", "127.0.0.1:1")
+    monkeypatch.setenv("HARNESSRL_CAPTURE_TARGET", "127.0.0.1:1")
+    loop = agent_loop(FakeServerManager(), AutoTokenizer.from_pretrained(paths.default_model_dir()), 64, 8)
     try:
-        out = await loop.run(
-            {"temperature": 1.0}, task_path="/tasks/hello", task_id="hello", uid="group-1", global_steps=3
-        )
+        out = await loop.run({}, task_path="/tasks/x", task_id="x", uid="g")
     finally:
-        await server.stop(0)
         await val._GATEWAY.close()
-    (spec,) = sandbox.specs
-    assert (spec.task_path, spec.group_id, spec.group_size, spec.policy_version) == ("/tasks/hello", "group-1", 2, 3)
-    assert out.prompt_ids == [1, 2, 3] and out.response_ids == [9, 10, 11, 12]
-    assert out.response_logprobs == pytest.approx([-0.5, -0.6, -0.7, -0.8])
-    assert out.reward_score == 1.0 and out.extra_fields["harnessrl_policy_versions"] == [3] * 4
-    assert len(manager.calls) == 1
+    assert out.extra_fields["harnessrl_masked"] == "sandbox_error" and out.response_mask == [0]
+    assert out.extra_fields["harnessrl_valid"] is False and out.reward_score == 0.0
 
 
 def test_hydra_config_composes_with_verls_fully_async_config(monkeypatch: pytest.MonkeyPatch) -> None:
