@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed", "return_routed_experts")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed", "return_routed_experts", "top_logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class SamplingParams(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     RETURN_ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -23,7 +24,18 @@ class SamplingParams(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     seed: int
     return_routed_experts: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., return_routed_experts: _Optional[bool] = ...) -> None: ...
+    top_logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., return_routed_experts: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class TopLogprobs(_message.Message):
+    __slots__ = ("k", "ids", "logprobs")
+    K_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    ids: bytes
+    logprobs: bytes
+    def __init__(self, k: _Optional[int] = ..., ids: _Optional[bytes] = ..., logprobs: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "trial_id", "thread", "prompt_ids", "sampling")
@@ -40,16 +52,18 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., thread: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "finish_reason", "usage", "replica")
+    __slots__ = ("tokens", "finish_reason", "usage", "replica", "top_logprobs")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     tokens: _records_pb2.TokenArrays
     finish_reason: str
     usage: _records_pb2.Usage
     replica: str
-    def __init__(self, tokens: _Optional[_Union[_records_pb2.TokenArrays, _Mapping]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_records_pb2.Usage, _Mapping]] = ..., replica: _Optional[str] = ...) -> None: ...
+    top_logprobs: TopLogprobs
+    def __init__(self, tokens: _Optional[_Union[_records_pb2.TokenArrays, _Mapping]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_records_pb2.Usage, _Mapping]] = ..., replica: _Optional[str] = ..., top_logprobs: _Optional[_Union[TopLogprobs, _Mapping]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id", "trial_id")

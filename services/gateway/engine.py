@@ -27,6 +27,8 @@ class Sampling:
     ``temperature`` 0 means greedy; ``top_p`` 0 or 1 and ``top_k`` 0 disable
     those filters; ``max_tokens`` 0 means "until the context window is full";
     ``seed`` 0 means unseeded. A stop id is included in the output.
+    ``top_logprobs`` asks for that many most likely tokens at each position
+    (reported, never used to sample).
     """
 
     temperature: float = 1.0
@@ -36,6 +38,7 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
     return_routed_experts: bool = False
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,10 @@ class Chunk:
     finish_reason: str = ""
     # Prompt tokens served from the engine's prefix cache (final chunk only).
     cached_prompt_tokens: int = 0
+    # int32 / float32 [n, k]: the k most likely tokens at each position and their
+    # logprobs (same distribution as ``logprobs``), when asked for and the engine has them.
+    top_ids: npt.NDArray[np.int32] | None = None
+    top_logprobs: npt.NDArray[np.float32] | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
@@ -38,11 +39,12 @@ from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, Generat
 from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.kvcache import BatchCache, PrefixStore
 from services.gateway.routes import RouteRecorder
-from services.gateway.sampling import make_generator, sample
+from services.gateway.sampling import make_generator, sample, top_logprobs
 from services.gateway.settings import Settings
 from services.gateway.weights import apply_update, plan_update, read_checkpoint
 
 log = logging.getLogger(__name__)
+Top = tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]  # the k most likely ids and their logprobs
 
 
 @dataclass(eq=False)
@@ -59,9 +61,9 @@ class _Seq:
     output: list[int] = field(default_factory=list)
     done: bool = False
     # With routed experts: the last sampled token waits for its route (computed when
-    # it is fed back in, the next step) before it is emitted: (id, logprob, version).
+    # it is fed back in, the next step) before it is emitted: (id, logprob, version, top).
     wants_routes: bool = False
-    held: tuple[int, float, int] | None = None
+    held: tuple[int, float, int, Top | None] | None = None
 
     @property
     def key(self) -> tuple[str, str] | None:
@@ -226,7 +228,11 @@ class _Worker:
             self.decoding = [self.decoding[i] for i in keep]
 
     def _sample(self, seq: _Seq, logits: torch.Tensor) -> None:
-        token, logprob = sample(logits.float(), seq.request.sampling, seq.generator, self.raw_logprobs)
+        logits = logits.float()
+        token, logprob = sample(logits, seq.request.sampling, seq.generator, self.raw_logprobs)
+        top = (
+            top_logprobs(logits, seq.request.sampling, self.raw_logprobs) if seq.request.sampling.top_logprobs else None
+        )
         seq.output.append(token)
         finish = ""
         if token in seq.stops:
@@ -235,11 +241,20 @@ class _Worker:
             finish = "length"
         seq.done = bool(finish)
         if seq.wants_routes and not finish:
-            seq.held = (token, logprob, self.version)
+            seq.held = (token, logprob, self.version, top)
         else:
-            self._emit(seq, token, logprob, self.version, finish=finish)
+            self._emit(seq, token, logprob, self.version, top, finish=finish)
 
-    def _emit(self, seq: _Seq, token: int, logprob: float, version: int, route: Any = None, finish: str = "") -> None:
+    def _emit(
+        self,
+        seq: _Seq,
+        token: int,
+        logprob: float,
+        version: int,
+        top: Top | None = None,
+        route: Any = None,
+        finish: str = "",
+    ) -> None:
         if seq.wants_routes and route is None:
             route = self.routes.zeros()  # never fed forward: no route (see routes.py)
         seq.emit(
@@ -250,6 +265,8 @@ class _Worker:
                 route,
                 finish,
                 seq.cached_prompt if finish else 0,
+                None if top is None else top[0][None, :],
+                None if top is None else top[1][None, :],
             )
         )
 
@@ -431,6 +448,9 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
         return chunks[0]
     last = chunks[-1]
     routes = [c.routed_experts for c in chunks if c.routed_experts is not None]
+    sampled = [c for c in chunks if len(c)]
+    tops = [(c.top_ids, c.top_logprobs) for c in sampled if c.top_ids is not None and c.top_logprobs is not None]
+    whole = bool(tops) and len(tops) == len(sampled) and len({t[0].shape[1] for t in tops}) == 1
     return Chunk(
         np.concatenate([c.ids for c in chunks]),
         np.concatenate([c.logprobs for c in chunks]),
@@ -438,6 +458,8 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
         np.concatenate(routes) if routes else None,
         last.finish_reason,
         last.cached_prompt_tokens,
+        np.concatenate([t[0] for t in tops]) if whole else None,
+        np.concatenate([t[1] for t in tops]) if whole else None,
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from services.gateway.engine import Sampling
@@ -55,3 +57,15 @@ def sample(
     if raw_logprobs and sampling.temperature != 0:
         return token, float(torch.log_softmax(logits, dim=-1)[token])
     return token, float(logprobs[token])
+
+
+def top_logprobs(
+    logits: torch.Tensor, sampling: Sampling, raw_logprobs: bool = False
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+    """The ``sampling.top_logprobs`` most likely tokens of fp32 ``logits`` [V] and
+    their logprobs, under the distribution ``sample`` reports the sampled token's
+    logprob from (so they rank with it). Reported only; sampling never sees them."""
+    raw = raw_logprobs and sampling.temperature != 0
+    logprobs = torch.log_softmax(logits, dim=-1) if raw else sampling_logprobs(logits, sampling)
+    values, ids = torch.topk(logprobs, min(sampling.top_logprobs, logprobs.shape[-1]))
+    return ids.numpy().astype(np.int32), values.numpy().astype(np.float32)

@@ -149,6 +149,26 @@ def scripted_logprobs(ids: npt.NDArray[np.int32], start: int) -> npt.NDArray[np.
     return (-(0.01 + 4.0 * (mixed.astype(np.float64) / float(1 << 32)))).astype(F32)
 
 
+def scripted_top(
+    ids: npt.NDArray[np.int32], logprobs: npt.NDArray[np.float32], k: int, vocab: int
+) -> tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.float32] | None]:
+    """Deterministic top-``k`` alternatives [N, k] when asked for: the sampled token
+    first with its logprob, then the ids after it, each 0.5 nats less likely."""
+    if k <= 0:
+        return None, None
+    steps = np.arange(k, dtype=np.int64)
+    top_ids = ((ids.astype(np.int64)[:, None] + steps) % max(vocab, k)).astype(I32)
+    return top_ids, (logprobs[:, None] - 0.5 * steps).astype(F32)
+
+
+def _rows(
+    top_ids: npt.NDArray[np.int32] | None, top_lps: npt.NDArray[np.float32] | None, start: int, end: int
+) -> tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.float32] | None]:
+    if top_ids is None or top_lps is None:
+        return None, None
+    return top_ids[start:end], top_lps[start:end]
+
+
 class GenerationLog:
     """Every generation the engine made: the last ``keep`` in memory (numpy arrays,
     cheap to hold) and, with a path, all of them as JSONL (lists, for other processes)."""
@@ -299,6 +319,7 @@ class ScriptedEngine(Engine):
         running = _Running(request)
         self._running[request.request_id] = running
         logprobs = scripted_logprobs(ids, int(request.prompt_ids.shape[0]))
+        top_ids, top_lps = scripted_top(ids, logprobs, request.sampling.top_logprobs, self._vocab)
         versions = np.empty(ids.shape[0], I32)
         step = self.script.chunk_tokens or max(1, ids.shape[0])
         sent = 0
@@ -315,9 +336,25 @@ class ScriptedEngine(Engine):
                     # Logged before the last chunk leaves, so a caller that saw it finds the record.
                     self._log(request, index, ids[:end], logprobs[:end], versions[:end], finish)
                     logged = True
-                    yield Chunk(ids[sent:end], logprobs[sent:end], versions[sent:end], None, finish)
+                    yield Chunk(
+                        ids[sent:end],
+                        logprobs[sent:end],
+                        versions[sent:end],
+                        None,
+                        finish,
+                        0,
+                        *_rows(top_ids, top_lps, sent, end),
+                    )
                     return
-                yield Chunk(ids[sent:end], logprobs[sent:end], versions[sent:end])
+                yield Chunk(
+                    ids[sent:end],
+                    logprobs[sent:end],
+                    versions[sent:end],
+                    None,
+                    "",
+                    0,
+                    *_rows(top_ids, top_lps, sent, end),
+                )
                 sent = end
                 if self.script.chunk_delay_s:
                     await asyncio.sleep(self.script.chunk_delay_s)

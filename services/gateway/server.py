@@ -14,7 +14,7 @@ import numpy as np
 from harnessrl.arrays import make_tokens, unpack_i32
 from harnessrl.rpc import RunningServer, start_server
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc, records_pb2
-from services.gateway.engine import Sampling
+from services.gateway.engine import F32, I32, Sampling
 from services.gateway.registry import create_engines
 from services.gateway.service import GatewayService, Output
 from services.gateway.settings import Settings
@@ -31,6 +31,7 @@ def sampling_from_proto(msg: gateway_pb2.SamplingParams) -> Sampling:
         stop_token_ids=tuple(msg.stop_token_ids),
         seed=msg.seed,
         return_routed_experts=msg.return_routed_experts,
+        top_logprobs=msg.top_logprobs,
     )
 
 
@@ -41,6 +42,14 @@ def chunk_to_proto(out: Output) -> gateway_pb2.GenerateChunk:
         finish_reason=c.finish_reason,
         replica=out.replica,
     )
+    if c.top_ids is not None and c.top_logprobs is not None:
+        msg.top_logprobs.CopyFrom(
+            gateway_pb2.TopLogprobs(
+                k=c.top_ids.shape[1] if c.top_ids.ndim == 2 else 0,
+                ids=c.top_ids.astype(I32, copy=False).tobytes(),
+                logprobs=c.top_logprobs.astype(F32, copy=False).tobytes(),
+            )
+        )
     if out.usage is not None:
         u = out.usage
         msg.usage.CopyFrom(

@@ -32,6 +32,8 @@ from services.gateway.errors import (
 from services.gateway.router import EJECTED, HEALTHY, Replica, Router
 from services.gateway.settings import Settings
 
+MAX_TOP_LOGPROBS = 20  # what OpenAI clients may ask for
+
 log = logging.getLogger(__name__)
 
 
@@ -84,6 +86,8 @@ def validate_sampling(sampling: Sampling, vocab_size: int) -> None:
         raise InvalidArgument(f"sampling.temperature must be finite and >= 0, got {sampling.temperature}")
     if not math.isfinite(sampling.top_p) or not 0 <= sampling.top_p <= 1:
         raise InvalidArgument(f"sampling.top_p must be in [0, 1] (0 or 1 disables it), got {sampling.top_p}")
+    if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"sampling.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {sampling.top_logprobs}")
     if sampling.top_k < 0:
         raise InvalidArgument(f"sampling.top_k must be >= 0 (0 disables it), got {sampling.top_k}")
     bad = [i for i in sampling.stop_token_ids if not 0 <= i < vocab_size]

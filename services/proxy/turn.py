@@ -40,6 +40,7 @@ class CallParams:
     top_k: int | None = None
     stop: list[str] = field(default_factory=list)
     call_id_prefix: str = "call_"
+    top_logprobs: int = 0  # alternatives to ask the engine for (reported to the client, never sampled from)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class ModelCall:
         # return logprobs; the capture commits exactly these arrays.
         self.received_ids: list[bytes] = []
         self.received_logprobs: list[bytes] = []
+        self.received_top: list[gateway_pb2.TopLogprobs] = []  # one per entry of received_ids
 
     @property
     def prompt_tokens(self) -> int:
@@ -137,6 +139,7 @@ class ModelCall:
             max_tokens=max_tokens,
             stop_token_ids=core.model.tokenizer.stop_ids,
             return_routed_experts=s.return_routed_experts,
+            top_logprobs=self.params.top_logprobs,
         )
         request = gateway_pb2.GenerateRequest(
             request_id=self.request_id,
@@ -176,6 +179,8 @@ class ModelCall:
                 if t.ids:
                     ids.append(t.ids)
                     logprobs.append(t.logprobs)
+                    if self.params.top_logprobs:
+                        self.received_top.append(chunk.top_logprobs)
                     versions.append(t.policy_versions)
                     if t.routed_experts.data:
                         routes.append(_routes(t.routed_experts))

@@ -160,3 +160,29 @@ async def test_reply_continues_across_update_weights(gateway, tmp_path_factory: 
         await stub.UpdateWeights(pb.UpdateWeightsRequest(version=2, checkpoint_path=str(checkpoint / "nope")))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (await stub.Health(pb.GatewayHealthRequest())).policy_version == 1
+
+
+async def test_top_logprobs_are_reported_and_change_nothing_sampled(gateway) -> None:
+    """``top_logprobs`` reports the k most likely tokens at each position under the
+    sampled distribution (the sampled token's logprob ranks among them) and leaves
+    what is sampled, and its logprobs, exactly as without it; over 20 is refused."""
+    _, stub, _ = gateway
+    base = dict(max_tokens=6, temperature=0.8, top_k=40, seed=7)
+    plain = await generate(stub, request(PROMPT, "top-0", **base))
+    chunks = [c async for c in stub.Generate(request(PROMPT, "top-5", top_logprobs=5, **base))]
+    ids = np.concatenate([unpack_i32(c.tokens.ids) for c in chunks]).tolist()
+    lps = np.concatenate([unpack_f32(c.tokens.logprobs) for c in chunks]).astype(np.float64)
+    assert ids == plain[0] and np.array_equal(lps, plain[1])
+    assert {c.top_logprobs.k for c in chunks if c.tokens.ids} == {5}
+    top_ids = np.concatenate([unpack_i32(c.top_logprobs.ids) for c in chunks if c.tokens.ids]).reshape(-1, 5)
+    top_lps = np.concatenate([unpack_f32(c.top_logprobs.logprobs) for c in chunks if c.tokens.ids]).reshape(-1, 5)
+    assert top_ids.shape == (len(ids), 5) and (np.diff(top_lps, axis=1) <= 0).all()
+    for token, lp, row_ids, row_lps in zip(ids, lps, top_ids.tolist(), top_lps.tolist(), strict=True):
+        assert lp <= row_lps[0] + 1e-6
+        if token in row_ids:
+            assert row_lps[row_ids.index(token)] == pytest.approx(lp, abs=1e-6)
+        else:
+            assert lp <= row_lps[-1] + 1e-6
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generate(stub, request(PROMPT, "top-21", top_logprobs=21, max_tokens=2))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "top_logprobs" in info.value.details()

@@ -8,17 +8,21 @@ tool-call markup and the end-of-turn token alike), so it lines up token for toke
 with the captured segment. ``token`` is the token's own decoded text (OpenAI's
 ``bytes:\\xNN`` form when it is part of a UTF-8 character) and ``bytes`` its bytes.
 
-The gateway contract carries only the sampled token's logprob, no top-k
-alternatives, so ``top_logprobs`` holds at most one entry, the sampled token
-itself (the OpenAI schema allows fewer entries than asked for)."""
+``top_logprobs`` lists the alternatives the engine reported (``TopLogprobs`` of
+the gateway contract: the local and scripted engines give them), most likely
+first, without tokens the sampling distribution excluded (-inf). An engine that
+reports none (the vLLM pool today) gives just the sampled token there; the OpenAI
+schema allows fewer entries than asked for."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from harnessrl.arrays import F32, I32
+from harnessrl.v1 import gateway_pb2
 from services.proxy.chat.tokenizer import Tokenizer
 from services.proxy.errors import BadRequest
 from services.proxy.turn import ModelCall
@@ -84,22 +88,44 @@ class TokenLogprobs:
         self.entries: list[dict[str, Any]] = []  # every entry so far
 
     def take(self) -> list[dict[str, Any]]:
-        ids, logprobs = self._call.received_ids, self._call.received_logprobs
+        call = self._call
+        ids, logprobs, tops = call.received_ids, call.received_logprobs, call.received_top
         new: list[dict[str, Any]] = []
         for i in range(self._chunks, min(len(ids), len(logprobs))):
+            token_ids = np.frombuffer(ids[i], I32).tolist()
             values = np.frombuffer(logprobs[i], F32).tolist()
-            for token_id, logprob in zip(np.frombuffer(ids[i], I32).tolist(), values, strict=False):
-                new.append(self._entry(token_id, logprob))
+            alternatives = self._alternatives(tops[i] if i < len(tops) else None, len(token_ids))
+            for j, (token_id, logprob) in enumerate(zip(token_ids, values, strict=False)):
+                new.append(self._entry(token_id, logprob, alternatives[j] if alternatives else None))
             self._chunks = i + 1
         self.entries.extend(new)
         return new
 
-    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+    def _alternatives(self, msg: gateway_pb2.TopLogprobs | None, n: int) -> list[list[tuple[int, float]]] | None:
+        """Per position, the engine's (id, logprob) alternatives; None when it sent none."""
+        if not self._top or msg is None or not msg.k or len(msg.ids) != n * msg.k * 4:
+            return None
+        top_ids = np.frombuffer(msg.ids, I32).reshape(n, msg.k)[:, : self._top].tolist()
+        top_lps = np.frombuffer(msg.logprobs, F32).reshape(n, msg.k)[:, : self._top].tolist()
+        return [
+            [(t, lp) for t, lp in zip(row_ids, row_lps, strict=True) if math.isfinite(lp)]
+            for row_ids, row_lps in zip(top_ids, top_lps, strict=True)
+        ]
+
+    def _piece(self, token_id: int) -> tuple[str, list[int]]:
         raw = self._tok.token_bytes(token_id)
         try:
             text = raw.decode()
         except UnicodeDecodeError:
             text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        data = list(raw)
-        top = [{"token": text, "logprob": logprob, "bytes": data}] if self._top else []
+        return text, list(raw)
+
+    def _entry(self, token_id: int, logprob: float, alternatives: list[tuple[int, float]] | None) -> dict[str, Any]:
+        text, data = self._piece(token_id)
+        if alternatives is None:
+            alternatives = [(token_id, logprob)] if self._top else []
+        top = []
+        for alt_id, alt_lp in alternatives:
+            alt_text, alt_data = (text, data) if alt_id == token_id else self._piece(alt_id)
+            top.append({"token": alt_text, "logprob": alt_lp, "bytes": alt_data})
         return {"token": text, "logprob": logprob, "bytes": data, "top_logprobs": top}

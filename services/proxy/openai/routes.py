@@ -31,6 +31,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         top_p=body.top_p,
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         call_id_prefix="call_",
+        top_logprobs=top or 0,
     )
     call = ModelCall(core, trial, to_conversation(body), params)
     await call.start()

@@ -28,7 +28,7 @@ async def responses(trial_id: str, request: Request) -> Response:
     core.check_model(trial, body.model)
     conv, custom = to_conversation(body)
     top = responses_request(body.include, body.top_logprobs)
-    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, call_id_prefix="call_")
+    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0)
     call = ModelCall(core, trial, conv, params)
     await call.start()
     lp = TokenLogprobs(call, top) if top is not None else None

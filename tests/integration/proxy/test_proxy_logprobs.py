@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
@@ -82,20 +83,25 @@ def text_part(item: object) -> ResponseOutputText:
     return item.content[0]
 
 
+def piece(tok: Tokenizer, token_id: int) -> tuple[str, list[int]]:
+    """OpenAI's token text: the token's bytes as text, or ``bytes:\\xNN`` when not valid UTF-8."""
+    raw = tok.token_bytes(token_id)
+    try:
+        return raw.decode(), list(raw)
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), list(raw)
+
+
 def check_entries(entries: list[Any], ids: list[int], logprobs: list[float], tok: Tokenizer, top: int) -> None:
     """One entry per captured token, in order: the engine's logprob, the token's bytes and
-    its decoded text; ``top_logprobs`` holds what the engine gives (the sampled token)."""
+    its decoded text; ``top_logprobs`` the engine's alternatives (the scripted engine
+    reports the sampled token first, then the next ids, each 0.5 nats less likely)."""
     assert [e.logprob for e in entries] == logprobs, "exactly the captured logprobs"
-    assert [bytes(e.bytes) for e in entries] == [tok.token_bytes(i) for i in ids]
+    assert [(e.token, e.bytes) for e in entries] == [piece(tok, i) for i in ids]
     assert b"".join(bytes(e.bytes) for e in entries).decode() == tok.decode(ids, skip_special_tokens=False)
-    for e in entries:
-        raw = bytes(e.bytes)
-        try:
-            assert e.token == raw.decode()
-        except UnicodeDecodeError:
-            assert e.token == "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        expected = [(e.token, e.logprob, e.bytes)] if top else []
-        assert [(t.token, t.logprob, t.bytes) for t in e.top_logprobs] == expected
+    for e, token_id in zip(entries, ids, strict=True):
+        expected = [(*piece(tok, token_id + j), float(np.float32(e.logprob - 0.5 * j))) for j in range(top)]
+        assert [(t.token, t.bytes, t.logprob) for t in e.top_logprobs] == expected
     assert any(e.token.startswith("bytes:") for e in entries), "the emoji is split across byte-level tokens"
     assert entries[-1].token == tok.eos_text
 
@@ -117,7 +123,7 @@ def test_chat_streaming_logprobs_arrive_per_chunk_and_match_the_capture(stack: S
             messages=MESSAGES,
             tools=[BASH],
             logprobs=True,
-            top_logprobs=0,
+            top_logprobs=3,
             stream=True,
             stream_options={"include_usage": True},
         )
@@ -126,7 +132,7 @@ def test_chat_streaming_logprobs_arrive_per_chunk_and_match_the_capture(stack: S
     assert sum(1 for p in per_chunk if p) > 3, "logprobs stream with the deltas"
     text_chunks = [ch for ch in chunks if ch.choices and ch.choices[0].delta.content]
     assert all(ch.choices[0].logprobs and ch.choices[0].logprobs.content for ch in text_chunks)
-    check_entries([e for p in per_chunk for e in p], *captured(stack, "lp-2"), tok, top=0)
+    check_entries([e for p in per_chunk for e in p], *captured(stack, "lp-2"), tok, top=3)
 
 
 def test_no_logprobs_unless_asked(stack: Stack) -> None:
