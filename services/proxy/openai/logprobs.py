@@ -17,6 +17,7 @@ schema allows fewer entries than asked for."""
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from services.proxy.turn import ModelCall
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound, for both APIs
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
+_PIECES: weakref.WeakKeyDictionary[Tokenizer, dict[int, tuple[str, list[int]]]] = weakref.WeakKeyDictionary()
 
 
 def _top_count(value: Any) -> int:
@@ -83,6 +85,7 @@ class TokenLogprobs:
     def __init__(self, call: ModelCall, top: int) -> None:
         self._call = call
         self._tok: Tokenizer = call.core.model.tokenizer
+        self._pieces = _PIECES.setdefault(self._tok, {})
         self._top = top
         self._chunks = 0  # chunks of the call already turned into entries
         self.entries: list[dict[str, Any]] = []  # every entry so far
@@ -113,12 +116,16 @@ class TokenLogprobs:
         ]
 
     def _piece(self, token_id: int) -> tuple[str, list[int]]:
-        raw = self._tok.token_bytes(token_id)
-        try:
-            text = raw.decode()
-        except UnicodeDecodeError:
-            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        return text, list(raw)
+        """A token's OpenAI ``token`` and ``bytes``, cached per tokenizer (shared lists, never mutated)."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            raw = self._tok.token_bytes(token_id)
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            piece = self._pieces[token_id] = (text, list(raw))
+        return piece
 
     def _entry(self, token_id: int, logprob: float, alternatives: list[tuple[int, float]] | None) -> dict[str, Any]:
         text, data = self._piece(token_id)
