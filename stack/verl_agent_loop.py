@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -47,7 +48,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from harnessrl import arrays
 from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument
-from harnessrl.rpc import connect
+from harnessrl.rpc import check_target, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.gateway.engine import Chunk, Engine, EngineInfo, GenerateInput
 
@@ -298,12 +299,18 @@ class _WorkerGateway:
         self._lock = asyncio.Lock()
         self._server: Any = None
 
-    async def ensure(self, server_manager: Any, vocab_size: int) -> tuple[str, VerlServerEngine]:
+    async def ensure(
+        self, server_manager: Any, vocab_size: int, bind: str = "127.0.0.1", address: str = ""
+    ) -> tuple[str, VerlServerEngine]:
+        """The worker's gateway, started on first use: bound to ``bind`` and named to the
+        proxy as ``address:port`` (``address`` defaults to ``bind``; with ``bind`` 0.0.0.0,
+        to this host's address, which a proxy on another node can reach)."""
         async with self._lock:
             if self.target is None or self.engine is None:
                 self.engine = VerlServerEngine(server_manager, vocab_size)
-                self._server, port = await serve_engine(self.engine)
-                self.target = f"127.0.0.1:{port}"
+                self._server, port = await serve_engine(self.engine, bind)
+                host = address or (socket.gethostbyname(socket.gethostname()) if bind in ("0.0.0.0", "::") else bind)
+                self.target = check_target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             return self.target, self.engine
 
     async def close(self) -> None:
@@ -314,7 +321,7 @@ class _WorkerGateway:
             self._server, self.target, self.engine = None, None, None
 
 
-async def serve_engine(engine: Engine) -> tuple[Any, int]:
+async def serve_engine(engine: Engine, host: str = "127.0.0.1") -> tuple[Any, int]:
     """A real gateway (service + gRPC servicer) in this process with ``engine`` as its only replica."""
     from harnessrl.rpc import start_server
     from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
@@ -323,7 +330,12 @@ async def serve_engine(engine: Engine) -> tuple[Any, int]:
     from services.gateway.settings import Settings as GatewaySettings
 
     # The engine string is never used (the one replica is ``engine``); it only has to validate.
-    fields = {"engine": "scripted:/dev/null", "model_name": "verl", "context_window": engine.info().context_window}
+    fields = {
+        "engine": "scripted:/dev/null",
+        "model_name": "verl",
+        "context_window": engine.info().context_window,
+        "host": host,
+    }
     settings = GatewaySettings.model_validate(fields)
     service = GatewayService([engine], settings)
     await service.start()
@@ -361,6 +373,8 @@ class HarnessAgentLoop(AgentLoopBase):
         poll_s: float = 1.0,
         trial_deadline_s: float = 4 * 3600.0,
         harness_options: Mapping[str, str] | None = None,
+        gateway_bind: str = "127.0.0.1",
+        gateway_address: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -370,9 +384,15 @@ class HarnessAgentLoop(AgentLoopBase):
         self.run_id, self.harness, self.service_token, self.poll_s = run_id, harness, service_token, poll_s
         self.trial_deadline_s = trial_deadline_s
         self.harness_options = {str(k): str(v) for k, v in (harness_options or {}).items()}
+        self.gateway_bind, self.gateway_address = gateway_bind, gateway_address or ""
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        target, engine = await _GATEWAY.ensure(self.server_manager, len(self.tokenizer))  # type: ignore[arg-type]
+        target, engine = await _GATEWAY.ensure(
+            self.server_manager,
+            len(self.tokenizer),  # type: ignore[arg-type]
+            self.gateway_bind,
+            self.gateway_address,
+        )
         engine.policy_version = int(kwargs.get("global_steps", 0))
         trial_id = f"verl-{uuid.uuid4().hex[:16]}"
         if "task_path" not in kwargs:

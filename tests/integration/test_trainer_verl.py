@@ -254,9 +254,14 @@ async def test_an_unreachable_sandbox_is_a_masked_row_not_a_failed_batch(monkeyp
 
     monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", "127.0.0.1:1")
     monkeypatch.setenv("HARNESSRL_CAPTURE_TARGET", "127.0.0.1:1")
+    monkeypatch.setenv("HARNESSRL_VERL_GATEWAY_ADDRESS", "localhost")  # the name the proxy is given
     loop = agent_loop(FakeServerManager(), AutoTokenizer.from_pretrained(paths.default_model_dir()), 64, 8)
     try:
         out = await loop.run({}, task_path="/tasks/x", task_id="x", uid="g")
+        assert val._GATEWAY.target is not None and val._GATEWAY.target.startswith("localhost:")
+        async with connect(val._GATEWAY.target) as channel:
+            health = await gateway_pb2_grpc.RolloutGatewayStub(channel).Health(gateway_pb2.GatewayHealthRequest())
+        assert health.context_window > 0
     finally:
         await val._GATEWAY.close()
     assert out.extra_fields["harnessrl_masked"] == "sandbox_error" and out.response_mask == [0]
