@@ -2,7 +2,8 @@
 gateway its model calls go to (``TrialSpec.gateway_target``); the sandbox passes
 it to the proxy at registration and the proxy's engine client for that trial
 dials it. Two real gateways (scripted engines) behind one real proxy: trials
-routed to B reach B and never A; trials that name none use the proxy's own (A).
+routed to B reach B and never A; trials that name none use the proxy's own (A);
+a trial whose gateway is down ends engine_error, not with a reward.
 A malformed target is refused at submit (gRPC) and at registration (HTTP)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
-from harnessrl.v1 import sandbox_pb2, sandbox_pb2_grpc
+from harnessrl.v1 import records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.gateway.scripted import read_generation_log
 from services.gateway.server import create_server as create_gateway
 from services.gateway.settings import Settings as GatewaySettings
@@ -89,6 +90,7 @@ async def test_trials_reach_the_gateway_their_spec_names(tmp_path: Path) -> None
                 stub = sandbox_pb2_grpc.SandboxStub(channel)
                 target_b = f"127.0.0.1:{b.port}"
                 specs = [trial(task, "to-b-1", target_b), trial(task, "to-b-2", target_b), trial(task, "default")]
+                specs.append(trial(task, "to-nowhere", "127.0.0.1:1"))  # well-formed, nothing listens
                 for spec in specs:
                     await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec))
                 statuses = await wait_done(stub, [s.trial_id for s in specs])
@@ -98,8 +100,11 @@ async def test_trials_reach_the_gateway_their_spec_names(tmp_path: Path) -> None
         finally:
             await sandbox.stop(0)
             await b.stop(0)
+        nowhere = statuses.pop("to-nowhere")
+        assert nowhere.termination_reason == records_pb2.TERMINATION_REASON_ENGINE_ERROR, nowhere
         for trial_id, status in statuses.items():
-            assert status.termination_reason == 1 and status.reward == 1.0, (trial_id, status)
+            assert status.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED, (trial_id, status)
+            assert status.reward == 1.0, (trial_id, status)
         on_a = {r["trial_id"] for r in read_generation_log(stack.engine_log)}
         on_b = {r["trial_id"] for r in read_generation_log(b_log)}
         assert on_b == {"to-b-1", "to-b-2"} and on_a == {"default"}
