@@ -86,7 +86,9 @@ class _Process:
             self.proc.kill()
             self.proc.wait(10)
 
-    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
         if self.dir in _SCRATCH:
             _SCRATCH.discard(self.dir)
@@ -304,9 +306,12 @@ class DockerEngine(_Process):
     def __enter__(self) -> DockerEngine:
         return self.start()
 
-    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
         if self.dir in _SCRATCH:
-            # The engine's overlay mounts are gone with it; what is left is plain files.
+            # Lazily unmount whatever overlay the engine left, so the scratch dir can go.
             subprocess.run(["umount", "-R", "-l", str(self.dir / "root")], capture_output=True, check=False)
-        super().__exit__(*exc)
+            _SCRATCH.discard(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -172,7 +172,7 @@ async def run_bench(
 ) -> tuple[list[OverheadRow], list[ThroughputRow]]:
     with tempfile.TemporaryDirectory(prefix="hrl-bench-sandbox-") as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
-        kinds = {"local": {"backend": "local"}}
+        kinds: dict[str, dict[str, Any]] = {"local": {"backend": "local"}}
         if "docker" in backends:
             kinds["docker"] = {"backend": "docker", "docker": {"host": docker_host or _private_engine(stack)}}
         local = await overhead(root / "overhead-local", trials, kinds["local"], None)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,15 +169,28 @@ _REASON_FROM_PROTO = {proto: reason for reason, proto in REASON_TO_PROTO.items()
 class UnixRelay:
     """A per-trial Unix socket on the worker that relays every connection to
     the proxy (its Unix socket or TCP address). Bound into the agent phase, it
-    is the sandbox's only way out."""
+    is the sandbox's only way out. With ``listener`` (a listening socket made
+    elsewhere, e.g. inside a container's network namespace) it accepts there
+    instead of on ``path``."""
 
-    def __init__(self, path: Path, *, tcp: tuple[str, int] | None = None, uds: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        tcp: tuple[str, int] | None = None,
+        uds: Path | None = None,
+        listener: socket.socket | None = None,
+    ) -> None:
         self.path = path
         self.tcp, self.uds = tcp, uds
+        self.listener = listener
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> UnixRelay:
+        if self.listener is not None:
+            self._server = await asyncio.start_server(self._handle, sock=self.listener)
+            return self
+        assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
         os.chmod(self.path, 0o666)
@@ -198,12 +212,15 @@ class UnixRelay:
                 w.close()
 
     async def stop(self) -> None:
+        """Stops accepting at once (the sandbox's way out closes)."""
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1)
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+            self._server = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

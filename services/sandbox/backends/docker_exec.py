@@ -22,7 +22,8 @@ from typing import Any
 
 from services.sandbox.backends.base import ExecResult
 from services.sandbox.backends.limits import BoundedOutput
-from services.sandbox.backends.netns import NetnsRelay, listen_in
+from services.sandbox.backends.netns import listen_in
+from services.sandbox.endpoints import UnixRelay
 from services.sandbox.errors import EnvSetupError, SandboxLost
 
 # Runs as the sandbox user: counts its other processes, then kills them all
@@ -59,7 +60,7 @@ class ContainerExec:
     image: str = ""
     pristine: Path | None = None
     stopped: bool = False
-    relay: NetnsRelay | None = None
+    relay: UnixRelay | None = None
     uploaded: set[str] = field(default_factory=set)
     counter: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -84,7 +85,8 @@ class ContainerExec:
     # -- the relay ------------------------------------------------------------
     async def open_relay(self, port: int, target: Path) -> None:
         pid = int(self.container.attrs["State"]["Pid"])
-        self.relay = await NetnsRelay(await asyncio.to_thread(listen_in, pid, "127.0.0.1", port), target).start()
+        listener = await asyncio.to_thread(listen_in, pid, "127.0.0.1", port)
+        self.relay = await UnixRelay(None, uds=target, listener=listener).start()
 
     async def close_relay(self) -> None:
         if self.relay is not None:

@@ -5,23 +5,20 @@ way in, with nothing needed inside the image.
 namespace of process ``pid`` (a container's init): a short-lived thread enters
 that namespace with ``setns(2)`` (per thread, so the worker's other threads
 keep theirs), binds, and exits. A socket keeps the namespace it was made in,
-so the worker's event loop then accepts on it and forwards every connection
-to the proxy's Unix socket from the worker's own namespaces. The container
+so the worker's event loop then accepts on it (``endpoints.UnixRelay`` with
+``listener``) and forwards every connection to the proxy's Unix socket from
+the worker's own namespaces. The container
 itself runs with ``--network none``: the loopback port is all it has.
 Needs CAP_SYS_ADMIN (a root worker), like the engine it talks to.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ctypes
 import os
 import socket
 import threading
-from pathlib import Path
 
-from services.sandbox.endpoints import pipe
 from services.sandbox.errors import EnvSetupError
 
 _CLONE_NEWNET = 0x40000000
@@ -55,35 +52,3 @@ def listen_in(pid: int, host: str, port: int) -> socket.socket:
     assert isinstance(sock, socket.socket)
     sock.setblocking(False)
     return sock
-
-
-class NetnsRelay:
-    """Accepts on a socket made by ``listen_in`` and pipes each connection to ``target``."""
-
-    def __init__(self, listener: socket.socket, target: Path) -> None:
-        self.listener = listener
-        self.target = target
-        self._server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> NetnsRelay:
-        self._server = await asyncio.start_server(self._handle, sock=self.listener)
-        return self
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_unix_connection(str(self.target))
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        for w in (writer, up_writer):
-            with contextlib.suppress(Exception):
-                w.close()
-
-    async def stop(self) -> None:
-        """Closes the listener: the sandbox's port stops answering at once."""
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1)
-            self._server = None
