@@ -1,7 +1,9 @@
 """The vLLM engine: one replica per vLLM OpenAI-compatible server.
 
 Generation: ``POST /v1/completions`` with ``prompt`` as token ids,
-``logprobs: 1`` and ``return_token_ids: true``, streamed (SSE). vLLM returns
+``logprobs: 1`` and ``return_token_ids: true``, streamed (SSE); a request for
+top logprobs asks ``logprobs: k`` with ``return_tokens_as_token_ids: true``
+(alternatives keyed ``token_id:N``). vLLM returns
 routed experts (``--enable-return-routed-experts``, MoE models) only on
 non-streamed replies, so a request that asks for routes is sent unstreamed.
 Start servers with ``--logprobs-mode processed_logprobs`` so the logprobs are
@@ -38,6 +40,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import numpy.typing as npt
 
 from harnessrl.errors import InvalidArgument
 from services.gateway import modelfiles
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_VOCAB = 2**31 - 1
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+VLLM_NEG_INF = -9999.0
 
 
 def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[str, Any]:
@@ -60,13 +64,15 @@ def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[st
         "temperature": s.temperature,
         "top_p": s.top_p if 0 < s.top_p <= 1 else 1.0,
         "top_k": s.top_k if s.top_k > 0 else -1,
-        "logprobs": 1,
+        "logprobs": max(1, s.top_logprobs),
         "return_token_ids": True,
         "stream": stream,
         "request_id": request.request_id,
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
+    if s.top_logprobs:
+        body["return_tokens_as_token_ids"] = True
     if s.stop_token_ids:
         body["stop_token_ids"] = list(s.stop_token_ids)
     if s.seed:
@@ -74,6 +80,24 @@ def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[st
     if s.return_routed_experts:
         body["routed_experts_prompt_start"] = int(request.prompt_ids.shape[0])
     return body
+
+
+def parse_top_logprobs(
+    logprobs: dict[str, Any], n: int, k: int
+) -> tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.float32] | None]:
+    """vLLM's ``top_logprobs`` (one ``{"token_id:N": logprob}`` per token, the sampled
+    token among them) -> the k most likely ids and logprobs [n, k], -inf for excluded and padding;
+    None when vLLM sent none for every token."""
+    rows = logprobs.get("top_logprobs")
+    if not isinstance(rows, list) or len(rows) != n:
+        return None, None
+    ids, values = np.zeros((n, k), I32), np.full((n, k), -np.inf, F32)
+    for i, row in enumerate(rows):
+        pairs = sorted(((float(v), key) for key, v in (row or {}).items() if key.startswith("token_id:")), reverse=True)
+        for j, (value, key) in enumerate(pairs[:k]):
+            # vLLM clamps -inf (a token the sampling filters exclude) to OpenAI's -9999.
+            ids[i, j], values[i, j] = int(key[len("token_id:") :]), value if value > VLLM_NEG_INF else -np.inf
+    return ids, values
 
 
 def decode_routes(encoded: str | None, num_tokens: int) -> np.ndarray | None:
@@ -197,7 +221,7 @@ class VllmEngine(Engine):
                 self._running[rid] = response
                 finish, cached = "", 0
                 async for event in _sse_events(response):
-                    parsed, finish_now, cached_now = self._parse_event(event)
+                    parsed, finish_now, cached_now = self._parse_event(event, request.sampling.top_logprobs)
                     finish, cached = finish or finish_now, cached or cached_now
                     if parsed is not None and len(parsed):
                         started = True
@@ -214,7 +238,7 @@ class VllmEngine(Engine):
             self._running.pop(rid, None)
             self._aborted.discard(rid)
 
-    def _parse_event(self, event: dict[str, Any]) -> tuple[Chunk | None, str, int]:
+    def _parse_event(self, event: dict[str, Any], top: int = 0) -> tuple[Chunk | None, str, int]:
         cached = int(((event.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         choices = event.get("choices") or []
         if not choices:
@@ -225,6 +249,8 @@ class VllmEngine(Engine):
         if len(logprobs) != ids.shape[0]:
             raise EngineFailed(f"vLLM sent {ids.shape[0]} token ids but {len(logprobs)} logprobs")
         chunk = Chunk(ids, np.asarray(logprobs, F32), np.full(ids.shape[0], self._stamp_version, I32))
+        if top:
+            chunk.top_ids, chunk.top_logprobs = parse_top_logprobs(choice.get("logprobs") or {}, ids.shape[0], top)
         return (
             chunk,
             FINISH.get(choice.get("finish_reason") or "", "stop" if choice.get("finish_reason") else ""),
@@ -247,7 +273,7 @@ class VllmEngine(Engine):
                 raise _client_error(response.status_code, response.text)
             raise EngineUnavailable(f"vLLM server {self.url} answered {response.status_code}: {response.text[:500]}")
         data = response.json()
-        chunk, finish, _ = self._parse_event(data)
+        chunk, finish, _ = self._parse_event(data, request.sampling.top_logprobs)
         assert chunk is not None
         chunk.routed_experts = decode_routes(data["choices"][0].get("routed_experts"), len(chunk))
         chunk.finish_reason = finish or "stop"

@@ -231,3 +231,23 @@ async def test_prompt_past_the_window(gateway) -> None:
         async for _ in stub.Generate(request([1] * 2048, "long")):
             pass
     assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+
+
+async def test_top_logprobs_come_back_as_token_ids(gateway) -> None:
+    """``top_logprobs`` asks vLLM for the k most likely tokens keyed by token id: each
+    row is sorted, and the sampled token's logprob ranks within it as the local engine's does."""
+    _, stub = gateway
+    sampling = {"temperature": 0.8, "top_k": 40, "seed": 11, "top_logprobs": 4}
+    chunks = [c async for c in stub.Generate(request(PROMPT, "top4", max_tokens=8, **sampling))]
+    ids, lps, _ = arrays(chunks)
+    with_tokens = [c for c in chunks if c.tokens.ids]
+    assert {c.top_logprobs.k for c in with_tokens} == {4}
+    top_ids = np.concatenate([unpack_i32(c.top_logprobs.ids) for c in with_tokens]).reshape(-1, 4).tolist()
+    top_lps = np.concatenate([unpack_f32(c.top_logprobs.logprobs) for c in with_tokens]).reshape(-1, 4).tolist()
+    assert len(top_ids) == len(ids)
+    for token, lp, row_ids, row_lps in zip(ids, lps, top_ids, top_lps, strict=True):
+        assert row_lps == sorted(row_lps, reverse=True) and len(set(row_ids)) == 4
+        if token in row_ids:
+            assert row_lps[row_ids.index(token)] == pytest.approx(lp, abs=1e-5)
+        else:
+            assert lp <= row_lps[-1] + 1e-5

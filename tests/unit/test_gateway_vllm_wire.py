@@ -11,7 +11,7 @@ import pytest
 
 from services.gateway.engine import GenerateInput, Sampling
 from services.gateway.errors import EngineFailed
-from services.gateway.vllm_pool import completion_body, decode_routes
+from services.gateway.vllm_pool import completion_body, decode_routes, parse_top_logprobs
 
 
 def npy_b64(array: np.ndarray) -> str:
@@ -46,3 +46,21 @@ def test_bad_routes_payloads_are_engine_errors() -> None:
         decode_routes(npy_b64(np.zeros((2, 2), np.int32)), 2)
     with pytest.raises(EngineFailed, match="above 255"):
         decode_routes(npy_b64(np.full((1, 1, 1), 300, np.int32)), 2)
+
+
+def test_top_logprobs_ask_for_token_ids_and_parse_most_likely_first() -> None:
+    sampling = Sampling(top_logprobs=3)
+    body = completion_body("m", GenerateInput("r", "", "", np.asarray([1], np.int32), sampling, 4), True)
+    assert body["logprobs"] == 3 and body["return_tokens_as_token_ids"] is True
+    plain = completion_body("m", GenerateInput("r", "", "", np.asarray([1], np.int32), Sampling(), 4), True)
+    assert plain["logprobs"] == 1 and "return_tokens_as_token_ids" not in plain
+    # vLLM lists the sampled token too (here 7, outside the top 3 at position 0), keyed token_id:N.
+    rows = [
+        {"token_id:5": -0.5, "token_id:9": -1.5, "token_id:3": -1.0, "token_id:7": -4.0},
+        {"token_id:8": -0.1, "token_id:4": -9999.0},  # -9999: vLLM's clamped -inf
+    ]
+    ids, values = parse_top_logprobs({"top_logprobs": rows}, 2, 3)
+    assert ids is not None and values is not None
+    assert ids.tolist()[0] == [5, 3, 9] and values.tolist()[0] == [-0.5, -1.0, -1.5]
+    assert ids.tolist()[1][0] == 8 and values[1, 0] == np.float32(-0.1) and np.isneginf(values[1, 1:]).all()
+    assert parse_top_logprobs({}, 2, 3) == (None, None)

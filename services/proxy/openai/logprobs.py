@@ -9,10 +9,10 @@ with the captured segment. ``token`` is the token's own decoded text (OpenAI's
 ``bytes:\\xNN`` form when it is part of a UTF-8 character) and ``bytes`` its bytes.
 
 ``top_logprobs`` lists the alternatives the engine reported (``TopLogprobs`` of
-the gateway contract: the local and scripted engines give them), most likely
-first, without tokens the sampling distribution excluded (-inf). An engine that
-reports none (the vLLM pool today) gives just the sampled token there; the OpenAI
-schema allows fewer entries than asked for."""
+the gateway contract: the local, scripted and vLLM engines give them), most likely
+first, without tokens the sampling distribution excluded (-inf). Where an engine
+reports none, each position lists just the sampled token; the OpenAI schema
+allows fewer entries than asked for."""
 
 from __future__ import annotations
 
