@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 ENV_EXAMPLE = ROOT / "deploy" / "env.example"
+# Read by harnessrl.paths (where things live), not by one service's settings.
+PATH_VARIABLES = {"HARNESSRL_HOME", "HARNESSRL_TOOLS_DIR"}
 
 
 def settings_classes() -> dict[str, tuple[str, type[ServiceSettings]]]:
@@ -118,7 +120,7 @@ def test_every_variable_is_a_valid_setting(
     monkeypatch.setenv("HARNESSRL_HOME", str(tmp_path))
     for name, service in compose["services"].items():
         variables = {k: substitute(str(v), env) for k, v in (service.get("environment") or {}).items()}
-        ours = {k: v for k, v in variables.items() if k.startswith("HARNESSRL_")}
+        ours = {k: v for k, v in variables.items() if k.startswith("HARNESSRL_") and k not in PATH_VARIABLES}
         if not ours:
             continue
         prefixes = {p for p in classes if any(k.startswith(p) for k in ours)}
