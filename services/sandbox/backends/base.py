@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.sandbox import integrity
+from services.sandbox import integrity, tarsafe
 from services.sandbox.errors import CapabilityError
 from services.sandbox.paths import SandboxPaths, TrialDirs
 from services.sandbox.settings import IntegrityPolicy
@@ -219,11 +219,11 @@ def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         if dst.name == src.name:
-            tar.extractall(dst.parent, filter="data")
+            tarsafe.extractall(tar, dst.parent, "data")
             return
         scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dst.parent))
         try:
-            tar.extractall(scratch, filter="data")
+            tarsafe.extractall(tar, scratch, "data")
             unpacked = scratch / src.name
             if unpacked.is_dir() and not unpacked.is_symlink():
                 shutil.copytree(unpacked, dst, symlinks=True, dirs_exist_ok=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from services.sandbox import integrity
+from services.sandbox import integrity, tarsafe
 from services.sandbox.errors import EnvSetupError
 from services.sandbox.tasks import NetworkMode, Task
 
@@ -234,15 +234,10 @@ def image_env(inspect: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _keep_owner(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-    """tarfile's 'tar' filter (no absolute paths, nothing outside ``dest``), modes kept."""
-    return tarfile.tar_filter(member, dest).replace(mode=member.mode, deep=False)
-
-
 def extract_owned(data: bytes, dest: Path) -> None:
     """Unpacks a tar from the engine keeping numeric owners and modes (the worker is root)."""
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, numeric_owner=True, filter=_keep_owner)
+        tarsafe.extractall(tar, dest, "owned")
 
 
 def tar_owned(src: Path) -> bytes:

@@ -13,6 +13,7 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from services.sandbox import tarsafe
 from services.sandbox.backends.base import ExecRequest
 from services.sandbox.backends.kubernetes_manifests import HELPER_ROOT, Volume
 
@@ -87,7 +88,7 @@ def unpack_download(data: bytes, dst: Path) -> None:
     if kind == b"d":
         dst.mkdir(exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-            tar.extractall(dst, filter="tar")
+            tarsafe.extractall(tar, dst, "tar")
         return
     if kind != b"f":
         raise tarfile.TarError(f"unexpected download header {kind!r}")
@@ -96,7 +97,7 @@ def unpack_download(data: bytes, dst: Path) -> None:
         if len(tops) != 1:
             raise tarfile.TarError(f"expected one entry, got {len(tops)}")
         member = tops[0]
-        tar.extractall(tmp, filter="tar")
+        tarsafe.extractall(tar, Path(tmp), "tar")
         os.replace(Path(tmp) / member.name, dst)
 
 

@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from services.sandbox import dockerfile, integrity
+from services.sandbox import dockerfile, integrity, tarsafe
 from services.sandbox.backends import bwrap
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.settings import LocalBackendSettings
@@ -328,7 +328,7 @@ class _Builder:
             if extract and src_path.is_file() and src_path.name.endswith(_TAR_SUFFIXES):
                 out.mkdir(parents=True, exist_ok=True)
                 with tarfile.open(src_path) as tar:
-                    tar.extractall(out, filter="data")
+                    tarsafe.extractall(tar, out, "data")
             elif src_path.is_dir():
                 shutil.copytree(src_path, out, symlinks=True, dirs_exist_ok=True)
             elif into_dir:

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.config import format_validation_error
 from harnessrl.errors import InvalidArgument
+from services.sandbox import tarsafe
 
 WORKDIR = "/testbed"
 DEFAULT_TEST_COMMAND = "python3 -m pytest -p no:cacheprovider {tests}"
@@ -198,7 +199,7 @@ def _check_patches(tree: bytes, record: SweRecord) -> dict[str, bytes | None]:
     with tempfile.TemporaryDirectory(prefix="hrl-swe-") as tmp:
         work = Path(tmp)
         with tarfile.open(fileobj=io.BytesIO(tree)) as tar:
-            tar.extractall(work, filter="data")
+            tarsafe.extractall(tar, work, "data")
         _git(work, "init", "-q")
         for field in ("patch", "test_patch"):
             try:
