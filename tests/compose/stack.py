@@ -18,25 +18,11 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harnessrl.localservers import free_port
+from harnessrl.localservers import S3_PORT_FLAGS, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDE = Path(__file__).with_name("override.yml")
 SERVICES = ("capture_store", "gateway", "proxy", "sandbox", "trainer", "dashboard", "otlp", "redis")
-WEED_FLAGS = (
-    "master.port",
-    "master.port.grpc",
-    "volume.port",
-    "volume.port.grpc",
-    "filer.port",
-    "filer.port.grpc",
-    "s3.port",
-    "s3.port.grpc",
-    "admin.port",
-    "admin.port.grpc",
-    "s3.port.iceberg",
-    "s3.port.lance",
-)
 TOKEN = "compose-service-token"
 S3_KEYS = ("compose-access", "compose-secret-key")
 
@@ -57,7 +43,7 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.ports = self.ports or {name: free_port() for name in SERVICES}
-        self.weed = self.weed or {flag: free_port() for flag in WEED_FLAGS}
+        self.weed = self.weed or {flag: free_port() for flag in S3_PORT_FLAGS}
 
     def target(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"
