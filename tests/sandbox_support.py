@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.sandbox.backends.base import Limits, SandboxSpec
 from services.sandbox.lifecycle import TrialRecord, TrialState
+from services.sandbox.paths import TrialDirs
 from services.sandbox.queue.base import TrialQueue
 from services.sandbox.settings import IntegrityPolicy, Settings
+from services.sandbox.tasks import load_task
 
 DEFAULT_TOML = """\
 schema_version = "1.4"
@@ -160,3 +163,15 @@ async def model_stack(tmp: Path, threads: dict[str, list[dict[str, Any]]], **scr
         await proxy.stop()
         await gateway.stop(0)
         await capture.stop(0)
+
+
+def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> SandboxSpec:
+    """A SandboxSpec of a fresh task under ``tmp_path`` (the spec tests' common fixture)."""
+    task = load_task(make_task(tmp_path / "tasks", toml=toml))
+    return SandboxSpec(
+        trial_id="Trial_42.x",
+        task=task,
+        dirs=TrialDirs(tmp_path / "trial"),
+        limits=Limits(memory_mb=1024, storage_mb=512, pids=128, cpus=1.5),
+        **kw,  # type: ignore[arg-type]
+    )

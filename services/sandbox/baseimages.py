@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl import paths
+from services.sandbox.dockerfile import DEFAULT_PATH
 from services.sandbox.errors import EnvSetupError
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ PACKAGES = ("python3", "python3-venv", "python3-pytest", "git", "procps")
 # The names the built-in pool, the examples and the tests use in FROM.
 NAMES = ("python:3.11-slim", "python:3.11-slim-bookworm", "debian:bookworm-slim", "debian:bookworm")
 # What `docker import` records as the image's config; Docker's default PATH.
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CHANGES = (f"ENV PATH={DEFAULT_PATH}", "ENV LANG=C.UTF-8", 'CMD ["bash"]')
 LABEL = "io.harnessrl.base-image"
 

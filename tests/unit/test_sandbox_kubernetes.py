@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.sandbox.backends import kubernetes as kubernetes_backend_module
-from services.sandbox.backends.base import ExecRequest, Limits, Phase, SandboxSpec
+from services.sandbox.backends.base import ExecRequest, Phase, SandboxSpec
 from services.sandbox.backends.kubernetes import KubernetesBackend
 from services.sandbox.backends.kubernetes_manifests import (
     ProxyTarget,
@@ -42,10 +42,9 @@ from services.sandbox.backends.kubernetes_plans import (
 )
 from services.sandbox.backends.limits import BoundedOutput
 from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import SandboxPaths, TrialDirs
+from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import IntegrityPolicy, KubernetesBackendSettings, Settings
-from services.sandbox.tasks import load_task
-from tests.sandbox_support import DEFAULT_TOML, make_task
+from tests.sandbox_support import DEFAULT_TOML, sandbox_spec
 
 
 def tar_of(src: Path, arcname: str) -> bytes:
@@ -53,17 +52,6 @@ def tar_of(src: Path, arcname: str) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(src, arcname=arcname)
     return buffer.getvalue()
-
-
-def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> SandboxSpec:
-    task = load_task(make_task(tmp_path / "tasks", toml=toml))
-    return SandboxSpec(
-        trial_id="Trial_42.x",
-        task=task,
-        dirs=TrialDirs(tmp_path / "trial"),
-        limits=Limits(memory_mb=1024, storage_mb=512, pids=128, cpus=1.5),
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 K8S_TOML = DEFAULT_TOML + 'docker_image = "registry/env:1"\nworkdir = "/work"\n'

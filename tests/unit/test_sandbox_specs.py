@@ -12,28 +12,14 @@ from harnessrl.errors import HarnessError
 from services.sandbox.backends import BACKENDS, create_backend
 from services.sandbox.backends.base import (
     Capabilities,
-    Limits,
-    SandboxSpec,
     check_requirements,
 )
 from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_WORKER, container_spec, setup_script, verify_script
 from services.sandbox.backends.docker_images import base_images, prepare_script
 from services.sandbox.errors import BackendUnavailable, CapabilityError, UnknownName
-from services.sandbox.paths import TrialDirs
 from services.sandbox.settings import IntegrityPolicy
 from services.sandbox.tasks import load_task
-from tests.sandbox_support import make_task, settings_for
-
-
-def sandbox_spec(tmp_path: Path, toml: str | None = None, **kw: object) -> SandboxSpec:
-    task = load_task(make_task(tmp_path / "tasks", toml=toml))
-    return SandboxSpec(
-        trial_id="Trial_42.x",
-        task=task,
-        dirs=TrialDirs(tmp_path / "trial"),
-        limits=Limits(memory_mb=1024, storage_mb=512, pids=128, cpus=1.5),
-        **kw,  # type: ignore[arg-type]
-    )
+from tests.sandbox_support import make_task, sandbox_spec, settings_for
 
 
 def test_docker_container_spec(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from services.sandbox import integrity, tarsafe
+from services.sandbox import dockerfile, integrity, tarsafe
 from services.sandbox.errors import EnvSetupError
 from services.sandbox.tasks import NetworkMode, Task
 
@@ -166,7 +166,9 @@ class ImageStore:
         repos = await integrity.squash_all_git(root)
         if repos:
             await self._root(task, container, f"rm -rf {shlex.quote(workdir)}")
-            await asyncio.to_thread(container.put_archive, str(PurePosixPath(workdir).parent), tar_owned(root))
+            await asyncio.to_thread(
+                container.put_archive, str(PurePosixPath(workdir).parent), tar_as_user(root, root.name, None)
+            )
             log.info("squashed git history", extra={"kv": {"task": task.task_id, "repos": repos}})
 
     @staticmethod
@@ -203,8 +205,6 @@ def _closed_dirs(attrs: dict[str, Any]) -> list[str]:
 
 def base_images(task: Task) -> list[str]:
     """The images the task's Dockerfile starts from (not its own stage names)."""
-    from services.sandbox import dockerfile
-
     assert task.dockerfile is not None
     try:
         instructions = dockerfile.parse(task.dockerfile.read_text())
@@ -230,7 +230,7 @@ def workdir_of(inspect: dict[str, Any], task: Task) -> str:
 def image_env(inspect: dict[str, Any]) -> dict[str, str]:
     """The image's ENV, with Docker's default PATH where the image sets none."""
     env = dict(e.split("=", 1) for e in (inspect.get("Config") or {}).get("Env") or [] if "=" in e)
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env.setdefault("PATH", dockerfile.DEFAULT_PATH)
     return env
 
 
@@ -240,17 +240,12 @@ def extract_owned(data: bytes, dest: Path) -> None:
         tarsafe.extractall(tar, dest, "owned")
 
 
-def tar_owned(src: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(src, arcname=src.name)
-    return buffer.getvalue()
-
-
-def tar_as_user(src: Path, arcname: str, uid: int) -> bytes:
-    """A tar of a worker file or tree whose entries the sandbox's user owns."""
+def tar_as_user(src: Path, arcname: str, uid: int | None) -> bytes:
+    """A tar of a worker file or tree whose entries ``uid`` owns (None: as on disk)."""
 
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        if uid is None:
+            return info
         info.uid = info.gid = uid
         info.uname = info.gname = ""
         return info
