@@ -19,12 +19,39 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
    other request opens a new segment whose prompt is the rewritten context;
    the segment it rewrites is closed. A sampled turn is committed to exactly
    one segment, once.
-4. Threads are keyed by the leading system prompt: a request whose system
-   prompt is not the main thread's belongs to another, labelled thread; other
-   conversations under one system prompt (parallel sub-agents, repeated title
-   requests) are told apart by their first message, each its own thread; a
-   call without tools under the main prompt is a side call, not the agent. A
-   thread is one conversation: its segments are sequential, one open at a time.
+4. Threads are conversations, told apart by structure (``_place``). A request
+   that extends no open segment either carries over a conversation the trial
+   already holds, and then it is that conversation rewritten (its open segment
+   closes, the next one opens with the rewritten context as its prompt), or it
+   carries over nothing, and then it is a new conversation: a new thread.
+   "Carries over" means, in this order of evidence:
+
+   a. the same first message under the same system prompt (an injected
+      reminder, a retry, a truncation that keeps the task);
+   b. an assistant message that is one of the proxy's own turns of that thread,
+      recognised as in 3 (a compaction that keeps recent turns, a summary kept
+      as an assistant message, as OpenCode does);
+   c. a message quoting the text of one of the proxy's own text turns (at least
+      ``QUOTE_MIN_CHARS``): the summary a compaction call produced, pasted into
+      the new context (Claude Code's "This session is being continued..."). A
+      summary sampled in a side call counts for the conversation that call
+      forked from (its first message, or turns it carried over).
+
+   A compaction always carries its summary over, and the summary is sampled
+   here, so a compaction is a rewrite; a sub-agent starts fresh with its own
+   first user message (its task, under its own or the main system prompt), so
+   it is a new thread, even while the main thread waits on the tool call that
+   spawned it. The main thread is the first conversation with tools (or the
+   first, with ``main_requires_tools`` off) and stays the one its rewrites
+   continue; later new conversations with tools are sub-agents (``subagent-N``)
+   and tool-less ones side calls (``side-N``: titles, summaries). A request with
+   tools never continues a side thread, and a tool-less one never continues an
+   agent thread (with ``main_requires_tools`` on): a tool-less summary request
+   over the main history is a side call forked from ``main``, not ``main``.
+   Which prompt is longer plays no part. Known limit: a harness that forks a
+   sub-agent with the parent's whole context (its turns included) is read as
+   a rewrite of the parent. A thread's segments are sequential, one open at a
+   time.
 """
 
 from __future__ import annotations
@@ -42,6 +69,9 @@ from services.proxy.chat.render import Renderer, SampledIds
 log = logging.getLogger(__name__)
 
 MAIN = "main"
+SIDE = "side"
+# A quoted own turn shorter than this is no evidence (``ok``, ``Done.`` recur by chance).
+QUOTE_MIN_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -84,19 +114,26 @@ def recognises(m: Message, turn: OurTurn) -> bool:
 
 
 class OurTurns:
-    """Every turn of the trial, findable from the harness's copy of it."""
+    """Every turn of the trial, findable from the harness's copy of it, with the
+    thread it was sampled in."""
 
     def __init__(self) -> None:
         self._by_ref: dict[str, OurTurn] = {}
         self._by_call: dict[str, OurTurn] = {}
         self._by_text: dict[str, OurTurn] = {}
+        self.thread_of: dict[str, Thread] = {}  # turn id -> thread
+        self.quotable: list[tuple[str, Thread]] = []  # text turns a summary can quote
 
-    def add(self, turn: OurTurn) -> None:
+    def add(self, turn: OurTurn, thread: Thread) -> None:
         self._by_ref[turn.turn_id] = turn
+        self.thread_of[turn.turn_id] = thread
         for cid in turn.call_ids:
             self._by_call[cid] = turn
         if not turn.call_ids:
-            self._by_text[turn.text.strip()] = turn
+            text = turn.text.strip()
+            self._by_text[text] = turn
+            if len(text) >= QUOTE_MIN_CHARS:
+                self.quotable.append((text, thread))
 
     def find(self, m: Message) -> OurTurn | None:
         if m.role != "assistant":
@@ -154,8 +191,15 @@ class Thread:
     trainable: bool
     system: str
     root: Message | None  # first message of the conversation this thread carries
+    # A side call over another thread's conversation (a summary request over the
+    # main history): a quote of its answer continues that thread.
+    forked_from: Thread | None = None
     segments: list[Segment] = field(default_factory=list)
     calls: int = 0
+
+    @property
+    def lineage(self) -> Thread:
+        return self.forked_from or self
 
     @property
     def current(self) -> Segment | None:
@@ -225,8 +269,8 @@ class TrialCapture:
                 plan = self._plan_extension(thread, seg, conv)
                 if plan is not None:
                     return plan
-        thread = self._rewritten(conv, same_system) or self._new_thread(conv)
         history = [self._ours.find(m) or m for m in conv.messages]
+        thread = self._place(conv, same_system, history)
         prompt = self.renderer.full(conv, _sampled_list(history))
         return Plan(thread, conv, prompt, None, 0, b"", history)
 
@@ -247,31 +291,58 @@ class TrialCapture:
                 return None
         return Plan(thread, conv, prompt, seg, seg.version, delta, history)
 
-    def _rewritten(self, conv: Conversation, same_system: list[Thread]) -> Thread | None:
-        """The thread a non-extending request rewrites: the one holding the same
-        conversation (same first message: an injected reminder, a retry), else the
-        main thread (one conversation whatever its first message: compaction).
-        Otherwise it is another conversation: a new thread (a parallel sub-agent,
-        another title request)."""
+    def _place(self, conv: Conversation, same_system: list[Thread], history: list[Entry]) -> Thread:
+        """The thread of a request that extends no open segment (rule 4 above):
+        the conversation it carries over, rewritten, else a new thread."""
+        carried = self._carried_over(conv, same_system, history)
+        if carried is not None and self._accepts(carried, conv):
+            return carried
+        return self._new_thread(conv, carried)
+
+    def _carried_over(self, conv: Conversation, same_system: list[Thread], history: list[Entry]) -> Thread | None:
         first = conv.messages[0] if conv.messages else None
         same_root = [t for t in same_system if t.root == first]
-        if same_root:
-            return same_root[-1]
-        if not conv.tools and self._main_requires_tools:
-            return None  # a tool-less call under the main prompt is a side call, not the agent
-        return next((t for t in same_system if t.kind == MAIN), None)
+        accepted = [t for t in same_root if self._accepts(t, conv)]
+        if accepted:
+            return accepted[-1]
+        for e in reversed(history):
+            if isinstance(e, OurTurn):
+                return self._ours.thread_of[e.turn_id].lineage
+        quoted = self._quoted(conv)
+        if quoted is not None:
+            return quoted.lineage
+        return same_root[-1].lineage if same_root else None
 
-    def _new_thread(self, conv: Conversation) -> Thread:
+    def _quoted(self, conv: Conversation) -> Thread | None:
+        """The thread of the latest own text turn that a message quotes (a summary)."""
+        if not self._ours.quotable:
+            return None
+        contents = [m.content for m in conv.messages if len(m.content) >= QUOTE_MIN_CHARS]
+        for text, thread in reversed(self._ours.quotable):
+            if any(text in c for c in contents):
+                return thread
+        return None
+
+    def _accepts(self, thread: Thread, conv: Conversation) -> bool:
+        """Can ``conv`` continue ``thread``? An agent's request never continues a side
+        thread; a tool-less one is a side call, not the agent (``main_requires_tools``)."""
+        if conv.tools:
+            return thread.kind != SIDE
+        return thread.kind == SIDE or not self._main_requires_tools
+
+    def _new_thread(self, conv: Conversation, carried: Thread | None) -> Thread:
         if MAIN not in self.threads and (conv.tools or not self._main_requires_tools):
             name = kind = MAIN
         else:
-            kind = "subagent" if conv.tools else "side"
+            kind = "subagent" if conv.tools else SIDE
             self._counts[kind] += 1
             name = f"{kind}-{self._counts[kind]}"
         root = conv.messages[0] if conv.messages else None
-        thread = Thread(name, kind, kind in self._trainable, conv.system, root)
+        forked_from = carried.lineage if carried is not None and kind == SIDE else None
+        thread = Thread(name, kind, kind in self._trainable, conv.system, root, forked_from)
         self.threads[name] = thread
         self._by_system.setdefault(conv.system, []).append(thread)
+        log.debug("new thread", extra=kv(thread=name, forked_from=forked_from.name if forked_from else ""))
         return thread
 
     # -- committing -----------------------------------------------------------
@@ -297,8 +368,12 @@ class TrialCapture:
         seg.parts += 1
         seg.version += 1
         thread.root = plan.conv.messages[0] if plan.conv.messages else None
+        if thread.system != plan.conv.system:  # a rewrite under another system prompt
+            self._by_system[thread.system].remove(thread)
+            self._by_system.setdefault(plan.conv.system, []).append(thread)
+            thread.system = plan.conv.system
         thread.calls += 1
-        self._ours.add(turn)
+        self._ours.add(turn, thread)
         return parts
 
     @staticmethod

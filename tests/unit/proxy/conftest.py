@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from harnessrl.paths import default_model_dir
+from services.proxy.capture.state import TrialCapture
 from services.proxy.chat.render import Renderer
 from services.proxy.chat.template import ChatTemplate, resolve_template
 from services.proxy.chat.tokenizer import Tokenizer
+from tests.unit.proxy.capture_harness import Harness
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +26,8 @@ def hermes(tokenizer: Tokenizer) -> ChatTemplate:
 @pytest.fixture(scope="session")
 def renderer(hermes: ChatTemplate, tokenizer: Tokenizer) -> Renderer:
     return Renderer(hermes, tokenizer)
+
+
+@pytest.fixture
+def harness(renderer: Renderer) -> Harness:
+    return Harness(TrialCapture(renderer, render_check=True))

@@ -5,107 +5,16 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.proxy.capture.state import OurTurn, Part, Plan, Sampled, TrialCapture
-from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
+from services.proxy.capture.state import OurTurn, Sampled, TrialCapture
+from services.proxy.chat.conversation import Message, Tool, ToolCall
 from services.proxy.chat.render import Renderer, SampledIds
-
-BASH = Tool("bash", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}}})
-EDIT = Tool("edit", "Edit a file", {"type": "object", "properties": {"path": {"type": "string"}}})
-
-
-def i32(values: list[int]) -> bytes:
-    return np.asarray(values, "<i4").tobytes()
-
-
-def ids(data: bytes) -> list[int]:
-    return np.frombuffer(data, "<i4").tolist()
-
-
-@dataclass
-class Harness:
-    """A scripted harness over a TrialCapture: it samples fake ids (that no
-    re-tokenization would produce), keeps every call's prompt and parts, and
-    echoes turns back the way real harnesses do."""
-
-    capture: TrialCapture
-    calls: list[tuple[Plan, Sampled]] = field(default_factory=list)
-    parts: list[Part] = field(default_factory=list)
-    n: int = 0
-
-    def call(self, conv: Conversation, with_tool: bool = True, eos: bool = True) -> tuple[Message, Plan]:
-        plan = self.capture.plan(conv)
-        self.n += 1
-        raw = [40000 + self.n, 41000 + self.n, 42000 + self.n] + ([2] if eos else [])
-        sampled = Sampled(i32(raw), np.full(len(raw), -0.5, "<f4").tobytes(), i32([7] * len(raw)), "stop", eos)
-        cid = f"call_{self.n}"
-        calls = (ToolCall(cid, "bash", json.dumps({"command": f"echo {self.n}"})),) if with_tool else ()
-        turn = OurTurn(f"turn{self.n}", tuple(c.id for c in calls), f"text {self.n}", SampledIds(sampled.ids, eos))
-        self.parts += self.capture.commit(plan, sampled, turn)
-        self.calls.append((plan, sampled))
-        return Message("assistant", f"text {self.n}", calls), plan
-
-    def segments(self) -> dict[tuple[str, int], dict]:  # type: ignore[type-arg]
-        """Rebuilds every segment from its parts, as the capture store would."""
-        segs: dict[tuple[str, int], dict] = {}  # type: ignore[type-arg]
-        for p in self.parts:
-            key = (p.thread.name, p.segment_index)
-            if p.part_index == 0:
-                assert key not in segs and p.prompt is not None
-                # a thread's segments are sequential: no gap, the previous one closed first
-                assert p.segment_index == 0 or segs[(p.thread.name, p.segment_index - 1)]["closed"]
-                segs[key] = {"prompt": ids(p.prompt), "ids": [], "mask": [], "closed": False, "parts": 1}
-                seg = segs[key]
-            else:
-                seg = segs[key]
-                assert p.part_index == seg["parts"] and not seg["closed"], "parts in order, none after close"
-                seg["parts"] += 1
-            seg["ids"] += ids(p.context)
-            seg["mask"] += [0] * (len(p.context) // 4)
-            if p.sampled is not None:
-                seg["ids"] += ids(p.sampled.ids)
-                seg["mask"] += [1] * p.sampled.num_tokens
-            seg["closed"] |= p.close
-        return segs
-
-    def check_invariants(self) -> None:
-        segs = self.segments()
-        # 1: each call's sampled ids appear with mask 1 in exactly one segment,
-        # right after exactly the prompt the engine saw.
-        for plan, sampled in self.calls:
-            found = 0
-            for seg in segs.values():
-                full = seg["prompt"] + seg["ids"]
-                p = len(seg["prompt"])
-                s = ids(sampled.ids)
-                for start in range(len(seg["ids"]) - len(s) + 1):
-                    window = seg["ids"][start : start + len(s)]
-                    if window == s and all(seg["mask"][start : start + len(s)]):
-                        assert full[: p + start] == ids(plan.prompt), "sampled in exactly this context"
-                        found += 1
-            assert found == 1, f"turn found {found} times"
-        # every mask-1 id was sampled by some call
-        assert sum(sum(s["mask"]) for s in segs.values()) == sum(s.num_tokens for _, s in self.calls)
-        # 2: what the engine saw is the full render of what the harness sent
-        renderer = self.capture.renderer
-        for plan, _ in self.calls:
-            sampled_list = [e.sampled if isinstance(e, OurTurn) else None for e in plan.history]
-            assert plan.prompt == renderer.full(plan.conv, sampled_list)
-
-
-@pytest.fixture
-def harness(renderer: Renderer) -> Harness:
-    return Harness(TrialCapture(renderer, render_check=True))
-
-
-def conv(*messages: Message, system: str = "S", tools: tuple[Tool, ...] = (BASH,)) -> Conversation:
-    return Conversation(system, tuple(messages), tools)
+from tests.unit.proxy.capture_harness import BASH, EDIT, Harness, conv, i32, ids
 
 
 def test_first_turn_renders_prompt_and_later_turns_extend(harness: Harness, renderer: Renderer) -> None:
@@ -155,7 +64,7 @@ def test_rewrites_close_the_segment_and_open_a_new_one(harness: Harness, rewrite
     if rewrite == "reminder":
         msgs = (Message("user", "task\n<system-reminder>x</system-reminder>"), a1, t1, a2, t2)
     elif rewrite == "compaction":
-        msgs = (Message("user", "Summary of the conversation so far: ..."), Message("user", "continue"))  # same tools
+        msgs = (Message("user", "Summary of the conversation so far: ..."), a2, t2)  # keeps the last turn
     elif rewrite == "tools":
         msgs, tools = (u, a1, t1, a2, t2), (BASH, EDIT)
     elif rewrite == "retry":
@@ -265,11 +174,13 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
     msgs: list[Message] = [Message("user", "task")]
     tools: tuple[Tool, ...] = (BASH,)
     last, _ = h.call(conv(*msgs, tools=tools))
+    main_calls = 1
     for op in ops:
         if op in ("side", "subagent"):
             system = "titles" if op == "side" else f"sub {rng.randint(0, 1)}"
             h.call(conv(Message("user", f"q{rng.random()}"), system=system, tools=() if op == "side" else (BASH,)))
             continue
+        main_calls += 1
         if op == "retry":
             h.call(conv(*msgs, tools=tools), with_tool=rng.random() < 0.5)
             continue
@@ -285,8 +196,8 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
             msgs.append(Message("user", f"more {rng.random()}"))
         if op == "reminder":
             msgs[0] = Message("user", msgs[0].content + "<system-reminder>r</system-reminder>")
-        if op == "compact":
-            msgs = [Message("user", f"summary {rng.random()}")]
+        if op == "compact":  # a summary, then the last turn kept (how it is known to be main)
+            msgs = [Message("user", f"summary {rng.random()}"), *msgs[-2:]]
         if op == "tools":
             tools = (BASH, EDIT) if tools == (BASH,) else (BASH,)
         last, _ = h.call(conv(*msgs, tools=tools), with_tool=rng.random() < 0.8, eos=op != "no_eos")
@@ -294,6 +205,7 @@ def test_random_harness_behaviour_keeps_invariants(renderer: Renderer, ops: list
     h.check_invariants()
     assert h.capture.render_mismatches == 0
     assert all(seg["closed"] for seg in h.segments().values())
+    assert h.capture.threads["main"].calls == main_calls, "every call of the top-level loop is main's"
 
 
 def test_bench_overhead_rows_are_well_formed(renderer: Renderer) -> None:
