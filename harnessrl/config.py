@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from harnessrl.errors import ConfigError
+from harnessrl.tls import TlsSettings
 
 # Top-level tables a harnessrl config file may hold; anything else is a typo.
 SECTIONS = (
@@ -52,6 +53,11 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(5.0, ge=0, le=600, description="Grace period for in-flight RPCs on SIGTERM.")
     auth_token: SecretStr | None = Field(
         None, description="Bearer token callers must present in gRPC metadata; unset disables auth."
+    )
+    tls: TlsSettings = Field(
+        default_factory=lambda: TlsSettings.model_validate({}),
+        description="Transport security ([<section>.tls], env HARNESSRL_<SECTION>_TLS__<FIELD>): the "
+        "certificate served, the client CA of mTLS, the CA that verifies the servers dialled.",
     )
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+if TYPE_CHECKING:
+    from harnessrl.tls import TlsSettings
 
 REQUESTS = Counter(
     "harnessrl_requests", "Requests served, by service, method and outcome code.", ["service", "method", "code"]
@@ -43,12 +46,23 @@ def observe(service: str, method: str, code: str, started: float) -> None:
     LATENCY.labels(service, method).observe(time.monotonic() - started)
 
 
-def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Serves /metrics on ``host:port`` in a thread, once per port per process."""
+def serve(port: int, host: str = "127.0.0.1", tls: TlsSettings | None = None) -> None:
+    """Serves /metrics on ``host:port`` in a thread, once per port per process; over
+    TLS (mTLS with a client CA) when ``tls`` serves it, like the service's own port."""
     with _lock:
         if port in _served:
             return
-        start_http_server(port, addr=host)
+        if tls is not None and tls.serves_tls:
+            start_http_server(
+                port,
+                addr=host,
+                certfile=str(tls.cert_file),
+                keyfile=str(tls.key_file),
+                client_cafile=str(tls.client_ca_file) if tls.client_ca_file else None,
+                client_auth_required=tls.client_ca_file is not None,
+            )
+        else:
+            start_http_server(port, addr=host)
         _served.add(port)
 
 

@@ -13,7 +13,7 @@ import typer
 import uvicorn
 from fastapi import FastAPI
 
-from harnessrl import logs
+from harnessrl import logs, tls
 from harnessrl.config import ServiceSettings, load_section
 from harnessrl.rpc import RunningServer
 
@@ -38,6 +38,7 @@ def serve_grpc(
     the server, prints its address and serves until SIGTERM/SIGINT."""
     settings = load_section(settings_cls, config, section, overrides)
     logs.configure(settings.log_level)
+    tls.use(settings.tls)  # the service's clients dial as its settings say
 
     async def run() -> None:
         running = await create(settings)
@@ -70,11 +71,14 @@ def serve_http(
     SIGTERM/SIGINT, then drains in-flight requests and exits 0."""
     settings = load_section(settings_cls, config, section, overrides)
     logs.configure(settings.log_level)
+    tls.use(settings.tls)
+    tls.warn_if_plaintext(section, settings.host, settings.tls)
     config_ = uvicorn.Config(
         app_factory(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        **tls.uvicorn_options(settings.tls),
     )
     asyncio.run(_Server(config_).serve())

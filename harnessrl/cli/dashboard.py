@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from harnessrl import logs
+from harnessrl import logs, tls
 from harnessrl.cli.common import ConfigOption, HostOption, PortOption, _Server
 from harnessrl.config import load_section
 
@@ -55,12 +55,16 @@ def serve(
     bound = sock.getsockname()[1]
     shown = f"[{settings.host}]" if ":" in settings.host else settings.host
     page = f"/runs/{settings.run_dir.name}" if settings.run_dir is not None else "/"
-    typer.echo(f"dashboard listening on http://{shown}:{bound}{page}?token={token}", err=True)
+    scheme = tls.http_scheme(settings.tls)
+    typer.echo(f"dashboard listening on {scheme}://{shown}:{bound}{page}?token={token}", err=True)
+    tls.use(settings.tls)  # its clients (capture store, trainer) dial as its settings say
+    tls.warn_if_plaintext("dashboard", settings.host, settings.tls)
     config_ = uvicorn.Config(
         create_app(settings, EmbeddedCaptureOpener()),
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         access_log=False,
+        **tls.uvicorn_options(settings.tls),
     )
     asyncio.run(_Server(config_).serve(sockets=[sock]))
 

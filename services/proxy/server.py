@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from harnessrl import tls
 from services.proxy.app import create_app
 from services.proxy.chat.model import ChatModel
 from services.proxy.settings import Settings
@@ -41,7 +42,7 @@ class RunningProxy:
 
     @property
     def url(self) -> str:
-        return f"http://{self.settings.host}:{self.port}"
+        return f"{tls.http_scheme(self.settings.tls)}://{self.settings.host}:{self.port}"
 
     async def stop(self) -> None:
         """Stops accepting, lets in-flight requests finish (grace), closes clients."""
@@ -60,7 +61,10 @@ async def start(settings: Settings, model: ChatModel | None = None) -> RunningPr
     port = int(sock.getsockname()[1])
     level = settings.log_level.lower()
     grace = int(settings.shutdown_grace_s)
-    configs = [uvicorn.Config(app, log_level=level, timeout_graceful_shutdown=grace, access_log=False)]
+    # TLS on the TCP port only: the Unix socket is local to the host (a sandbox's way out).
+    secure = tls.uvicorn_options(settings.tls)
+    tls.warn_if_plaintext("proxy", settings.host, settings.tls)
+    configs = [uvicorn.Config(app, log_level=level, timeout_graceful_shutdown=grace, access_log=False, **secure)]
     if settings.uds_path is not None:
         configs.append(
             uvicorn.Config(app, uds=str(settings.uds_path), lifespan="off", log_level=level, access_log=False)
@@ -79,6 +83,7 @@ async def start(settings: Settings, model: ChatModel | None = None) -> RunningPr
 
 
 async def serve_until_signal(settings: Settings, announce: bool = True) -> None:
+    tls.use(settings.tls)  # this process is the proxy's: its clients dial as its settings say
     running = await start(settings)
     if settings.gc_tuning:
         # This process is the proxy's own: move everything loaded at startup out of

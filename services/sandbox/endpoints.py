@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import grpc
 import httpx
 from opentelemetry.context import Context
 
-from harnessrl import telemetry
+from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
@@ -62,13 +63,32 @@ class ProxySummary:
 class ProxyAdmin:
     """``POST /admin/trials`` and ``POST /admin/trials/<id>/close``."""
 
-    def __init__(self, url: str, admin_token: str | None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        admin_token: str | None,
+        timeout_s: float = 60.0,
+        tls_settings: tls.TlsSettings | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
+        # An https proxy is verified against the CA of the process's TLS (or of
+        # ``tls_settings``), which also holds the client certificate mTLS asks for.
+        self.tls = tls.client() if tls_settings is None else tls_settings
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         # No connection cap: a worker runs up to 256 trials, each holding a call (close waits
         # until its parts are durable); httpx's default pool of 100 made the rest time out.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s, limits=limits)
+        verify = tls.client_context(self.tls) or True
+        self._client = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, limits=limits, verify=verify
+        )
+
+    @property
+    def address(self) -> tuple[str, int, bool]:
+        """(host, port, TLS?) of the proxy, for the relay that is a sandbox's way out."""
+        parsed = httpx.URL(self.url)
+        secure = parsed.scheme == "https"
+        return parsed.host or "127.0.0.1", parsed.port or (443 if secure else 80), secure
 
     async def register(self, spec: TrialSpec, task_id: str, context: Context | None = None) -> ProxyTrial:
         """Registers the trial; ``context`` (the trial's trace) travels as ``traceparent``."""
@@ -92,7 +112,10 @@ class ProxyAdmin:
         try:
             resp = await self._client.post(path, json=body, headers=telemetry.inject(context=context))
         except httpx.HTTPError as e:
-            raise Unavailable(f"proxy at {self.url} unreachable: {type(e).__name__}: {e}") from e
+            host, port, secure = self.address
+            why = await asyncio.to_thread(tls.probe, host, port, self.tls) if secure else ""
+            detail = f"TLS: {why}; " if why else ""
+            raise Unavailable(f"proxy at {self.url} unreachable: {detail}{type(e).__name__}: {e}") from e
         if resp.status_code >= 300:
             raise HarnessError(f"proxy {path} answered {resp.status_code}: {resp.text[:500]}")
         data: dict[str, Any] = resp.json()
@@ -105,8 +128,8 @@ class ProxyAdmin:
 class CaptureFinalizer:
     """FinalizeTrajectory, once per trial, after the proxy's close returned."""
 
-    def __init__(self, target: str, token: str | None) -> None:
-        self._channel = connect(target, token, service="sandbox")
+    def __init__(self, target: str, token: str | None, tls_settings: tls.TlsSettings | None = None) -> None:
+        self._channel = connect(target, token, service="sandbox", tls_settings=tls_settings)
         self._stub = capture_pb2_grpc.CaptureStoreStub(self._channel)
 
     async def finalize(self, spec: TrialSpec, task_id: str, outcome: TrialOutcome) -> bool:
@@ -180,9 +203,13 @@ class UnixRelay:
         tcp: tuple[str, int] | None = None,
         uds: Path | None = None,
         listener: socket.socket | None = None,
+        tcp_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.path = path
         self.tcp, self.uds = tcp, uds
+        # The harness speaks plain HTTP to the relay inside its sandbox; the relay
+        # speaks TLS to a proxy that serves it (TLS origination, on the worker).
+        self.tcp_tls = tcp_tls
         self.listener = listener
         self._server: asyncio.AbstractServer | None = None
 
@@ -202,8 +229,9 @@ class UnixRelay:
                 up_reader, up_writer = await asyncio.open_unix_connection(str(self.uds))
             else:
                 assert self.tcp is not None
-                up_reader, up_writer = await asyncio.open_connection(*self.tcp)
-        except OSError:
+                up_reader, up_writer = await asyncio.open_connection(*self.tcp, ssl=self.tcp_tls)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("relay to the proxy failed", extra={"kv": {"proxy": self.tcp or self.uds, "error": str(e)}})
             writer.close()
             return
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))

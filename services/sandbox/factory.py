@@ -12,14 +12,16 @@ from services.sandbox.worker import Worker
 
 
 def build_runner(settings: Settings) -> TrialRunner:
+    # The sandbox's own [sandbox.tls] when it names a CA; else the process's (HARNESSRL_TLS_*).
+    tls = settings.tls if settings.tls.dials_tls else None
     proxy = None
     if settings.proxy_url:
         token = settings.proxy_admin_token.get_secret_value() if settings.proxy_admin_token else None
-        proxy = ProxyAdmin(settings.proxy_url, token)
+        proxy = ProxyAdmin(settings.proxy_url, token, tls_settings=tls)
     capture = None
     if settings.capture_target:
         token = settings.capture_token.get_secret_value() if settings.capture_token else None
-        capture = CaptureFinalizer(settings.capture_target, token)
+        capture = CaptureFinalizer(settings.capture_target, token, tls_settings=tls)
     return TrialRunner(settings, create_backend(settings), proxy=proxy, capture=capture)
 
 

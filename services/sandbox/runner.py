@@ -28,7 +28,7 @@ from pathlib import Path
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
-from harnessrl import telemetry
+from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
 from services.sandbox import dockerfile, integrity
 from services.sandbox.backends.base import (
@@ -200,9 +200,11 @@ class TrialRunner:
         if self.settings.proxy_uds_path is not None:
             t.relay = await UnixRelay(relay_path, uds=self.settings.proxy_uds_path).start()
         else:
-            host_port = self.proxy.url.split("://", 1)[-1].split("/", 1)[0]
-            host, _, port = host_port.rpartition(":")
-            t.relay = await UnixRelay(relay_path, tcp=(host or "127.0.0.1", int(port or 80))).start()
+            host, port, secure = self.proxy.address
+            context = tls.client_context(self.proxy.tls) if secure else None
+            if secure and context is None:
+                raise EnvSetupError(f"proxy_url {self.proxy.url} is https but no tls ca_file verifies it")
+            t.relay = await UnixRelay(relay_path, tcp=(host, port), tcp_tls=context).start()
         return relay_path
 
     def _limits(self, task: Task) -> Limits:
