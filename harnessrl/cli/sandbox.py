@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -90,3 +91,51 @@ def base_images(
     tagged = baseimages.ensure_imported(client, fs)
     for name in baseimages.NAMES:
         typer.echo(f"{name}: {'imported' if name in tagged else 'present'}")
+
+
+@app.command()
+def conformance(
+    target: Annotated[str | None, typer.Option(help="The Sandbox service to check, host:port.")] = None,
+    token: Annotated[
+        str | None, typer.Option(help="Bearer token the target requires.", envvar="HARNESSRL_SANDBOX_TOKEN")
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder of the conformance tasks as the target's workers see it (see --write-tasks); "
+            "default: written to a temporary folder here (workers on this filesystem)."
+        ),
+    ] = None,
+    write_tasks: Annotated[
+        Path | None, typer.Option(help="Only write the conformance tasks into this folder, to copy to the workers.")
+    ] = None,
+    check: Annotated[list[str] | None, typer.Option(help="Run only this check (repeatable).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds one trial may take.", min=1)] = 180.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds the target may take to answer.", min=0.1)] = 5.0,
+) -> None:
+    """Check that TARGET keeps the Sandbox contract (services/sandbox/CONTRACT.md): exit 0 when every
+    check passes, 1 when one fails, 2 when the target is unreachable or is not a Sandbox service."""
+    from harnessrl.errors import HarnessError
+    from services.sandbox import conformance as conf
+
+    if write_tasks is not None:
+        typer.echo(f"conformance tasks written to {conf.write_tasks(write_tasks)}: {sorted(conf.TASKS)}")
+        return
+    if target is None:
+        typer.echo("error: --target HOST:PORT is required (or --write-tasks DIR)", err=True)
+        raise typer.Exit(2)
+    try:
+        results = asyncio.run(
+            conf.run_conformance(
+                target, token, tasks_dir=tasks, only=check, timeout_s=timeout, connect_timeout_s=connect_timeout
+            )
+        )
+    except HarnessError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    for r in results:
+        typer.echo(f"{'PASS' if r.ok else 'FAIL'}  {r.name:<34} {r.seconds:6.1f}s  {r.detail}")
+    failed = [r.name for r in results if not r.ok]
+    typer.echo(f"{len(results) - len(failed)}/{len(results)} checks passed against {target}", err=True)
+    if failed:
+        raise typer.Exit(1)
