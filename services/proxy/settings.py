@@ -65,6 +65,19 @@ class Settings(ServiceSettings):
     keep_closed_trials: int = Field(
         10_000, ge=0, description="Summaries of closed trials kept for GET /admin/trials/<id> (oldest dropped)."
     )
+    responses_store_max_count: int = Field(
+        4096,
+        ge=0,
+        le=1_000_000,
+        description="Responses API: responses one trial keeps for previous_response_id (least recently used "
+        "evicted first; naming an evicted one is a 400). 0 stores none.",
+    )
+    responses_store_max_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=0,
+        le=1 << 34,
+        description="Responses API: bytes of stored input and output items one trial keeps (same eviction).",
+    )
     trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
     main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")
     render_check: bool = Field(

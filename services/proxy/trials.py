@@ -21,6 +21,7 @@ from services.proxy.capture.writer import CaptureClient, TrialWriter
 from services.proxy.chat.model import ChatModel
 from services.proxy.engine import EngineClient, EnginePool
 from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialNotFound, WrongTrial, failure_kind
+from services.proxy.responses.store import ResponseStore
 from services.proxy.settings import Settings
 
 MAX_MODEL_NAMES = 16  # distinct names recorded per trial; the rest count under "(other)"
@@ -60,6 +61,8 @@ class Trial:
     capture: TrialCapture
     writer: TrialWriter
     engine: EngineClient  # the client of the trial's gateway (held in the pool until close)
+    # Responses stored for previous_response_id: this trial's only, dropped at close.
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))
     closed: bool = False
     turns: int = 0
     context_overflow: bool = False
@@ -138,6 +141,8 @@ class Trial:
             "refusals": list(self.refusals),
             "requested_models": dict(self.requested_models),
             "render_mismatches": self.capture.render_mismatches,
+            "stored_responses": len(self.responses),  # held for previous_response_id; 0 once closed
+            "responses_evicted": self.responses.evictions,  # stored responses the bound evicted
             "capture_error": self.writer.error,
             "parts_appended": self.writer.appended,
             "chat_template": self.capture.renderer.template.name,
@@ -193,7 +198,9 @@ class ProxyCore:
             render_check=s.render_check,
         )
         writer = self.capture.writer(spec.trial_id)
-        trial = Trial(spec, secrets.token_urlsafe(32), capture, writer, self.engines.acquire(spec.gateway_target))
+        engine = self.engines.acquire(spec.gateway_target)
+        store = ResponseStore(s.responses_store_max_count, s.responses_store_max_bytes)
+        trial = Trial(spec, secrets.token_urlsafe(32), capture, writer, engine, responses=store)
         metrics.ACTIVE_TRIALS.labels("proxy").inc()
         self.trials[spec.trial_id] = trial
         self._by_token[trial.token] = trial
@@ -217,6 +224,7 @@ class ProxyCore:
             metrics.ACTIVE_TRIALS.labels("proxy").dec()
             self.engines.release(trial.spec.gateway_target)
         trial.closed = True
+        trial.responses.clear()
         self._by_token.pop(trial.token, None)
         for part in trial.capture.close_all():
             trial.writer.submit(self.append_request(trial, part, "", None))

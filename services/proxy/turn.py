@@ -8,6 +8,7 @@ client goes away mid-generation is aborted and leaves no trace in the capture
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from services.proxy.capture.state import OurTurn, Plan, Sampled
 from services.proxy.chat.conversation import Conversation
 from services.proxy.chat.render import SampledIds
 from services.proxy.chat.stream import Delta, OutputStream, StopStrings
+from services.proxy.chat.toolchoice import ToolForcing
 from services.proxy.engine import EngineContextOverflow
 from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
 from services.proxy.trials import ProxyCore, Trial
@@ -41,6 +43,7 @@ class CallParams:
     stop: list[str] = field(default_factory=list)
     call_id_prefix: str = "call_"
     top_logprobs: int = 0  # alternatives to ask the engine for (reported to the client, never sampled from)
+    forcing: ToolForcing = field(default_factory=ToolForcing)  # how tool_choice / parallel_tool_calls are honoured
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class ModelCall:
         self.turn_id = uuid.uuid4().hex[:24]
         self.request_id = f"{trial.spec.trial_id}-{self.turn_id}"
         self.plan: Plan | None = None
+        self.prefill_ids = b""  # int32 LE: a forced tool call's opening, ending the prompt (context, not sampled)
         self._chunks: AsyncIterator[gateway_pb2.GenerateChunk] | None = None
         self._first: gateway_pb2.GenerateChunk | None = None
         self.span: trace.Span = trace.INVALID_SPAN
@@ -122,6 +126,9 @@ class ModelCall:
             trial.max_turns_reached = True
             raise MaxTurnsReached(f"trial {trial.spec.trial_id} reached max_turns={trial.max_turns}")
         self.plan = plan = trial.capture.plan(self.conv)
+        if self.params.forcing.prefill:
+            self.prefill_ids = core.model.tokenizer.encode_array(self.params.forcing.prefill).tobytes()
+            self.plan = plan = _prefilled(plan, self.prefill_ids)
         try:
             window = await core.context_window(trial)
         except Exception:
@@ -165,13 +172,15 @@ class ModelCall:
         tok = self.core.model.tokenizer
         decoder = tok.decoder()
         out = OutputStream(self.core.model.parser, self.conv.tools, self.core.model.reasoning)
-        stopper = StopStrings(self.params.stop)
+        stopper = StopStrings([*self.params.stop, *self.params.forcing.stops])
         ids, logprobs = self.received_ids, self.received_logprobs
         versions: list[bytes] = []
         routes: list[np.ndarray] = []
         last = self._first
         committed = False
         try:
+            for delta in out.feed(self.params.forcing.prefill):
+                yield delta
             chunk: gateway_pb2.GenerateChunk | None = self._first
             while chunk is not None:
                 last = chunk
@@ -207,7 +216,7 @@ class ModelCall:
             sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
             calls = [
                 ToolCallOut(f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}", c.name, _json(c.arguments))
-                for c in final.calls
+                for c in final.calls[: self.params.forcing.max_calls]
             ]
             finish = "tool_calls" if calls else ("length" if sampled.finish_reason == "length" else "stop")
             if final.malformed:
@@ -252,7 +261,7 @@ class ModelCall:
                 self.plan.prompt_tokens,
                 sampled.num_tokens,
                 last.usage.cached_prompt_tokens,
-                stopper.hit,
+                stopper.hit if stopper.hit in self.params.stop else None,  # a forcing stop is no stop sequence
             )
         except (EngineUnavailable, EngineFailure, EngineContextOverflow) as e:
             self.trial.engine_errors += 1
@@ -283,7 +292,10 @@ class ModelCall:
         if trial.closed:
             raise TrialNotFound(f"trial {trial.spec.trial_id} was closed during the call")
         turn = OurTurn(
-            self.turn_id, tuple(c.id for c in calls), content, SampledIds(sampled.ids, sampled.ended_with_eos)
+            self.turn_id,
+            tuple(c.id for c in calls),
+            content,
+            SampledIds(self.prefill_ids + sampled.ids, sampled.ended_with_eos),  # the turn as the engine saw it
         )
         parts = trial.capture.commit(self.plan, sampled, turn)
         trial.turns += 1
@@ -300,6 +312,12 @@ async def _drain(chunks: AsyncIterator[gateway_pb2.GenerateChunk]) -> None:
                 pass
     except Exception as e:  # noqa: BLE001 - the reply is committed; a late stream error changes nothing
         log.info("generate stream did not end cleanly after its finish chunk", extra=kv(error=str(e)))
+
+
+def _prefilled(plan: Plan, ids: bytes) -> Plan:
+    """``plan`` with ``ids`` ending its prompt: context (mask 0) the engine sees and the segment keeps."""
+    delta = plan.delta + ids if plan.extends is not None else plan.delta
+    return dataclasses.replace(plan, prompt=plan.prompt + ids, delta=delta)
 
 
 def _tracer() -> trace.Tracer:

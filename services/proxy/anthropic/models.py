@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
+from services.proxy.chat.toolchoice import ToolChoice, refuse_structured_output
+from services.proxy.errors import BadRequest
 from services.proxy.protocol import Loose, text_of
 
 # Thinking blocks the proxy returns carry this signature prefix and the turn id;
@@ -42,6 +44,12 @@ class AnthropicTool(Loose):
     type: str | None = None
 
 
+class AnthropicToolChoice(Loose):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: StrictBool = False
+
+
 class CountTokensRequest(Loose):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
@@ -56,6 +64,28 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     stop_sequences: list[str] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    output_format: dict[str, Any] | None = None  # structured outputs (beta): refused by ``tool_choice``
+    output_config: dict[str, Any] | None = None  # only its ``format`` is read (Claude Code sends ``effort``)
+
+
+_MODES = {"auto": "auto", "any": "required", "tool": "tool", "none": "none"}
+
+
+def tool_choice(req: MessagesRequest) -> ToolChoice:
+    """The request's tool choice; a structured output format is refused here too
+    (no constrained decoding in the engines)."""
+    if req.output_format is not None:
+        refuse_structured_output(req.output_format, "output_format")
+    if req.output_config is not None and req.output_config.get("format") is not None:
+        refuse_structured_output(req.output_config["format"], "output_config.format")
+    choice = req.tool_choice
+    if choice is None:
+        return ToolChoice("auto")
+    if choice.type == "tool" and not choice.name:
+        raise BadRequest("tool_choice.name: required when tool_choice.type is 'tool'", param="tool_choice.name")
+    mode = _MODES[choice.type]
+    return ToolChoice(mode, choice.name or "", not choice.disable_parallel_tool_use)  # type: ignore[arg-type]
 
 
 def _blocks(content: str | list[Block]) -> list[Block]:

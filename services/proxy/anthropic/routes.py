@@ -10,7 +10,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from services.proxy.anthropic.models import SIGNATURE_PREFIX, CountTokensRequest, MessagesRequest, to_conversation
+from services.proxy.anthropic.models import (
+    SIGNATURE_PREFIX,
+    CountTokensRequest,
+    MessagesRequest,
+    to_conversation,
+    tool_choice,
+)
+from services.proxy.chat.toolchoice import forcing
 from services.proxy.errors import error_body
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.turn import CallParams, Done, ModelCall
@@ -25,10 +32,17 @@ async def messages(trial_id: str, request: Request) -> Response:
     body = await parse_request(request, MessagesRequest, "anthropic")
     core = core_of(request)
     core.check_model(trial, body.model)
+    conv = to_conversation(body)
     params = CallParams(
-        body.max_tokens, body.temperature, body.top_p, body.top_k, list(body.stop_sequences or []), "toolu_"
+        body.max_tokens,
+        body.temperature,
+        body.top_p,
+        body.top_k,
+        list(body.stop_sequences or []),
+        "toolu_",
+        forcing=forcing(tool_choice(body), core.model, conv.tools),
     )
-    call = ModelCall(core, trial, to_conversation(body), params)
+    call = ModelCall(core, trial, conv, params)
     await call.start()
     if body.stream:
         return StreamingResponse(_stream(call, body.model), media_type="text/event-stream")

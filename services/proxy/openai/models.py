@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
+from services.proxy.chat.toolchoice import ToolChoice, refuse_structured_output
 from services.proxy.errors import BadRequest
 from services.proxy.protocol import Loose, text_of
 
@@ -57,7 +58,9 @@ class ChatRequest(Loose):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ChatTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # checked by ``tool_choice``
+    parallel_tool_calls: StrictBool | None = None
+    response_format: dict[str, Any] | None = None  # checked by ``tool_choice``
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
@@ -69,6 +72,37 @@ class ChatRequest(Loose):
     # Checked by ``openai.logprobs.chat_request`` for OpenAI's own 400s.
     logprobs: Any = None
     top_logprobs: Any = None
+
+
+def tool_choice(req: ChatRequest) -> ToolChoice:
+    """The request's tool choice; a ``response_format`` other than text is refused
+    here too (no constrained decoding in the engines)."""
+    if req.response_format is not None:
+        refuse_structured_output(req.response_format, "response_format")
+    parallel = req.parallel_tool_calls is not False
+    value = req.tool_choice
+    if value is None or value == "auto":
+        return ToolChoice("auto", parallel=parallel)
+    if value in ("none", "required"):
+        return ToolChoice(value, parallel=parallel)  # type: ignore[arg-type]
+    if isinstance(value, dict) and value.get("type") == "function":
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequest("tool_choice.function.name must be a non-empty string", param="tool_choice")
+        return ToolChoice("tool", name, parallel)
+    if isinstance(value, dict) and value.get("type") in ("allowed_tools", "custom"):
+        raise BadRequest(
+            f"tool_choice of type {value['type']!r} is not supported: name one function tool, or send only the "
+            "allowed tools",
+            param="tool_choice",
+            code="unsupported_value",
+        )
+    raise BadRequest(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}, "
+        f"got {value!r}"[:300],
+        param="tool_choice",
+    )
 
 
 def _arguments(value: str | dict[str, Any]) -> str:

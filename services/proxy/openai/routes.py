@@ -9,9 +9,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from services.proxy.chat.toolchoice import forcing
 from services.proxy.errors import error_body
 from services.proxy.openai.logprobs import TokenLogprobs, chat_request
-from services.proxy.openai.models import ChatRequest, to_conversation
+from services.proxy.openai.models import ChatRequest, to_conversation, tool_choice
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.turn import CallParams, Done, ModelCall
 
@@ -25,6 +26,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
     core = core_of(request)
     core.check_model(trial, body.model)
     top = chat_request(body.logprobs, body.top_logprobs)
+    conv = to_conversation(body)
     params = CallParams(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
@@ -32,8 +34,9 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         call_id_prefix="call_",
         top_logprobs=top or 0,
+        forcing=forcing(tool_choice(body), core.model, conv.tools),
     )
-    call = ModelCall(core, trial, to_conversation(body), params)
+    call = ModelCall(core, trial, conv, params)
     await call.start()
     lp = TokenLogprobs(call, top) if top is not None else None
     if body.stream:

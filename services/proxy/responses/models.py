@@ -6,11 +6,13 @@ function calls) form one assistant turn; ids the proxy gave them (``msg_<turn>``
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
+from services.proxy.chat.toolchoice import ToolChoice, refuse_structured_output
 from services.proxy.errors import BadRequest
 from services.proxy.protocol import Loose, text_of
 
@@ -46,9 +48,49 @@ class ResponsesRequest(Loose):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    previous_response_id: str | None = None
+    previous_response_id: str | None = Field(None, max_length=200)
+    store: StrictBool = True  # OpenAI's default: a response is stored unless the request says false
     include: list[str] | None = None
     top_logprobs: Any = None  # checked by ``openai.logprobs.responses_request``
+    tool_choice: str | dict[str, Any] | None = None  # checked by ``tool_choice``
+    parallel_tool_calls: StrictBool | None = None
+    text: dict[str, Any] | None = None  # ``format`` checked by ``tool_choice``; ``verbosity`` is ignored
+
+
+_HOSTED = "the proxy serves function and custom tools only"
+
+
+def tool_choice(req: ResponsesRequest) -> ToolChoice:
+    """The request's tool choice; ``text.format`` other than text is refused here too
+    (no constrained decoding in the engines)."""
+    if req.text is not None and req.text.get("format") is not None:
+        refuse_structured_output(req.text["format"], "text.format")
+    parallel = req.parallel_tool_calls is not False
+    value = req.tool_choice
+    if value is None or value == "auto":
+        return ToolChoice("auto", parallel=parallel)
+    if value in ("none", "required"):
+        return ToolChoice(value, parallel=parallel)  # type: ignore[arg-type]
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind in ("function", "custom"):
+            name = value.get("name")
+            if not isinstance(name, str) or not name:
+                raise BadRequest(f"tool_choice of type {kind!r} needs a non-empty 'name'", param="tool_choice.name")
+            return ToolChoice("tool", name, parallel)
+        if kind == "allowed_tools":
+            raise BadRequest(
+                "tool_choice 'allowed_tools' is not supported: send only the allowed tools in 'tools'",
+                param="tool_choice",
+                code="unsupported_value",
+            )
+        raise BadRequest(
+            f"tool_choice of type {kind!r} is not supported: {_HOSTED}", param="tool_choice", code="unsupported_value"
+        )
+    raise BadRequest(
+        f"tool_choice must be 'none', 'auto', 'required' or an object naming a tool, got {value!r}",
+        param="tool_choice",
+    )
 
 
 def _ref(item_id: str | None) -> str:
@@ -97,11 +139,15 @@ class _Builder:
         # other item kinds (web search results, ...) carry nothing a text model renders
 
 
-def to_conversation(req: ResponsesRequest) -> tuple[Conversation, set[str]]:
-    """The conversation, and the names of custom (free-form input) tools."""
-    if req.previous_response_id:
-        raise BadRequest("previous_response_id is not supported: send the whole input (store=false)")
-    items = [Item(type="message", role="user", content=req.input)] if isinstance(req.input, str) else req.input
+def input_items(req: ResponsesRequest) -> list[Item]:
+    """The request's own input as items (a string input is one user message)."""
+    return [Item(type="message", role="user", content=req.input)] if isinstance(req.input, str) else req.input
+
+
+def to_conversation(req: ResponsesRequest, earlier: Sequence[Item] = ()) -> tuple[Conversation, set[str]]:
+    """The conversation, and the names of custom (free-form input) tools.
+    ``earlier``: the items of the chain ``previous_response_id`` names, oldest first."""
+    items = [*earlier, *input_items(req)]
     builder = _Builder()
     system = [req.instructions] if req.instructions else []
     lead = 0

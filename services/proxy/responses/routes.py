@@ -1,20 +1,25 @@
 """``POST /trials/<id>/v1/responses``: thin route; the event stream emits
-reasoning, message and function-call items as the model produces them."""
+reasoning, message and function-call items as the model produces them.
+``previous_response_id`` continues a response the trial stored (``store``, true
+by default; see ``store.py``), which ``GET``/``DELETE /v1/responses/<id>`` read
+and drop."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from services.proxy.chat.toolchoice import forcing
 from services.proxy.errors import ContextOverflow, error_body
 from services.proxy.openai.logprobs import TokenLogprobs, responses_request
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
-from services.proxy.responses.models import ResponsesRequest, to_conversation
+from services.proxy.responses.models import Item, ResponsesRequest, input_items, to_conversation, tool_choice
+from services.proxy.trials import Trial
 from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
 
 router = APIRouter()
@@ -26,19 +31,60 @@ async def responses(trial_id: str, request: Request) -> Response:
     body = await parse_request(request, ResponsesRequest, "responses")
     core = core_of(request)
     core.check_model(trial, body.model)
-    conv, custom = to_conversation(body)
+    earlier = trial.responses.chain(body.previous_response_id) if body.previous_response_id else []
+    conv, custom = to_conversation(body, earlier)
     top = responses_request(body.include, body.top_logprobs)
-    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0)
+    choice = forcing(tool_choice(body), core.model, conv.tools)
+    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0, forcing=choice)
     call = ModelCall(core, trial, conv, params)
     await call.start()
     lp = TokenLogprobs(call, top) if top is not None else None
+
+    def store(done: Done) -> None:
+        _store(trial, body, done, custom)
+
     if body.stream:
-        return StreamingResponse(_Stream(call, body.model, custom, lp).events(), media_type="text/event-stream")
+        stream = _Stream(call, body.model, custom, lp, store)
+        return StreamingResponse(stream.events(), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
             items = _items(event, custom, lp.take() if lp else None)
-            return FastJSON(response_object(call.turn_id, body.model, "completed", items, event))
+            obj = {**response_object(call.turn_id, body.model, "completed", items, event), **_echo(body)}
+            store(event)
+            return FastJSON(obj)
     raise RuntimeError("generation ended without a result")
+
+
+@router.get("/trials/{trial_id}/v1/responses/{response_id}")
+async def get_response(trial_id: str, response_id: str, request: Request) -> Response:
+    return FastJSON(authenticate(request, trial_id).responses.get(response_id))
+
+
+@router.delete("/trials/{trial_id}/v1/responses/{response_id}")
+async def delete_response(trial_id: str, response_id: str, request: Request) -> Response:
+    authenticate(request, trial_id).responses.delete(response_id)
+    return FastJSON({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+def _echo(body: ResponsesRequest) -> dict[str, Any]:
+    """Request fields a response object repeats."""
+    return {
+        "previous_response_id": body.previous_response_id or None,
+        "store": body.store,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
+    }
+
+
+def _store(trial: Trial, body: ResponsesRequest, done: Done, custom: set[str]) -> None:
+    """Keeps a finished response for ``previous_response_id`` (unless ``store`` is false):
+    the input its request added and its output items as a harness would echo them."""
+    if not body.store:
+        return
+    output = _items(done, custom, None)
+    obj = {**response_object(done.turn_id, body.model, "completed", output, done), **_echo(body)}
+    echoed = [Item.model_validate(o) for o in output]
+    trial.responses.put(obj["id"], body.previous_response_id or None, input_items(body), echoed, obj)
 
 
 def _call_item(c: ToolCallOut, custom: set[str], status: str = "completed") -> dict[str, Any]:
@@ -117,8 +163,16 @@ def response_object(
 
 
 class _Stream:
-    def __init__(self, call: ModelCall, model: str, custom: set[str], lp: TokenLogprobs | None) -> None:
+    def __init__(
+        self,
+        call: ModelCall,
+        model: str,
+        custom: set[str],
+        lp: TokenLogprobs | None,
+        on_done: Callable[[Done], None] | None = None,
+    ) -> None:
         self.call, self.model, self.custom, self.lp = call, model, custom, lp
+        self.on_done = on_done  # called once the turn is committed, before response.completed
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.open: str | None = None  # "reasoning" | "text"
@@ -210,6 +264,8 @@ class _Stream:
                         for b in self._call(c):
                             yield b
                     final = response_object(turn, self.model, "completed", self.output, event)
+                    if self.on_done is not None:
+                        self.on_done(event)
                     yield self.ev("response.completed", response=final)
                     return
                 if self.open != event.kind:

@@ -11,7 +11,7 @@ from services.proxy.errors import BadRequest
 from services.proxy.openai.models import ChatRequest
 from services.proxy.openai.models import to_conversation as openai_conv
 from services.proxy.protocol import parse
-from services.proxy.responses.models import ResponsesRequest
+from services.proxy.responses.models import Item, ResponsesRequest
 from services.proxy.responses.models import to_conversation as responses_conv
 
 
@@ -142,8 +142,11 @@ def test_responses_items_form_assistant_turns() -> None:
         Message("tool", "a.txt", tool_call_id="c1"),
         Message("tool", "done", tool_call_id="c2"),
     )
-    with pytest.raises(BadRequest, match="previous_response_id"):
-        responses_conv(ResponsesRequest.model_validate({"model": "m", "input": "x", "previous_response_id": "r"}))
+    # previous_response_id: the stored chain's items come first, then the request's own input
+    chained = ResponsesRequest.model_validate({"model": "m", "input": "next", "previous_response_id": "r"})
+    earlier = [Item(type="message", role="developer", content="D"), Item(type="message", role="user", content="go")]
+    assert responses_conv(chained, earlier)[0].messages == (Message("user", "go"), Message("user", "next"))
+    assert responses_conv(chained, earlier)[0].system == "D"
 
 
 @pytest.mark.parametrize("raw", [b"[]", b"null", b"{", b"\xff", b"   "])
