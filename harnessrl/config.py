@@ -45,7 +45,9 @@ class ServiceSettings(BaseSettings):
     port: int = Field(0, ge=0, le=65535, description="Port to bind; 0 picks a free one.")
     log_level: str = Field("WARNING", pattern=r"(?i)^(debug|info|warning|error|critical)$")
     otlp_endpoint: str | None = Field(
-        None, description="OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317; unset disables export."
+        None,
+        description="OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317 (https:// verifies the collector "
+        "against tls.ca_file); unset disables export.",
     )
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus /metrics on this port (gRPC services); unset: off."

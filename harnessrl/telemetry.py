@@ -57,10 +57,20 @@ def configure(service_name: str, otlp_endpoint: str | None = None) -> TracerProv
         if otlp_endpoint and otlp_endpoint not in _endpoints:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            processor = _Detachable(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
+            processor = _Detachable(BatchSpanProcessor(_exporter(otlp_endpoint, OTLPSpanExporter)))
             _endpoints[otlp_endpoint] = processor
             _add_processor(processor)
         return provider
+
+
+def _exporter(otlp_endpoint: str, cls: Any) -> Any:
+    """An OTLP/gRPC exporter: plaintext for http://, TLS for https:// verified against
+    the process's CA (``harnessrl.tls.client()``; the system's roots without one)."""
+    from harnessrl import tls
+
+    if not otlp_endpoint.startswith("https://"):
+        return cls(endpoint=otlp_endpoint, insecure=True)
+    return cls(endpoint=otlp_endpoint, insecure=False, credentials=tls.channel_credentials(tls.client()))
 
 
 class _WhenExporting(Sampler):

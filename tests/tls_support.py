@@ -1,6 +1,8 @@
-"""A throwaway PKI for TLS tests (the ``cryptography`` package): a CA, a server
-certificate for 127.0.0.1/localhost, a client certificate, an expired server
-certificate and an unrelated CA, written as PEM files under one folder."""
+"""A throwaway PKI for TLS tests (the ``cryptography`` package): a CA, a service
+certificate (server and client usages) for 127.0.0.1, localhost and the compose
+service names, a client certificate, an expired service certificate and an
+unrelated CA, written as PEM files under one folder (``ca.pem``, ``service.pem``
+and ``service.key`` are the names deploy/compose.tls.yml mounts)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harnessrl.tls import TlsSettings
 
+# What the service certificate is valid for: loopback, and the service names of
+# docker-compose.yml (deploy/compose.tls.yml uses this one certificate for all).
 HOSTS = ("127.0.0.1", "localhost")
+SERVICE_NAMES = ("capture-store", "gateway", "proxy", "sandbox", "trainer", "dashboard")
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ def _leaf(
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(cn)]
     if server:
-        sans = [x509.IPAddress(ipaddress.ip_address(HOSTS[0])), x509.DNSName(HOSTS[1])]
+        names = [HOSTS[1], *SERVICE_NAMES]
+        sans = [x509.IPAddress(ipaddress.ip_address(HOSTS[0])), *(x509.DNSName(n) for n in names)]
     usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     cert = (
         x509.CertificateBuilder()
@@ -125,8 +131,8 @@ def make_pki(folder: Path) -> Pki:
     pki = Pki(
         dir=folder,
         ca=_write_cert(ca[0], folder / "ca.pem"),
-        server_cert=_write_cert(server[0], folder / "server.pem"),
-        server_key=_write_key(server[1], folder / "server.key"),
+        server_cert=_write_cert(server[0], folder / "service.pem"),
+        server_key=_write_key(server[1], folder / "service.key"),
         client_cert=_write_cert(client[0], folder / "client.pem"),
         client_key=_write_key(client[1], folder / "client.key"),
         expired_cert=_write_cert(expired[0], folder / "expired.pem"),

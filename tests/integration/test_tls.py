@@ -264,3 +264,29 @@ async def test_a_loopback_server_stays_plaintext_and_quiet(tmp_path: Path, caplo
     finally:
         await store.stop(0)
     assert caplog.records == []
+
+
+async def test_spans_reach_an_otlp_collector_over_tls(tmp_path: Path, pki: Pki) -> None:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from harnessrl import telemetry
+    from harnessrl.localservers import free_port
+    from tests.compose.otlp_receiver import Receiver
+
+    out = tmp_path / "spans.jsonl"
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(out), server)
+    port = server.add_secure_port(f"127.0.0.1:{free_port()}", tls.server_credentials(pki.server()))
+    await server.start()
+    endpoint = f"https://127.0.0.1:{port}"
+    tls.use(pki.client(cert=False))  # the exporter verifies the collector against the process's CA
+    try:
+        telemetry.configure("tls-test", endpoint)
+        with telemetry.tracer(__name__, "tls-test").start_as_current_span("over-tls"):
+            pass
+        await asyncio.to_thread(telemetry.flush)
+    finally:
+        await asyncio.to_thread(telemetry.close_endpoint, endpoint)  # the collector answers on this loop
+        await server.stop(0)
+    names = [line for line in out.read_text().splitlines() if '"over-tls"' in line] if out.exists() else []
+    assert names, "the span did not arrive over TLS"
