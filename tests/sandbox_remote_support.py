@@ -19,7 +19,7 @@ from services.sandbox_remote.server import RemoteSandboxServer, create_remote_se
 from services.sandbox_remote.settings import Settings as RemoteSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-_LISTENING = re.compile(rb"sandbox executor (\S+) listening on ([\d.]+):(\d+)")
+_LISTENING = re.compile(rb"sandbox executor (\S+) listening on https?://([\d.]+):(\d+)")
 
 
 class Executor:

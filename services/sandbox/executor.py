@@ -3,7 +3,7 @@ for a front that implements the Sandbox gRPC contract somewhere else (the second
 implementation in ``services/sandbox_remote``, or a managed provider's control
 plane). It is configured by the ``[sandbox]`` settings like a worker: backend,
 limits, proxy and capture store; ``host``/``port`` bind its HTTP server,
-``auth_token`` is the bearer token its callers present, ``concurrency`` trials run
+``auth_token`` is the bearer token its callers present, ``tls`` its certificate, ``concurrency`` trials run
 at once, and an execution its front stops polling for ``lease_s`` is cancelled
 (the front is gone or has given it up).
 
@@ -46,7 +46,7 @@ from fastapi.responses import JSONResponse, Response
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harnessrl import logs, telemetry
+from harnessrl import logs, telemetry, tls
 from harnessrl.config import format_validation_error, load_section
 from harnessrl.errors import AlreadyExists, HarnessError, InvalidArgument, NotFound, Unauthenticated, http_status
 from harnessrl.v1 import sandbox_pb2
@@ -271,7 +271,13 @@ async def serve(settings: Settings, announce: bool = True) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host, settings.port))
-    config = uvicorn.Config(create_app(service, token), log_level=settings.log_level.lower(), access_log=False)
+    tls.warn_if_plaintext("sandbox", settings.host, settings.tls)
+    config = uvicorn.Config(
+        create_app(service, token),
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        **tls.uvicorn_options(settings.tls),
+    )
     server = _Server(config)
     reaper = asyncio.ensure_future(service.reap_forever())
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -284,7 +290,8 @@ async def serve(settings: Settings, announce: bool = True) -> None:
         await asyncio.sleep(0.02)
     if announce and server.started:
         port = sock.getsockname()[1]
-        print(f"sandbox executor {service.name} listening on {settings.host}:{port}", file=sys.stderr, flush=True)
+        where = f"{tls.http_scheme(settings.tls)}://{settings.host}:{port}"
+        print(f"sandbox executor {service.name} listening on {where}", file=sys.stderr, flush=True)
     try:
         await task
     finally:
@@ -304,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from e
     logs.configure(settings.log_level)
+    tls.use(settings.tls)  # its clients (the proxy's admin API, the capture store) dial as [sandbox.tls] says
     asyncio.run(serve(settings))
 
 

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import sys
 
-from harnessrl import logs
+from harnessrl import logs, tls
 from harnessrl.config import validate
 from harnessrl.errors import HarnessError
 from services.sandbox_remote.server import create_remote_server
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from e
     logs.configure(settings.log_level)
+    tls.use(settings.tls)
 
     async def run() -> None:
         server = await create_remote_server(settings)

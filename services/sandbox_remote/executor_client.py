@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from google.protobuf import json_format
 
+from harnessrl import tls
 from harnessrl.errors import AlreadyExists, FailedPrecondition, HarnessError, InvalidArgument, NotFound, Unavailable
 from harnessrl.v1 import sandbox_pb2
 
@@ -18,10 +19,12 @@ class ExecutorUnreachable(Unavailable):
 
 
 class ExecutorClient:
-    def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
+    def __init__(self, url: str, token: str | None, timeout_s: float, tls_settings: tls.TlsSettings) -> None:
         self.url = url
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s)
+        # https:// verifies the executor against the front's tls.ca_file (the system's CAs without one).
+        verify = tls.client_context(tls_settings) or True
+        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s, verify=verify)
 
     async def validate(self, spec: sandbox_pb2.TrialSpec) -> None:
         await self._call("POST", "/v1/validate", {"spec": _json(spec)})

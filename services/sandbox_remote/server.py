@@ -62,7 +62,8 @@ class RemoteSandboxServer:
 
 async def create_remote_server(settings: Settings) -> RemoteSandboxServer:
     token = settings.executor_token.get_secret_value() if settings.executor_token else None
-    service = RemoteSandbox(settings, ExecutorClient(settings.executor_url, token, settings.request_timeout_s))
+    client = ExecutorClient(settings.executor_url, token, settings.request_timeout_s, settings.tls)
+    service = RemoteSandbox(settings, client)
     servicer = RemoteSandboxServicer(service)
 
     def register(server: grpc.aio.Server) -> Iterable[str]:

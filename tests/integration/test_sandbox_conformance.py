@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner, Result
 
+from harnessrl.cli.main import app
 from harnessrl.errors import InvalidArgument
 from harnessrl.localservers import free_port
 from services.sandbox.conformance import CHECKS, TargetError, run_conformance
@@ -109,14 +111,23 @@ def conformance_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-async def test_cli_exit_codes(project_sandbox: str, tmp_path: Path) -> None:
-    down = await asyncio.to_thread(conformance_cli, "--target", f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
-    assert down.returncode == 2 and "no gRPC server answers" in down.stderr, down.stderr
-    bad = await asyncio.to_thread(conformance_cli, "--target", project_sandbox, "--check", "nope")
-    assert bad.returncode == 2 and "unknown check(s) ['nope']" in bad.stderr, bad.stderr
+async def test_the_cli_passes_a_sandbox(project_sandbox: str) -> None:
     ok = await asyncio.to_thread(conformance_cli, "--target", project_sandbox, "--check", "unknown_and_empty_ids")
     assert ok.returncode == 0 and "PASS  unknown_and_empty_ids" in ok.stdout, ok.stdout + ok.stderr
-    written = await asyncio.to_thread(conformance_cli, "--write-tasks", str(tmp_path / "t"))
-    assert written.returncode == 0 and (tmp_path / "t" / "hello" / "task.toml").is_file(), written.stderr
-    missing = await asyncio.to_thread(conformance_cli)
-    assert missing.returncode == 2 and "--target HOST:PORT is required" in missing.stderr, missing.stderr
+    assert "2/2 checks passed" in ok.stderr
+
+
+def test_the_cli_refuses_clearly(tmp_path: Path) -> None:
+    def cli(*args: str) -> Result:
+        return CliRunner().invoke(app, ["sandbox", "conformance", *args])
+
+    down = cli("--target", f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
+    assert down.exit_code == 2 and "no gRPC server answers" in down.output, down.output
+    bad = cli("--target", "127.0.0.1:1", "--check", "nope")
+    assert bad.exit_code == 2 and "unknown check(s) ['nope']" in bad.output, bad.output
+    malformed = cli("--target", "no-port")
+    assert malformed.exit_code == 2 and "--target" in malformed.output and "host:port" in malformed.output
+    missing = cli()
+    assert missing.exit_code == 2 and "--target HOST:PORT is required" in missing.output, missing.output
+    written = cli("--write-tasks", str(tmp_path / "t"))
+    assert written.exit_code == 0 and (tmp_path / "t" / "hello" / "task.toml").is_file(), written.output

@@ -139,3 +139,31 @@ def test_malformed_settings_are_refused(tmp_path: Path) -> None:
     front = subprocess.run([sys.executable, "-m", "services.sandbox_remote", "--executor-url", "nope"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert front.returncode == 2 and "executor_url" in front.stderr, front.stderr
+
+
+@needs_bwrap
+async def test_front_and_executor_over_mtls(tmp_path: Path) -> None:
+    """The executor serves HTTPS with client certificates required; the front verifies it with its
+    CA and serves gRPC over mTLS itself; a front that trusts another CA gets a clear UNAVAILABLE."""
+    from harnessrl import tls
+    from services.sandbox.conformance import run_conformance
+    from tests.tls_support import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    certs = {"cert_file": pki.server_cert, "key_file": pki.server_key, "client_ca_file": pki.ca, "ca_file": pki.ca}
+    with executor(tmp_path / "ex", **{f"tls__{k}": v for k, v in certs.items()}) as proc:
+        url = f"https://127.0.0.1:{proc.port}"
+        async with remote_front(url, tls=pki.service()) as front:
+            tls.use(pki.client())
+            try:
+                results = await run_conformance(f"127.0.0.1:{front.port}", only=["completes_with_reward"])
+            finally:
+                tls.reset()
+        assert all(r.ok for r in results), [(r.name, r.detail) for r in results]
+        async with remote_front(url, tls=pki.client(cert=False, ca=pki.other_ca)) as wrong:
+            async with connect(f"127.0.0.1:{wrong.port}") as channel:
+                stub = sandbox_pb2_grpc.SandboxStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec(tmp_path, "t1", "true")))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert url in (info.value.details() or "") and "CERTIFICATE_VERIFY_FAILED" in (info.value.details() or "")
