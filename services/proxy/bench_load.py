@@ -31,6 +31,19 @@ from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
 
 ADMIN = "bench-admin"
 REPLY = {"content": "Checking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
+# The streamed rows: one token per chunk, so the proxy splits text and parses the
+# tool call token by token, with a command long enough to span many tokens.
+STREAM_REPLY = {
+    "content": "Let me find the parser and run its tests.",
+    "tool_calls": [
+        {
+            "name": "bash",
+            "arguments": {
+                "command": 'grep -rn "def parse" src/ | head -20 && python -m pytest tests/test_parse.py -x -q'
+            },
+        }
+    ],
+}
 TOOLS = [
     {
         "type": "function",
@@ -52,6 +65,7 @@ class LoadRow:
     proxy_turns_per_s: float
     direct_turns_per_s: float
     proxy_cpu_ms_per_turn: float  # CPU the proxy process spent per turn (user + system)
+    mode: str = "json"  # json: whole replies; stream: SSE, the engine sending one token per chunk
 
     @property
     def loss(self) -> float:
@@ -83,12 +97,21 @@ class _Http:
             self.close()
         else:
             raise ConnectionError(f"{path}: the server closed the connection")
-        length = 0
+        length, chunked = 0, False
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode().partition(":")
             if name.lower() == "content-length":
                 length = int(value)
-        return int(status_line.split()[1]), await self.reader.readexactly(length)
+            elif name.lower() == "transfer-encoding":
+                chunked = "chunked" in value.lower()
+        if length or not chunked:
+            return int(status_line.split()[1]), await self.reader.readexactly(length)
+        parts = []  # Transfer-Encoding: chunked (a streamed response)
+        while size := int((await self.reader.readline()).split(b";")[0], 16):
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readline()
+        await self.reader.readline()
+        return int(status_line.split()[1]), b"".join(parts)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -103,10 +126,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def _services(tmp: Path) -> Iterator[tuple[int, int, int]]:
+def _services(tmp: Path, reply: dict[str, Any] = REPLY, chunk_tokens: int = 0) -> Iterator[tuple[int, int, int]]:
     """Starts gateway, capture store and proxy processes; yields (proxy port, gateway port, proxy pid)."""
     script = tmp / "script.json"
-    script.write_text(json.dumps({"context_window": 1_000_000, "threads": {"main": [REPLY], "*": [REPLY]}}))
+    threads = {"main": [reply], "*": [reply]}
+    script.write_text(json.dumps({"context_window": 1_000_000, "chunk_tokens": chunk_tokens, "threads": threads}))
     ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
     config = tmp / "bench.toml"
     config.write_text(
@@ -157,23 +181,42 @@ async def _admin(http: _Http, path: str, body: dict[str, Any]) -> dict[str, Any]
     return result
 
 
-async def _proxy_session(port: int, trial: str, token: str, turns: int) -> None:
+def _streamed_message(data: bytes) -> dict[str, Any]:
+    """The assistant message an SDK assembles from a chat-completions event stream."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    for line in data.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue
+        for choice in json.loads(line[6:]).get("choices", []):
+            delta = choice["delta"]
+            content.append(delta.get("content") or "")
+            for tc in delta.get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = tc.get("id") or call.get("id")
+                fn = tc.get("function") or {}
+                call["function"]["name"] += fn.get("name") or ""
+                call["function"]["arguments"] += fn.get("arguments") or ""
+    return {"role": "assistant", "content": "".join(content), "tool_calls": [calls[i] for i in sorted(calls)]}
+
+
+async def _proxy_session(port: int, trial: str, token: str, turns: int, stream: bool = False) -> None:
     http = _Http(port)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
     try:
         for _ in range(turns):
-            body = {"model": "SmolLM2-135M-Instruct", "messages": messages, "tools": TOOLS}
+            body = {"model": "SmolLM2-135M-Instruct", "messages": messages, "tools": TOOLS, "stream": stream}
             status, data = await http.post(f"/trials/{trial}/v1/chat/completions", json.dumps(body).encode(), token)
             if status != 200:
                 raise RuntimeError(f"turn failed: {status} {data[:300]!r}")
-            message = json.loads(data)["choices"][0]["message"]
+            message = _streamed_message(data) if stream else json.loads(data)["choices"][0]["message"]
             messages.append(message)
             messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt\nb.txt"})
     finally:
         http.close()
 
 
-async def _through_proxy(port: int, sessions: int, turns: int, tag: str) -> float:
+async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream: bool = False) -> float:
     """``sessions`` concurrent harnesses, each running trials of at most
     EPISODE turns until it has made ``turns`` calls."""
     admin = _Http(port)
@@ -186,7 +229,7 @@ async def _through_proxy(port: int, sessions: int, turns: int, tag: str) -> floa
     async def harness(i: int) -> None:
         left = turns
         for trial, token in trials[i]:
-            await _proxy_session(port, trial, token, min(EPISODE, left))
+            await _proxy_session(port, trial, token, min(EPISODE, left), stream)
             left -= EPISODE
 
     t0 = time.perf_counter()
@@ -224,14 +267,26 @@ async def _direct(port: int, sessions: int, turns: int, prompt: np.ndarray, tag:
         return sessions * turns / (time.perf_counter() - t0)
 
 
-def measure_load(levels: tuple[int, ...], total_turns: int, prompt: np.ndarray) -> list[LoadRow]:
+def measure_load(
+    levels: tuple[int, ...], total_turns: int, prompt: np.ndarray, stream_levels: tuple[int, ...] = ()
+) -> list[LoadRow]:
+    """Rows for whole JSON replies at ``levels``, then streamed replies (one token per
+    engine chunk, tool calls parsed as they arrive) at ``stream_levels``."""
     rows = []
-    with tempfile.TemporaryDirectory(prefix="hrl-bench-proxy-") as tmp, _services(Path(tmp)) as (proxy, gateway, pid):
-        asyncio.run(_through_proxy(proxy, 4, 2, "warmup"))
-        for n in levels:
-            turns = max(4, total_turns // n)
-            direct = asyncio.run(_direct(gateway, n, turns, prompt, f"d{n}"))
-            cpu = cpu_seconds(pid)
-            through = asyncio.run(_through_proxy(proxy, n, turns, f"p{n}"))
-            rows.append(LoadRow(n, n * turns, through, direct, 1000 * (cpu_seconds(pid) - cpu) / (n * turns)))
+    for mode, reply, chunk, at in (("json", REPLY, 0, levels), ("stream", STREAM_REPLY, 1, stream_levels)):
+        if not at:
+            continue
+        stream = mode == "stream"
+        with (
+            tempfile.TemporaryDirectory(prefix="hrl-bench-proxy-") as tmp,
+            _services(Path(tmp), reply, chunk) as (proxy, gateway, pid),
+        ):
+            asyncio.run(_through_proxy(proxy, 4, 2, "warmup", stream))
+            for n in at:
+                turns = max(4, total_turns // n)
+                direct = asyncio.run(_direct(gateway, n, turns, prompt, f"d{n}"))
+                cpu = cpu_seconds(pid)
+                through = asyncio.run(_through_proxy(proxy, n, turns, f"p{n}", stream))
+                ms = 1000 * (cpu_seconds(pid) - cpu) / (n * turns)
+                rows.append(LoadRow(n, n * turns, through, direct, ms, mode))
     return rows

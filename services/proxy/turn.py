@@ -89,6 +89,7 @@ class ModelCall:
         self.received_ids: list[bytes] = []
         self.received_logprobs: list[bytes] = []
         self.received_top: list[gateway_pb2.TopLogprobs] = []  # one per entry of received_ids
+        self._call_ids: dict[int, str] = {}  # tool call index -> id, given when the call starts streaming
 
     @property
     def prompt_tokens(self) -> int:
@@ -180,7 +181,7 @@ class ModelCall:
         committed = False
         try:
             for delta in out.feed(self.params.forcing.prefill):
-                yield delta
+                yield self._named(delta) if delta.kind == "call" else delta
             chunk: gateway_pb2.GenerateChunk | None = self._first
             while chunk is not None:
                 last = chunk
@@ -195,7 +196,7 @@ class ModelCall:
                         routes.append(_routes(t.routed_experts))
                     text = stopper.feed("".join(decoder.step(i) for i in np.frombuffer(t.ids, I32)))
                     for delta in out.feed(text):
-                        yield delta
+                        yield self._named(delta) if delta.kind == "call" else delta
                 if chunk.finish_reason or stopper.hit is not None:
                     if chunk.finish_reason and self.core.tracing:
                         await _drain(self._chunks)
@@ -208,15 +209,17 @@ class ModelCall:
             else:
                 await self._chunks.aclose()  # type: ignore[attr-defined]
             for delta in out.feed(stopper.flush()):
-                yield delta
+                yield self._named(delta) if delta.kind == "call" else delta
             final = out.finish()
             for delta in final.deltas:
-                yield delta
+                yield self._named(delta) if delta.kind == "call" else delta
             engine_finish = "stop" if stopper.hit is not None else last.finish_reason or "stop"
             sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
+            # Each call keeps the id its first streamed delta carried and the arguments
+            # text its deltas spelled out.
             calls = [
-                ToolCallOut(f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}", c.name, _json(c.arguments))
-                for c in final.calls[: self.params.forcing.max_calls]
+                ToolCallOut(self._call_ids.get(i) or self._new_call_id(), c.name, final.arguments[i])
+                for i, c in enumerate(final.calls[: self.params.forcing.max_calls])
             ]
             finish = "tool_calls" if calls else ("length" if sampled.finish_reason == "length" else "stop")
             if final.malformed:
@@ -278,6 +281,14 @@ class ModelCall:
                 self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
                 await self._stop_engine()
             self._end_span()
+
+    def _new_call_id(self) -> str:
+        return f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}"
+
+    def _named(self, delta: Delta) -> Delta:
+        """A call's first delta gets the call's id."""
+        call_id = self._call_ids[delta.index] = self._new_call_id()
+        return Delta("call", delta.text, delta.index, call_id)
 
     async def _stop_engine(self) -> None:
         if self._chunks is not None:

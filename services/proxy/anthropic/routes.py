@@ -134,16 +134,19 @@ async def _stream(call: ModelCall, model: str) -> AsyncIterator[bytes]:
             if isinstance(event, Done):
                 if blocks.kind == "thinking":
                     yield blocks.delta({"type": "signature_delta", "signature": SIGNATURE_PREFIX + event.turn_id})
-                for c in event.calls:
-                    for b in blocks.open("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}):
-                        yield b
-                    yield blocks.delta({"type": "input_json_delta", "partial_json": c.arguments})
-                for b in blocks.close():
+                for b in blocks.close():  # every tool_use block has streamed by now
                     yield b
                 reason = "stop_sequence" if event.stop_sequence else _STOP[event.finish_reason]
                 delta = {"stop_reason": reason, "stop_sequence": event.stop_sequence}
                 yield sse({"type": "message_delta", "delta": delta, "usage": _usage(event)}, "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
+            elif event.kind == "call":
+                if blocks.kind == "thinking":
+                    yield blocks.delta({"type": "signature_delta", "signature": SIGNATURE_PREFIX + call.turn_id})
+                for b in blocks.open("tool_use", {"type": "tool_use", "id": event.id, "name": event.text, "input": {}}):
+                    yield b
+            elif event.kind == "args":
+                yield blocks.delta({"type": "input_json_delta", "partial_json": event.text})
             elif event.kind == "reasoning":
                 if blocks.kind != "thinking":
                     for b in blocks.open("thinking", {"type": "thinking", "thinking": "", "signature": ""}):

@@ -1,6 +1,7 @@
 """Splits the model's streamed text into reasoning, visible text and tool calls
-as it arrives, so harnesses see text token by token while a tool call is held
-back until it can be parsed whole."""
+as it arrives, so harnesses see text token by token and tool calls as they are
+written (the parser's ``streamer``, see ``toolstream``); the whole parse at the
+end decides what the output was."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ from typing import Literal
 
 from services.proxy.chat.conversation import Tool
 from services.proxy.chat.toolparsers import ParsedCall, ToolParser
+from services.proxy.chat.toolstream import Delta, ToolStream
+
+__all__ = ["Delta", "Final", "OutputStream", "StopStrings"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-
-
-@dataclass(frozen=True)
-class Delta:
-    kind: Literal["reasoning", "text"]
-    text: str
 
 
 @dataclass
@@ -27,6 +25,7 @@ class Final:
     calls: list[ParsedCall] = field(default_factory=list)
     malformed: bool = False
     deltas: list[Delta] = field(default_factory=list)  # what was still held back
+    arguments: list[str] = field(default_factory=list)  # each call's arguments text, as streamed
 
 
 def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
@@ -50,6 +49,7 @@ class OutputStream:
         self._reasoning_raw = ""
         self._content = ""  # all content text (after reasoning)
         self._emitted = ""  # content text already sent as deltas
+        self._calls: ToolStream | None = None  # reads the tool-call region once it has begun
 
     def feed(self, text: str) -> list[Delta]:
         self._buf += text
@@ -86,7 +86,9 @@ class OutputStream:
             self._buf = ""
             self._advance_content(out)
             return False
-        self._content += self._buf  # held: everything waits for finish()
+        self._content += self._buf  # held: tool calls stream, the parse waits for finish()
+        if self._calls is not None:
+            out += self._calls.feed(self._buf)
         self._buf = ""
         return False
 
@@ -110,6 +112,9 @@ class OutputStream:
         else:
             visible = visible[: len(visible) - _partial_suffix(visible, self._parser.markers)]
         self._emit_content(visible.strip(), out)
+        if cut >= 0:
+            self._calls = self._parser.streamer()
+            out += self._calls.feed(self._content[cut:])
 
     def _emit_content(self, target: str, out: list[Delta]) -> None:
         """Sends ``target[len(emitted):]`` when ``target`` extends what was sent."""
@@ -130,7 +135,8 @@ class OutputStream:
         self._emit_content(final, out)
         content = self._emitted if final.startswith(self._emitted) else final
         calls = [] if result.malformed else result.calls
-        return Final(self.reasoning, content, calls, result.malformed, out)
+        owed, arguments = (self._calls or self._parser.streamer()).finish(result) if calls else ([], [])
+        return Final(self.reasoning, content, calls, result.malformed, out + owed, arguments)
 
 
 class StopStrings:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool
+from services.proxy.chat.toolstream import HermesStream, ToolStream
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class ToolParser(ABC):
         """True when the whole output may be a call (streaming must hold it all back)."""
         return False
 
+    def streamer(self) -> ToolStream:
+        """Reads the tool-call region as it arrives (see ``toolstream``); the default
+        sends each call whole once the output has been parsed."""
+        return ToolStream()
+
 
 def _split_region(text: str, marker: str) -> tuple[str, str] | None:
     at = text.find(marker)
@@ -57,6 +63,9 @@ class HermesParser(ToolParser):
     name = "hermes"
     markers = ("<tool_call>",)
     _block = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)
+
+    def streamer(self) -> ToolStream:
+        return HermesStream()
 
     def parse(self, text: str, tools: tuple[Tool, ...]) -> ParseResult:
         split = _split_region(text, self.markers[0])

@@ -107,14 +107,18 @@ async def _stream(call: ModelCall, model: str, include_usage: bool, lp: TokenLog
     yield chunk({"role": "assistant", "content": ""})
     try:
         async for event in call.events():
-            if isinstance(event, Done):
-                for i, c in enumerate(_tool_calls(event)):
-                    yield chunk({"tool_calls": [{"index": i, **c}]})
+            if isinstance(event, Done):  # every tool call has streamed by now
                 yield chunk({}, event.finish_reason)
                 if include_usage:
                     yield sse({**base, "choices": [], "usage": _usage(event)})
             elif event.kind == "text":
                 yield chunk({"content": event.text})
+            elif event.kind == "call":
+                fn = {"name": event.text, "arguments": ""}
+                start = {"index": event.index, "id": event.id, "type": "function", "function": fn}
+                yield chunk({"tool_calls": [start]})
+            elif event.kind == "args":
+                yield chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})
             else:
                 yield chunk({"reasoning_content": event.text})
     except Exception as e:  # noqa: BLE001 - the status line is gone; the SDK reads an error event

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from services.proxy.chat.toolchoice import forcing
+from services.proxy.chat.toolstream import Delta
 from services.proxy.errors import ContextOverflow, error_body
 from services.proxy.openai.logprobs import TokenLogprobs, responses_request
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
@@ -175,8 +176,10 @@ class _Stream:
         self.on_done = on_done  # called once the turn is committed, before response.completed
         self.seq = 0
         self.output: list[dict[str, Any]] = []
-        self.open: str | None = None  # "reasoning" | "text"
-        self.buffer = ""
+        self.open: str | None = None  # "reasoning" | "text" | "call"
+        self.buffer = ""  # the open item's text (a call's: its arguments)
+        self.tool = ("", "")  # the open call's id and name
+        self.held: list[Delta] = []  # tool deltas sent after the message (when it carries logprobs)
 
     def ev(self, kind: str, **data: Any) -> bytes:
         self.seq += 1
@@ -185,8 +188,12 @@ class _Stream:
     def _added(self, item: dict[str, Any]) -> bytes:
         return self.ev("response.output_item.added", output_index=len(self.output), item=item)
 
-    def _close(self) -> list[bytes]:
+    def _close(self, finished: Done | None = None, whole: bool = True) -> list[bytes]:
+        """Ends the open item; a call is whole when the next one starts or the turn
+        confirms it (``finished``), and incomplete when text follows it (a malformed call)."""
         turn, idx, out = self.call.turn_id, len(self.output), []
+        if self.open == "call":
+            return self._close_call(finished, whole)
         if self.open == "reasoning":
             part: dict[str, Any] = {"type": "summary_text", "text": self.buffer}
             item_id = f"rs_{turn}"
@@ -224,8 +231,40 @@ class _Stream:
         self.open, self.buffer = None, ""
         return out
 
+    def _tool(self, event: Delta) -> list[bytes]:
+        """A call's start or a piece of its arguments, sent as it streams (a custom
+        tool's input, which is not JSON, is sent whole when the call ends)."""
+        if event.kind == "call":
+            out = self._close()
+            self.open, self.buffer, self.tool = "call", "", (event.id, event.text)
+            if event.text not in self.custom:
+                c = ToolCallOut(event.id, event.text, "")
+                out.append(self._added(_call_item(c, self.custom, "in_progress")))
+            return out
+        self.buffer += event.text
+        if self.tool[1] in self.custom:
+            return []
+        item_id, idx = f"fc_{self.tool[0]}", len(self.output)
+        return [self.ev("response.function_call_arguments.delta", item_id=item_id, output_index=idx, delta=event.text)]
+
+    def _close_call(self, done: Done | None, whole: bool) -> list[bytes]:
+        call_id, name = self.tool
+        c = ToolCallOut(call_id, name, self.buffer)
+        if done is not None:
+            confirmed = [x for x in done.calls if x.id == call_id]
+            whole, c = bool(confirmed), confirmed[0] if confirmed else c
+        self.open, self.buffer = None, ""
+        if name in self.custom:
+            return self._call(c) if whole else []
+        idx, item = len(self.output), _call_item(c, self.custom, "completed" if whole else "incomplete")
+        args = {"item_id": item["id"], "output_index": idx, "arguments": c.arguments}
+        out = [self.ev("response.function_call_arguments.done", **args)]
+        out.append(self.ev("response.output_item.done", output_index=idx, item=item))
+        self.output.append(item)
+        return out
+
     def _open(self, kind: str) -> list[bytes]:
-        out = self._close()
+        out = self._close(whole=False)
         turn, idx = self.call.turn_id, len(self.output)
         part: dict[str, Any]
         if kind == "reasoning":
@@ -258,16 +297,25 @@ class _Stream:
         try:
             async for event in self.call.events():
                 if isinstance(event, Done):
-                    for b in self._close():
-                        yield b
-                    for c in event.calls:
-                        for b in self._call(c):
+                    if self.held and event.calls:  # the message first, with the rest of the turn's logprobs
+                        for b in self._close() + [b for held in self.held for b in self._tool(held)]:
                             yield b
+                    for b in self._close(event):  # every other call has streamed by now
+                        yield b
                     final = response_object(turn, self.model, "completed", self.output, event)
                     if self.on_done is not None:
                         self.on_done(event)
                     yield self.ev("response.completed", response=final)
                     return
+                if event.kind in ("call", "args"):
+                    if self.lp is not None:
+                        # The message's logprobs cover every token of the turn, as unstreamed:
+                        # its calls follow it once the turn has ended.
+                        self.held.append(event)
+                        continue
+                    for b in self._tool(event):
+                        yield b
+                    continue
                 if self.open != event.kind:
                     for b in self._open(event.kind):
                         yield b
@@ -297,6 +345,7 @@ class _Stream:
         return self.ev("response.output_text.delta", **ids, delta=text, logprobs=logprobs)
 
     def _call(self, c: ToolCallOut) -> list[bytes]:
+        """A whole call's events (a custom tool's: its input is sent once known)."""
         idx = len(self.output)
         item = _call_item(c, self.custom)
         out = [

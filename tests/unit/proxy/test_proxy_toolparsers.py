@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool
 from services.proxy.chat.model import ChatModel
-from services.proxy.chat.stream import OutputStream, StopStrings
+from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.chat.toolparsers import PARSERS, HermesParser, JsonParser, Qwen3CoderParser, get_parser
 
 TOOLS = (
@@ -138,7 +138,7 @@ def test_streaming_emits_what_a_whole_parse_returns(out: str, cuts: list[int]) -
 def test_streaming_holds_back_partial_markers() -> None:
     s = OutputStream(HermesParser(), TOOLS)
     assert [d.text for d in s.feed("Hello <tool")] == ["Hello"]
-    assert s.feed('_call>{"name": "bash"') == []
+    assert s.feed('_call>{"name": "bash"') == [Delta("call", "bash", 0)]  # the call streams from its name on
     final = s.finish()
     assert final.malformed and final.content.startswith("Hello <tool_call>")
 
