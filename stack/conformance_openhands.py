@@ -1,5 +1,8 @@
 """Runs the OpenHands SDK agent (terminal + file editor) against a base URL;
-executed by the OpenHands venv's own Python (3.12), not the project's."""
+executed by the OpenHands venv's own Python (3.12), not the project's.
+
+argv: base_url token model workdir task [condenser_max_size]; a size > 0 adds
+the SDK's LLMSummarizingCondenser, which compacts the history past that many events."""
 
 import sys
 
@@ -9,8 +12,15 @@ from openhands.tools.terminal import TerminalTool
 from pydantic import SecretStr
 
 base_url, token, model, workdir, task = sys.argv[1:6]
+max_size = int(sys.argv[6]) if len(sys.argv) > 6 else 0
 llm = LLM(model=f"openai/{model}", base_url=base_url, api_key=SecretStr(token), usage_id="agent", num_retries=0)
-agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
+kwargs = {}
+if max_size > 0:
+    from openhands.sdk.context.condenser import LLMSummarizingCondenser
+
+    summarizer = llm.model_copy(update={"usage_id": "condenser"})
+    kwargs["condenser"] = LLMSummarizingCondenser(llm=summarizer, max_size=max_size, keep_first=2)
+agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)], **kwargs)
 conversation = Conversation(agent=agent, workspace=workdir, visualizer=None)
 conversation.send_message(task)
 conversation.run()

@@ -6,7 +6,20 @@ import sys
 
 import typer
 
-from harnessrl.cli import bench, capture, dashboard, gateway, proxy, run, sandbox, tasks, train, trial
+from harnessrl.cli import (
+    bench,
+    capture,
+    conformance,
+    dashboard,
+    gateway,
+    proxy,
+    run,
+    sandbox,
+    tasks,
+    train,
+    trial,
+    verl,
+)
 from harnessrl.errors import HarnessError
 
 app = typer.Typer(
@@ -25,9 +38,11 @@ app.add_typer(train.app, name="train")
 app.add_typer(dashboard.app, name="dashboard")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(bench.app, name="bench")
+app.add_typer(verl.app, name="verl")
 app.command("run")(run.run)
 app.command("preflight")(run.preflight)
 app.command("eval")(run.evaluate)
+app.command("conformance")(conformance.conformance)
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
    b. an assistant message that is one of the proxy's own turns of that thread,
       recognised as in 3 (a compaction that keeps recent turns, a summary kept
       as an assistant message, as OpenCode does);
-   c. a message quoting the text of one of the proxy's own text turns (at least
-      ``QUOTE_MIN_CHARS``): the summary a compaction call produced, pasted into
+   c. a message quoting a line of one of the proxy's own text turns (at least
+      ``QUOTE_MIN_CHARS``, tags aside): the summary a compaction call produced, pasted into
       the new context (Claude Code's "This session is being continued..."). A
       summary sampled in a side call counts for the conversation that call
       forked from (its first message, or turns it carried over).
@@ -57,6 +57,7 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ MAIN = "main"
 SIDE = "side"
 # A quoted own turn shorter than this is no evidence (``ok``, ``Done.`` recur by chance).
 QUOTE_MIN_CHARS = 32
+_QUOTE_SPLIT = re.compile(r"<[^<>\n]{1,40}>|\n")
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,11 @@ class OurTurns:
         for cid in turn.call_ids:
             self._by_call[cid] = turn
         if not turn.call_ids:
-            text = turn.text.strip()
-            self._by_text[text] = turn
-            if len(text) >= QUOTE_MIN_CHARS:
-                self.quotable.append((text, thread))
+            self._by_text[turn.text.strip()] = turn
+            # Harnesses quote a summary in pieces: Claude Code keeps what is inside
+            # <summary>, drops <analysis>. Lines outside tags are the unit.
+            pieces = (p.strip() for p in _QUOTE_SPLIT.split(turn.text))
+            self.quotable += [(p, thread) for p in pieces if len(p) >= QUOTE_MIN_CHARS]
 
     def find(self, m: Message) -> OurTurn | None:
         if m.role != "assistant":

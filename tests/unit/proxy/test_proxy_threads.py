@@ -86,9 +86,11 @@ def test_compaction_whose_summary_main_sampled_itself(harness: Harness) -> None:
     """The summary request carries the tools: it extends main (the top-level loop
     sampled it); the compacted context quoting it is main's next segment."""
     history = two_main_turns(harness)
-    _, sp = harness.call(conv(*history, Message("user", "Summarise.")), with_tool=False, text=SUMMARY)
+    tagged = f"<analysis>The user wants a file.</analysis>\n<summary>{SUMMARY}</summary>"
+    _, sp = harness.call(conv(*history, Message("user", "Summarise.")), with_tool=False, text=tagged)
     assert sp.thread.name == "main" and sp.extends is not None
-    _, mp = harness.call(conv(Message("user", f"Previously: {SUMMARY}")))
+    # Claude Code keeps what is inside <summary> and drops the <analysis> block
+    _, mp = harness.call(conv(Message("user", f"Previously:\n{SUMMARY}\nGo on.")))
     assert mp.thread.name == "main" and mp.extends is None and set(harness.capture.threads) == {"main"}
     harness.check_invariants()
 
