@@ -18,18 +18,27 @@ machinery into it, unchanged:
       │    cannot be trained is a masked row (``masked_output``), never an exception.
 
 This file composes trainer + sandbox + gateway, so it lives in ``stack/`` (services
-never import each other). ``trajectory_to_output`` is the part the CPU tests pin
-against verl's own classes.
+never import each other). The conversions of ``stack/verl_outputs.py`` are the part
+the CPU tests pin against verl's own classes.
 
-What verl's AgentLoopOutput cannot carry: one output is one prompt + one
-response. A trajectory whose history was rewritten has several segments
-(invariant 3); here only its main thread's *last* segment becomes the sample and
-the others travel in ``extra_fields["harnessrl_segments"]`` (token arrays as
-lists), so nothing is silently lost, but verl trains on one segment per trial.
+Sampling: verl's ``sampling_params`` (temperature, top_p, top_k,
+repetition_penalty: verl's ``actor_rollout_ref.rollout`` settings, or its
+``val_kwargs`` when validating) govern every model call of the trial: the engine
+adapter sends them to verl's replicas whatever the harness or the proxy asked, and
+caps each call's max tokens at verl's ``response_length``. ``harnessrl verl
+prepare`` writes the run config's temperature into verl's rollout settings.
+
+Segments (invariant 3: a trajectory whose history was rewritten, or that has
+sub-agent threads, has several): with ``segments: last`` (verl's classic
+``AgentLoopWorker``, which the fully-async trainer uses, takes one output per
+sample) the main thread's last segment is the sample and every other trainable
+segment is dropped and counted (``extra_fields["harnessrl_dropped_segments"]``,
+a step metric ``harnessrl/dropped_segments`` through ``stack/verl_hooks.py``);
+with ``segments: all`` (verl's v1 TransferQueue trainer, which takes a list of
+outputs per session and gives each row its session's GRPO advantage) every
+trainable segment is a sample. ``stack/verl_outputs.py`` has the conversion.
 The CPU trainer (``services/trainer``) trains every segment with a GSPO ratio
-spanning them all; doing that on the cluster needs a verl-side change (a batch
-row per segment plus a trajectory index for the loss, see
-``services/trainer/losses.py``).
+spanning them all.
 """
 
 from __future__ import annotations
@@ -44,17 +53,20 @@ from typing import Any
 
 import grpc
 import numpy as np
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from harnessrl import arrays
 from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument
 from harnessrl.rpc import check_target, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.gateway.engine import Chunk, Engine, EngineInfo, GenerateInput
+from stack.verl_outputs import masked_output, trajectory_to_output, trajectory_to_outputs
+
+__all__ = ["AGENT_NAME", "HarnessAgentLoop", "VerlServerEngine", "masked_output", "trajectory_to_output"]
 
 log = logging.getLogger(__name__)
 
 AGENT_NAME = "harnessrl_agent"
+SEGMENT_MODES = frozenset({"last", "all"})
 
 # -- the engine adapter ---------------------------------------------------------------------
 
@@ -79,16 +91,47 @@ class VerlServerEngine(Engine):
         # zero routes of this shape so a batch where other rows have routes concatenates.
         self.route_shape: tuple[int, int] | None = None
         self._in_flight = 0
+        # trial id -> (verl's sampling params, verl's response_length): what governs its calls.
+        self._governed: dict[str, tuple[dict[str, Any], int]] = {}
 
-    async def generate(self, request: GenerateInput) -> AsyncGenerator[Chunk, None]:
+    def govern(self, trial_id: str, sampling_params: Mapping[str, Any], response_length: int) -> None:
+        """From now until ``release``, the trial's calls sample with verl's parameters."""
+        numeric = (int, float)
+        if not isinstance(sampling_params.get("temperature"), numeric) or not all(
+            isinstance(sampling_params[k], numeric) for k in ("top_p", "top_k") if sampling_params.get(k) is not None
+        ):
+            raise InvalidArgument(
+                f"verl's sampling_params need a numeric temperature (top_p, top_k): {sampling_params}"
+            )
+        if response_length < 1:
+            raise InvalidArgument(f"verl's response_length must be >= 1, got {response_length}")
+        self._governed[trial_id] = (dict(sampling_params), response_length)
+
+    def release(self, trial_id: str) -> None:
+        self._governed.pop(trial_id, None)
+
+    def sampling_for(self, request: GenerateInput) -> dict[str, Any]:
+        """The parameters sent to verl's server manager: verl's for a governed trial (the
+        request's own only where verl has none: seed, a budget below verl's cap)."""
         s = request.sampling
+        asked = request.budget or s.max_tokens
         params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p or 1.0, "logprobs": True}
         if s.top_k:
             params["top_k"] = s.top_k
-        if s.max_tokens:
-            params["max_tokens"] = s.max_tokens
+        if request.trial_id in self._governed:
+            verl, cap = self._governed[request.trial_id]
+            keys = ("temperature", "top_p", "top_k", "repetition_penalty")
+            params = {k: verl[k] for k in keys if verl.get(k) is not None}
+            params["logprobs"] = True  # always: the captured logprobs are the replicas'
+            asked = min(asked, cap) if asked else cap
+        if asked:
+            params["max_tokens"] = int(asked)
         if s.seed:
             params["seed"] = s.seed
+        return params
+
+    async def generate(self, request: GenerateInput) -> AsyncGenerator[Chunk, None]:
+        params = self.sampling_for(request)
         # verl's server manager routes by this id (sticky session: the same replica and its
         # prefix cache) and gives vLLM a fresh id per call itself; the proxy's request id
         # is new every call (the gateway needs it unique while running), so the sticky key
@@ -147,144 +190,6 @@ def output_to_chunk(out: Any, prompt_len: int, version: int) -> Chunk:
         routed_experts=routes,
         finish_reason=finish,
     )
-
-
-# -- capture -> AgentLoopOutput ---------------------------------------------------------------
-
-
-def _segment_dict(seg: records_pb2.Segment) -> dict[str, Any]:
-    r = seg.response
-    return {
-        "thread": seg.key.thread,
-        "index": seg.key.segment_index,
-        "prompt_ids": arrays.unpack_i32(seg.prompt_ids).tolist(),
-        "response_ids": arrays.unpack_i32(r.ids).tolist(),
-        "response_mask": np.frombuffer(r.mask, dtype=np.uint8).tolist(),
-        "response_logprobs": arrays.unpack_f32(r.logprobs).tolist(),
-        "policy_versions": arrays.unpack_i32(r.policy_versions).tolist(),
-    }
-
-
-POLICY_REASONS = frozenset(
-    {
-        records_pb2.TERMINATION_REASON_COMPLETED,
-        records_pb2.TERMINATION_REASON_MAX_TURNS,
-        records_pb2.TERMINATION_REASON_CONTEXT_OVERFLOW,
-        records_pb2.TERMINATION_REASON_AGENT_TIMEOUT,
-    }
-)
-
-
-def trajectory_to_output(
-    traj: records_pb2.Trajectory,
-    response_length: int,
-    *,
-    prompt_length: int | None = None,
-    pad_id: int = 0,
-    route_shape: tuple[int, int] | None = None,
-) -> AgentLoopOutput:
-    """The captured trajectory as verl's AgentLoopOutput, tokens exactly as captured.
-
-    Never raises for one trial's outcome (verl gathers a batch's samples without
-    ``return_exceptions``: one exception fails the whole batch). A trial that cannot
-    be trained becomes a masked sample (``masked_output``): an infrastructure
-    termination reason (invariant 5), no trainable main-thread segment (e.g. setup
-    failed), a capture that does not fit ``response_length``/``prompt_length``
-    (verl pads to them and cannot take a longer row; truncating a capture would
-    train on a context the engine never finished in), or a malformed capture.
-    """
-    main = [s for s in traj.segments if s.trainable and s.key.thread == "main"]
-    reason = records_pb2.TerminationReason.Name(traj.termination_reason)
-    base = {"trial_id": traj.trial_id, "termination_reason": reason, "reward": traj.reward if traj.has_reward else None}
-    if route_shape is None:
-        route_shape = next((_route_shape(s) for s in traj.segments if _route_shape(s)), None)
-    if traj.termination_reason not in POLICY_REASONS:
-        return masked_output(f"infra:{reason.removeprefix('TERMINATION_REASON_').lower()}", base, pad_id, route_shape)
-    if not traj.has_reward:
-        return masked_output("no_reward", base, pad_id, route_shape)
-    if not main:
-        return masked_output("no_trainable_segment", base, pad_id, route_shape)
-    seg = max(main, key=lambda s: s.key.segment_index)
-    try:
-        arrays.validate_tokens(seg.response)
-        d = _segment_dict(seg)
-        routes = arrays.unpack_routes(seg.response.routed_experts)
-    except InvalidArgument as e:
-        return masked_output("invalid_capture", base | {"error": str(e)}, pad_id, route_shape)
-    if len(d["response_ids"]) > response_length:
-        return masked_output("response_too_long", base | {"length": len(d["response_ids"])}, pad_id, route_shape)
-    if prompt_length is not None and len(d["prompt_ids"]) > prompt_length:
-        return masked_output("prompt_too_long", base | {"length": len(d["prompt_ids"])}, pad_id, route_shape)
-    full_routes = None
-    if routes is not None:
-        # verl indexes routes by absolute position (prompt + response); prompt rows are not captured.
-        full_routes = np.zeros((len(d["prompt_ids"]) + len(routes), *routes.shape[1:]), dtype=np.uint8)
-        full_routes[len(d["prompt_ids"]) :] = routes
-    others = [_segment_dict(s) for s in traj.segments if s is not seg]
-    return AgentLoopOutput(
-        prompt_ids=d["prompt_ids"],
-        response_ids=d["response_ids"],
-        response_mask=d["response_mask"],
-        response_logprobs=d["response_logprobs"],
-        routed_experts=full_routes,
-        reward_score=float(traj.reward),
-        num_turns=int(seg.num_turns) * 2,
-        metrics=AgentLoopMetrics(),
-        extra_fields=_extra(base, valid=True, masked="")
-        | {"harnessrl_policy_versions": d["policy_versions"], "harnessrl_segments": others},
-    )
-
-
-def masked_output(
-    why: str, info: Mapping[str, Any], pad_id: int = 0, route_shape: tuple[int, int] | None = None
-) -> AgentLoopOutput:
-    """A well-formed sample that weighs 0 in verl's loss.
-
-    The weight is ``response_mask``: verl multiplies its policy loss by it
-    (``AgentLoopWorker._agent_loop_postprocess`` makes ``response_mask`` of the
-    batch from it; ``core_algos.agg_loss`` sums ``loss_mat * loss_mask`` and its
-    ``seq-mean-*`` modes exclude fully masked rows), so an all-zero mask trains
-    nothing. Two pad tokens (prompt 1, response 1) keep every tensor non-empty;
-    ``reward_score`` is 0.0 so verl's ``rm_scores`` exist for every row. What
-    this cannot do: the row still counts in its GRPO group's reward mean/std
-    (verl computes those over all rows of a uid); a batch filter on
-    ``extra_fields["harnessrl_valid"]`` is what removes it from the group.
-    ``routed_experts`` (zeros) are given when their (layers, top-k) shape is known,
-    so a batch where others carry routes still concatenates.
-    """
-    log.warning("masked sample", extra={"kv": {"why": why, **{k: v for k, v in info.items() if k != "reward"}}})
-    routes = np.zeros((2, *route_shape), dtype=np.uint8) if route_shape else None
-    return AgentLoopOutput(
-        prompt_ids=[pad_id],
-        response_ids=[pad_id],
-        response_mask=[0],
-        response_logprobs=[0.0],
-        routed_experts=routes,
-        reward_score=0.0,
-        num_turns=0,
-        metrics=AgentLoopMetrics(),
-        extra_fields=_extra(info, valid=False, masked=why)
-        | {"harnessrl_policy_versions": [], "harnessrl_segments": []},
-    )
-
-
-def _extra(info: Mapping[str, Any], *, valid: bool, masked: str) -> dict[str, Any]:
-    return {
-        "harnessrl_trial_id": info.get("trial_id", ""),
-        "harnessrl_termination_reason": info.get("termination_reason", ""),
-        # False: the row weighs 0 (response_mask all 0); a verl batch filter/reward hook reads it.
-        "harnessrl_valid": valid,
-        # Why the row is masked ("" when it trains): infra:<reason>, no_reward, no_trainable_segment,
-        # response_too_long, prompt_too_long, invalid_capture, sandbox_error, trial_deadline.
-        "harnessrl_masked": masked,
-        # The verifier's reward (None when it gave none): reported, trained only when valid.
-        "harnessrl_reward": info.get("reward"),
-    }
-
-
-def _route_shape(seg: records_pb2.Segment) -> tuple[int, int] | None:
-    r = seg.response.routed_experts
-    return (int(r.num_layers), int(r.top_k)) if r.data and r.num_layers and r.top_k else None
 
 
 # -- the agent loop -------------------------------------------------------------------------------
@@ -360,6 +265,11 @@ class HarnessAgentLoop(AgentLoopBase):
     ``agent_loop_config_path`` file (``stack/verl/agent_loops.yaml``), which
     Hydra passes to the constructor. Dataset rows carry ``task_path`` and
     ``task_id``; verl adds ``uid`` (the group) and ``global_steps``.
+
+    ``segments``: ``last`` (one output per trial, for verl's classic worker) or
+    ``all`` (a list, for verl's v1 worker), see the module docstring.
+    ``temperature``: the harnessrl run's sampling temperature, when given; a verl
+    rollout temperature that differs is refused when the loop is built.
     """
 
     def __init__(
@@ -375,18 +285,32 @@ class HarnessAgentLoop(AgentLoopBase):
         harness_options: Mapping[str, str] | None = None,
         gateway_bind: str = "127.0.0.1",
         gateway_address: str = "",
+        segments: str = "last",
+        temperature: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if not sandbox_target or not capture_target:
             raise InvalidArgument(f"{AGENT_NAME}: sandbox_target and capture_target are required (host:port)")
+        if segments not in SEGMENT_MODES:
+            raise InvalidArgument(f"{AGENT_NAME}: segments must be one of {sorted(SEGMENT_MODES)}, got {segments!r}")
+        verl_temperature = self.rollout_config.get("temperature")
+        if temperature is not None and verl_temperature is not None and float(verl_temperature) != float(temperature):
+            raise InvalidArgument(
+                f"{AGENT_NAME}: verl's actor_rollout_ref.rollout.temperature={verl_temperature} differs from the "
+                f"run's temperature={temperature}; set one value (harnessrl verl prepare writes both)"
+            )
+        self.segments = segments
         self.sandbox_target, self.capture_target = sandbox_target, capture_target
         self.run_id, self.harness, self.service_token, self.poll_s = run_id, harness, service_token, poll_s
         self.trial_deadline_s = trial_deadline_s
         self.harness_options = {str(k): str(v) for k, v in (harness_options or {}).items()}
         self.gateway_bind, self.gateway_address = gateway_bind, gateway_address or ""
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    # verl's v1 worker takes a list of outputs per session (segments: all); its base class says one.
+    async def run(  # type: ignore[override]
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
         target, engine = await _GATEWAY.ensure(
             self.server_manager,
             len(self.tokenizer),  # type: ignore[arg-type]
@@ -413,22 +337,33 @@ class HarnessAgentLoop(AgentLoopBase):
         )
         pad = _pad_id(self.tokenizer)
         info = {"trial_id": trial_id}
+        response_length = int(self.rollout_config.response_length)
+        # verl's sampling params govern every model call of this trial (a bad one is verl's
+        # config, refused here for the whole run, not one trial's outcome).
+        engine.govern(trial_id, sampling_params, response_length)
         try:
             status = await run_trial(self.sandbox_target, spec, self.service_token, self.poll_s, self.trial_deadline_s)
             log.info("trial finished", extra={"kv": {"trial": trial_id, "reward": status.reward}})
             traj = await fetch_trajectory(self.capture_target, spec.run_id, trial_id, self.service_token)
         except TimeoutError:
-            return masked_output("trial_deadline", info, pad, engine.route_shape)
+            return self._shaped(masked_output("trial_deadline", info, pad, engine.route_shape))
         except (grpc.aio.AioRpcError, HarnessError, OSError) as e:
             # One trial's infrastructure failure is a masked row, never the batch's failure.
-            return masked_output("sandbox_error", info | {"error": str(e)[:500]}, pad, engine.route_shape)
-        return trajectory_to_output(
+            error = info | {"error": str(e)[:500]}
+            return self._shaped(masked_output("sandbox_error", error, pad, engine.route_shape))
+        finally:
+            engine.release(trial_id)
+        convert = trajectory_to_outputs if self.segments == "all" else trajectory_to_output
+        return convert(
             traj,
-            int(self.rollout_config.response_length),
+            response_length,
             prompt_length=int(self.rollout_config.prompt_length),
             pad_id=pad,
             route_shape=engine.route_shape,
         )
+
+    def _shaped(self, out: AgentLoopOutput) -> AgentLoopOutput | list[AgentLoopOutput]:
+        return [out] if self.segments == "all" else out
 
 
 def _pad_id(tokenizer: Any) -> int:

@@ -54,6 +54,13 @@ UNKNOWN_VOCAB = 2**31 - 1
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 VLLM_NEG_INF = -9999.0
 
+# What every vLLM server behind this engine must be started with (the module docstring
+# says why); docker-compose.yml's vLLM service is checked against these by a test.
+REQUIRED_SERVER_FLAGS: tuple[tuple[str, str], ...] = (("--logprobs-mode", "processed_logprobs"),)
+REQUIRED_SERVER_ENV: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
+# MoE policies only (routes for R3): the server must return them.
+MOE_SERVER_FLAGS: tuple[str, ...] = ("--enable-return-routed-experts",)
+
 
 def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[str, Any]:
     s = request.sampling

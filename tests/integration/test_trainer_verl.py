@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import hydra
@@ -18,7 +17,6 @@ import torch
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
-    AgentLoopWorker,
     DictConfigWrap,
     ToolListWrap,
     _agent_loop_registry,
@@ -26,6 +24,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.workers.rollout.replica import TokenOutput
 
 from harnessrl import arrays, paths
+from harnessrl.errors import InvalidArgument
 from harnessrl.rpc import connect
 from harnessrl.v1 import (
     gateway_pb2,
@@ -34,6 +33,7 @@ from harnessrl.v1 import (
 from services.gateway.scripted import read_generation_log
 from stack import verl_agent_loop as val
 from tests.trainer_support import TR, segment, trajectory
+from tests.verl_support import verl_batch, verl_worker
 
 STACK_VERL = Path(val.__file__).parent / "verl"
 AGENT_LOOPS = STACK_VERL / "agent_loops.yaml"
@@ -67,27 +67,12 @@ def test_trajectory_becomes_verl_output_token_for_token() -> None:
     assert out.response_logprobs == [-0.5, 0.0, -1.5] and out.reward_score == 1.0
     assert out.extra_fields["harnessrl_valid"] and out.extra_fields["harnessrl_policy_versions"] == [1, -1, 2]
     assert [s["index"] for s in out.extra_fields["harnessrl_segments"]] == [0]
+    assert out.extra_fields["harnessrl_dropped_segments"] == 1, "one trainable segment not trained, counted"
     batch = out.as_dict()  # verl's own conversion to training tensors
     assert batch["prompts"].tolist() == [5, 6, 7] and batch["responses"].tolist() == [8, 9, 10]
     assert torch.equal(batch["rollout_log_probs"], torch.tensor([-0.5, 0.0, -1.5]))
     assert batch["routed_experts"].shape == (6, 2, 2) and batch["routed_experts"][3:].tolist() == routes.tolist()
     assert batch["rm_scores"].tolist() == [0.0, 0.0, 1.0]
-
-
-def verl_worker(tokenizer: Any, prompt_length: int, response_length: int) -> AgentLoopWorker:
-    """verl's own AgentLoopWorker, without Ray and servers: only what its per-sample
-    postprocess (padding, masks, routes, rm_scores) and batch assembly read."""
-    worker = AgentLoopWorker.__new__(AgentLoopWorker)
-    worker.rollout_config = SimpleNamespace(prompt_length=prompt_length, response_length=response_length)  # type: ignore[assignment]
-    worker.tokenizer, worker.processor, worker.mm_processor_kwargs = tokenizer, None, {}
-    worker.reward_loop_worker_handles, worker.distillation_enabled = None, False  # type: ignore[assignment]
-    return worker
-
-
-async def verl_batch(worker: AgentLoopWorker, outputs: list[AgentLoopOutput]) -> Any:
-    """The batch verl builds from these samples (what its trainer then reads)."""
-    rows = [await worker._agent_loop_postprocess(o, False, raw_prompt=[]) for o in outputs]
-    return worker._postprocess(rows)
 
 
 async def test_every_outcome_is_a_well_formed_sample_and_untrainable_ones_weigh_zero() -> None:
@@ -152,6 +137,58 @@ async def test_engine_adapter_serves_verl_server_manager_through_a_real_gateway(
     request_id, prompt, params = manager.calls[0]
     assert prompt == [10, 11, 12] and params["max_tokens"] == 4 and params["temperature"] == pytest.approx(0.7)
     assert request_id  # the gateway's own request id, passed through
+
+
+VERL_PARAMS = {"temperature": 0.6, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}
+
+
+async def test_verls_sampling_params_govern_the_trials_calls() -> None:
+    """What verl's worker passes to run() is what its replicas sample with, for every
+    call of that trial, whatever the proxy asked; max tokens capped at verl's
+    response_length; other trials keep their own."""
+    manager = FakeServerManager()
+    engine = val.VerlServerEngine(manager, vocab_size=49152)
+    engine.govern("t1", VERL_PARAMS, response_length=3)
+    server, port = await val.serve_engine(engine)
+
+    async def call(trial: str) -> None:
+        async with connect(f"127.0.0.1:{port}") as channel:
+            req = gateway_pb2.GenerateRequest(
+                request_id=f"r-{trial}-{len(manager.calls)}",
+                trial_id=trial,
+                thread="main",
+                prompt_ids=arrays.pack_i32([10, 11, 12]),
+                sampling=gateway_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=64),
+            )
+            [c async for c in gateway_pb2_grpc.RolloutGatewayStub(channel).Generate(req)]
+
+    try:
+        await call("t1")
+        await call("t2")
+        engine.release("t1")
+        await call("t1")
+    finally:
+        await server.stop(0)
+    governed, other, released = (params for _, _, params in manager.calls)
+    assert governed == {
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "logprobs": True,
+        "max_tokens": 3,
+    }
+    assert other["temperature"] == 1.0 and other["max_tokens"] == 64 and "repetition_penalty" not in other
+    assert released["temperature"] == 1.0
+
+
+def test_malformed_verl_sampling_params_are_refused() -> None:
+    engine = val.VerlServerEngine(FakeServerManager(), vocab_size=10)
+    for bad in ({}, {"temperature": "hot"}, {"temperature": 1.0, "top_p": "x"}):
+        with pytest.raises(InvalidArgument, match="numeric temperature"):
+            engine.govern("t", bad, response_length=8)
+    with pytest.raises(InvalidArgument, match="response_length"):
+        engine.govern("t", VERL_PARAMS, response_length=0)
 
 
 # The harness: one chat call with tools (the trial's main thread) through its proxy.
@@ -220,7 +257,7 @@ async def test_harness_agent_loop_runs_real_trials_on_verls_replicas(
         loop = agent_loop(manager, tokenizer, prompt_length=4096, response_length=32, **options)
         short = agent_loop(manager, tokenizer, prompt_length=4096, response_length=2, **options)
         assert isinstance(loop, val.HarnessAgentLoop)
-        params: dict[str, Any] = {"temperature": 1.0}
+        params: dict[str, Any] = dict(VERL_PARAMS)
         try:
             outs = await asyncio.gather(
                 loop.run(params, task_path=str(good), task_id="good", uid="g-good", global_steps=3),
@@ -243,6 +280,10 @@ async def test_harness_agent_loop_runs_real_trials_on_verls_replicas(
     assert len(manager.calls) == 2, "the two trials that ran called verl's replicas once each"
     sticky = [request_id for request_id, _, _ in manager.calls]
     assert all(r.endswith("/main") and r.startswith("verl-") for r in sticky), sticky
+    # verl's sampling params, not the proxy's (temperature 1.0), sampled the trials; max tokens
+    # capped at each loop's response_length.
+    assert [(p["temperature"], p["top_p"]) for _, _, p in manager.calls] == [(0.6, 0.9)] * 2
+    assert sorted(p["max_tokens"] for _, _, p in manager.calls) == [2, 32]
     worker = verl_worker(tokenizer, 4096, 32)
     batch = await verl_batch(worker, [o.model_copy(update={"routed_experts": None}) for o in outs[:2]])
     assert batch.batch["response_mask"].sum(-1).tolist() == [4, 0]
@@ -257,7 +298,7 @@ async def test_an_unreachable_sandbox_is_a_masked_row_not_a_failed_batch(monkeyp
     monkeypatch.setenv("HARNESSRL_VERL_GATEWAY_ADDRESS", "localhost")  # the name the proxy is given
     loop = agent_loop(FakeServerManager(), AutoTokenizer.from_pretrained(paths.default_model_dir()), 64, 8)
     try:
-        out = await loop.run({}, task_path="/tasks/x", task_id="x", uid="g")
+        out = await loop.run(VERL_PARAMS, task_path="/tasks/x", task_id="x", uid="g")
         assert val._GATEWAY.target is not None and val._GATEWAY.target.startswith("localhost:")
         async with connect(val._GATEWAY.target) as channel:
             health = await gateway_pb2_grpc.RolloutGatewayStub(channel).Health(gateway_pb2.GatewayHealthRequest())
@@ -286,3 +327,24 @@ def test_hydra_config_composes_with_verls_fully_async_config(monkeypatch: pytest
 
     monkeypatch.chdir(STACK_VERL.parent.parent)  # launched from the repository root
     assert Path(resolve_config_path(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)) == AGENT_LOOPS
+
+
+@pytest.mark.skipif(not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
+async def test_segments_all_returns_a_list_and_a_bad_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """segments: all (verl's v1 worker takes a list per session): even a failed trial is a
+    list of one masked row; an unknown mode is refused when verl builds the loop."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", "127.0.0.1:1")
+    monkeypatch.setenv("HARNESSRL_CAPTURE_TARGET", "127.0.0.1:1")
+    tokenizer = AutoTokenizer.from_pretrained(paths.default_model_dir())
+    loop = agent_loop(FakeServerManager(), tokenizer, 64, 8, segments="all")
+    try:
+        outs = await loop.run(VERL_PARAMS, task_path="/tasks/x", task_id="x", uid="g")
+    finally:
+        await val._GATEWAY.close()
+    assert isinstance(outs, list) and [o.extra_fields["harnessrl_masked"] for o in outs] == ["sandbox_error"]
+    from hydra.errors import InstantiationException
+
+    with pytest.raises(InstantiationException, match="segments must be one of"):  # verl builds it with Hydra
+        agent_loop(FakeServerManager(), tokenizer, 64, 8, segments="some")
