@@ -73,10 +73,12 @@ class Settings(ServiceSettings):
         "evicted first; naming an evicted one is a 400). 0 stores none.",
     )
     responses_store_max_bytes: int = Field(
-        32 * 1024 * 1024,
+        8 * 1024 * 1024,
         ge=0,
         le=1 << 34,
-        description="Responses API: bytes of stored input and output items one trial keeps (same eviction).",
+        description="Responses API: bytes of stored input and output items one trial keeps (an estimate from "
+        "their text; same eviction). A client that sends the whole input without store=false has each turn's "
+        "input stored: this bounds that memory.",
     )
     trainable_thread_kinds: list[str] = Field(default_factory=lambda: ["main", "subagent"])
     main_requires_tools: bool = Field(True, description="The main thread is the first one whose request carries tools.")

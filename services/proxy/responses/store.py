@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from harnessrl.logs import kv
 from services.proxy.errors import BadRequest
 
@@ -33,6 +31,7 @@ if TYPE_CHECKING:  # the store is held by trials.py, which protocol (and so mode
 log = logging.getLogger(__name__)
 MAX_CHAIN = 100_000  # a cycle is impossible (ids are fresh), this only bounds a corrupted store
 REMEMBER_EVICTED = 4096  # evicted ids remembered, to say "evicted" rather than "unknown"
+ITEM_OVERHEAD = 200  # bytes charged per item besides its text (ids, types, the objects themselves)
 
 
 class ResponseNotFound(BadRequest):
@@ -51,7 +50,7 @@ class Stored:
     input: tuple[Item, ...]  # the input items its own request added
     output: tuple[Item, ...]  # the items the proxy returned, as a harness would echo them
     response: dict[str, Any]  # the response object, for GET /v1/responses/{id}
-    size: int  # bytes charged against the bound
+    size: int  # bytes charged against the bound (an estimate: ``item_bytes``)
 
 
 class ResponseStore:
@@ -138,12 +137,14 @@ class ResponseStore:
         if self.closed:
             return
         inputs = tuple(new_input)
-        size = len(orjson.dumps([i.model_dump(exclude_none=True) for i in inputs])) + len(orjson.dumps(response))
+        outputs = tuple(output)
+        # Outputs count twice: as items and in the response object GET returns.
+        size = sum(map(item_bytes, inputs)) + 2 * sum(map(item_bytes, outputs))
         if size > self.max_bytes:
             self._too_large.append(response_id)
             log.info("response not stored: over the bound", extra=kv(response=response_id, bytes=size))
             return
-        node = Stored(response_id, previous, inputs, tuple(output), response, size)
+        node = Stored(response_id, previous, inputs, outputs, response, size)
         self._items[response_id] = node
         self.bytes += size
         while len(self._items) > self.max_count or self.bytes > self.max_bytes:
@@ -157,3 +158,17 @@ class ResponseStore:
         self._items.clear()
         self.bytes = 0
         self.closed = True
+
+
+def item_bytes(item: Item) -> int:
+    """The text an item holds, plus a fixed overhead: an estimate that is cheap on
+    every turn (serialising each stored item costs O(context) CPU per call)."""
+    n = ITEM_OVERHEAD
+    for value in (item.content, item.output, item.summary):
+        if isinstance(value, str):
+            n += len(value)
+        elif value:
+            n += sum(len(v) for part in value for v in part.values() if isinstance(v, str))
+    for text in (item.arguments, item.input, item.name, item.call_id):
+        n += len(text) if text else 0
+    return n
