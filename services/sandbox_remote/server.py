@@ -9,6 +9,7 @@ import grpc
 
 from harnessrl.rpc import RunningServer, start_server
 from harnessrl.v1 import sandbox_pb2, sandbox_pb2_grpc
+from services.sandbox_remote.capture import CaptureFinalizer
 from services.sandbox_remote.executor_client import ExecutorClient
 from services.sandbox_remote.service import RemoteSandbox
 from services.sandbox_remote.settings import Settings
@@ -63,7 +64,11 @@ class RemoteSandboxServer:
 async def create_remote_server(settings: Settings) -> RemoteSandboxServer:
     token = settings.executor_token.get_secret_value() if settings.executor_token else None
     client = ExecutorClient(settings.executor_url, token, settings.request_timeout_s, settings.tls)
-    service = RemoteSandbox(settings, client)
+    capture = None
+    if settings.capture_target:
+        capture_token = settings.capture_token.get_secret_value() if settings.capture_token else None
+        capture = CaptureFinalizer(settings.capture_target, capture_token)
+    service = RemoteSandbox(settings, client, capture)
     servicer = RemoteSandboxServicer(service)
 
     def register(server: grpc.aio.Server) -> Iterable[str]:

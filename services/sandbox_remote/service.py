@@ -26,6 +26,7 @@ from harnessrl import telemetry
 from harnessrl.errors import AlreadyExists, HarnessError, InvalidArgument, NotFound
 from harnessrl.rpc import check_target
 from harnessrl.v1 import records_pb2, sandbox_pb2
+from services.sandbox_remote.capture import CaptureFinalizer
 from services.sandbox_remote.executor_client import ExecutorClient, ExecutorUnreachable
 from services.sandbox_remote.settings import Settings
 
@@ -85,9 +86,10 @@ def check_spec(spec: sandbox_pb2.TrialSpec) -> None:
 
 
 class RemoteSandbox:
-    def __init__(self, settings: Settings, executor: ExecutorClient) -> None:
+    def __init__(self, settings: Settings, executor: ExecutorClient, capture: CaptureFinalizer | None = None) -> None:
         self.settings = settings
         self.executor = executor
+        self.capture = capture
         self.trials: dict[str, Trial] = {}
         self._watchers: set[tuple[str, frozenset[str], asyncio.Queue[sandbox_pb2.TrialStatus]]] = set()
 
@@ -141,21 +143,30 @@ class RemoteSandbox:
             driver.cancel()
         await asyncio.gather(*drivers, return_exceptions=True)
         await self.executor.close()
+        if self.capture is not None:
+            await self.capture.close()
 
     # -- the driver ----------------------------------------------------------
     async def _drive(self, trial: Trial) -> None:
-        while True:
-            self._move(trial, QUEUED, attempt=trial.status.attempt + 1)
-            try:
-                await self._follow(trial)
-                return
-            except ExecutionLost as e:
-                log.warning("execution lost", extra={"kv": {"trial": trial.spec.trial_id, "error": str(e)}})
-                if trial.cancel_requested:
-                    return self._finish_infra(trial, records_pb2.TERMINATION_REASON_CANCELLED, f"cancelled; {e}")
-                if trial.status.attempt >= self.settings.max_attempts:
-                    error = f"{e}; no attempts left ({trial.status.attempt} of {self.settings.max_attempts})"
-                    return self._finish_infra(trial, records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED, error)
+        try:
+            while True:
+                self._move(trial, QUEUED, attempt=trial.status.attempt + 1)
+                try:
+                    await self._follow(trial)
+                    return
+                except ExecutionLost as e:
+                    log.warning("execution lost", extra={"kv": {"trial": trial.spec.trial_id, "error": str(e)}})
+                    if trial.cancel_requested:
+                        return await self._end(trial, records_pb2.TERMINATION_REASON_CANCELLED, f"cancelled; {e}")
+                    if trial.status.attempt >= self.settings.max_attempts:
+                        error = f"{e}; no attempts left ({trial.status.attempt} of {self.settings.max_attempts})"
+                        return await self._end(trial, records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED, error)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("driving the trial failed", extra={"kv": {"trial": trial.spec.trial_id}})
+            error = f"front: {type(e).__name__}: {e}"
+            await self._end(trial, records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED, error)
 
     async def _follow(self, trial: Trial) -> None:
         """Starts this attempt's execution and polls it until it is done (or lost)."""
@@ -219,10 +230,18 @@ class RemoteSandbox:
         status.error = str(outcome.get("error", ""))
         self._move(trial, DONE)
 
-    def _finish_infra(self, trial: Trial, reason: int, error: str) -> None:
-        trial.status.termination_reason = reason  # type: ignore[assignment]
-        trial.status.has_reward = False
-        trial.status.error = error
+    async def _end(self, trial: Trial, reason: int, error: str) -> None:
+        """Ends a trial the front gave up on: finalized in the capture store, then DONE."""
+        status = trial.status
+        status.termination_reason = reason  # type: ignore[assignment]
+        status.has_reward = False
+        status.error = error
+        if self.capture is not None and trial.status.state != DONE:
+            try:
+                await self.capture.finalize(trial.spec, _execution_id(trial), status, trial.trace_context)
+            except Exception as e:
+                log.exception("finalize failed", extra={"kv": {"trial": trial.spec.trial_id}})
+                status.error += f"; FinalizeTrajectory failed: {type(e).__name__}: {e}"
         self._move(trial, DONE)
 
     def _move(self, trial: Trial, state: int, attempt: int | None = None) -> None:

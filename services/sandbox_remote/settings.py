@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
+from harnessrl.rpc import check_target
 
 
 class Settings(ServiceSettings):
@@ -21,6 +22,15 @@ class Settings(ServiceSettings):
     )
     max_attempts: int = Field(2, ge=1, le=10, description="Attempts of a trial whose execution was lost.")
     request_timeout_s: float = Field(10.0, gt=0, le=600, description="Timeout of one call to the executor.")
+    capture_target: str | None = Field(
+        None, description="host:port of the capture store, where the front finalizes the trials it ends itself."
+    )
+    capture_token: SecretStr | None = Field(None, description="Bearer token of the capture store, if it wants one.")
+
+    @field_validator("capture_target")
+    @classmethod
+    def _dialable(cls, value: str | None) -> str | None:
+        return check_target(value) if value is not None else None
 
     @field_validator("executor_url")
     @classmethod

@@ -8,11 +8,13 @@ is no sandbox, a server that is not gRPC, and a sandbox that wants a token."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -37,19 +39,27 @@ async def project_sandbox(tmp_path: Path) -> AsyncIterator[str]:
         await server.stop(0)
 
 
-@pytest.fixture(params=["project", "remote"])
-async def implementation(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """The address of each implementation in turn."""
-    if request.param == "project":
+# Any other address: HARNESSRL_CONFORMANCE_TARGET=HOST:PORT (with _TOKEN and _TASKS, the
+# conformance tasks' folder as its workers see it) adds it to the implementations checked.
+EXTERNAL = os.environ.get("HARNESSRL_CONFORMANCE_TARGET")
+
+
+@pytest.fixture(params=["project", "remote", *(["external"] if EXTERNAL else [])])
+async def implementation(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
+    """The address of each implementation in turn (keyword arguments of run_conformance)."""
+    if request.param == "external":
+        tasks = os.environ.get("HARNESSRL_CONFORMANCE_TASKS")
+        yield {"target": EXTERNAL, "token": os.environ.get("HARNESSRL_CONFORMANCE_TOKEN"), "tasks_dir": tasks}
+    elif request.param == "project":
         server = await create_sandbox_server(settings_for(tmp_path, heartbeat_s=0.2, concurrency=8))
         try:
-            yield f"127.0.0.1:{server.port}"
+            yield {"target": f"127.0.0.1:{server.port}"}
         finally:
             await server.stop(0)
-        return
-    with executor(tmp_path / "executor", concurrency=8) as proc:
-        async with remote_front(proc.url) as front:
-            yield f"127.0.0.1:{front.port}"
+    else:
+        with executor(tmp_path / "executor", concurrency=8) as proc:
+            async with remote_front(proc.url) as front:
+                yield {"target": f"127.0.0.1:{front.port}"}
 
 
 def report(results: list) -> str:  # type: ignore[type-arg]
@@ -57,8 +67,8 @@ def report(results: list) -> str:  # type: ignore[type-arg]
 
 
 @needs_bwrap
-async def test_every_conformance_check_passes(implementation: str) -> None:
-    results = await run_conformance(implementation, timeout_s=90)
+async def test_every_conformance_check_passes(implementation: dict[str, Any]) -> None:
+    results = await run_conformance(**implementation, timeout_s=90)
     assert [r.name for r in results] == ["health", *CHECKS]
     assert all(r.ok for r in results), report(results)
 

@@ -21,7 +21,7 @@ from harnessrl.config import validate
 from harnessrl.errors import ConfigError
 from harnessrl.localservers import free_port, restartable_port
 from harnessrl.rpc import connect
-from harnessrl.v1 import records_pb2, sandbox_pb2, sandbox_pb2_grpc
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.conformance import write_tasks
 from services.sandbox_remote.settings import Settings as RemoteSettings
 from tests.sandbox_remote_support import ROOT, Executor, executor, executor_env, remote_front
@@ -33,6 +33,8 @@ def spec(tasks: Path, trial_id: str, script: str) -> sandbox_pb2.TrialSpec:
     return sandbox_pb2.TrialSpec(
         trial_id=trial_id,
         run_id="r",
+        group_id=f"{trial_id}-g",
+        group_size=1,
         task_path=str(tasks / "hello"),
         harness="shell",
         harness_options={"script": script},
@@ -50,15 +52,22 @@ async def follow(stub: sandbox_pb2_grpc.SandboxStub, trial_id: str, until: int) 
 @pytest.mark.parametrize("max_attempts", [2, 1])
 async def test_an_executor_killed_mid_trial(tmp_path: Path, max_attempts: int) -> None:
     """Its lease runs out: a restarted executor runs attempt 2 (``<id>.attempt-2``) to
-    completion, or, with no attempt left, the trial ends env_setup_failed naming the executor."""
+    completion, or, with no attempt left, the front ends the trial env_setup_failed naming
+    the executor; either way the trial's last attempt is finalized in the capture store."""
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+
     tasks = write_tasks(tmp_path / "tasks")
+    capture = await create_capture(CaptureSettings.model_validate({"store_dir": tmp_path / "c", "fsync": False}))
+    capture_target = f"127.0.0.1:{capture.port}"
     port = restartable_port()
-    env = executor_env(tmp_path / "ex", lease_s=2)
+    env = executor_env(tmp_path / "ex", lease_s=2, capture_target=capture_target)
     (tmp_path / "ex").mkdir()
     doomed = Executor(tmp_path / "ex", env, port).start()
     survivor = None
     try:
-        async with remote_front(doomed.url, lease_s=1.5, max_attempts=max_attempts) as front:
+        front_settings = {"lease_s": 1.5, "max_attempts": max_attempts, "capture_target": capture_target}
+        async with remote_front(doomed.url, **front_settings) as front:
             async with connect(f"127.0.0.1:{front.port}") as channel:
                 stub = sandbox_pb2_grpc.SandboxStub(channel)
                 script = "sleep 3; echo hello > hello.txt"
@@ -68,17 +77,24 @@ async def test_an_executor_killed_mid_trial(tmp_path: Path, max_attempts: int) -
                 doomed.kill()
                 survivor = Executor(tmp_path / "ex", env, port).start()
                 done = await follow(stub, "k1", sandbox_pb2.TRIAL_STATE_DONE)
+            last = "k1.attempt-2" if max_attempts == 2 else "k1"
+            async with connect(capture_target) as channel:
+                request = capture_pb2.GetTrajectoryRequest(run_id="r", trial_id=last)
+                trajectory = await capture_pb2_grpc.CaptureStoreStub(channel).GetTrajectory(request, timeout=10)
     finally:
         for proc in (doomed, survivor):
             if proc is not None:
                 proc.stop()
+        await capture.stop(0)
+    assert trajectory.finalized and trajectory.termination_reason == done.termination_reason
     if max_attempts == 2:
         assert done.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED, done.error
-        assert done.reward == 1.0 and done.attempt == 2 and done.worker == survivor.name
+        assert done.reward == 1.0 and done.attempt == 2 and survivor is not None and done.worker == survivor.name
         assert (tmp_path / "ex" / "artifacts" / "r" / "k1.attempt-2" / "result.json").is_file()
     else:
         assert done.termination_reason == records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED
         assert not done.has_reward and "no attempts left" in done.error and doomed.url in done.error
+        assert not trajectory.has_reward
 
 
 async def test_an_unreachable_executor_is_unavailable_at_submit(tmp_path: Path) -> None:
