@@ -112,7 +112,7 @@ class BatchCache:
         assert self.cache is not None
         lengths = [self.lengths[i] for i in indices]
         width = max(lengths)
-        index = torch.tensor(list(indices))
+        index = torch.tensor(list(indices), device=layers_of(self.cache)[0][0].device)
         self.cache = from_layers(
             [
                 (k[:, :, -width:].index_select(0, index), v[:, :, -width:].index_select(0, index))

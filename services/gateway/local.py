@@ -1,4 +1,5 @@
-"""The local engine: a transformers causal LM on CPU in fp32, the embedded default.
+"""The local engine: a transformers causal LM, on CPU in fp32 by default (the
+embedded default); ``device`` and ``dtype`` settings put it on a GPU or in bf16.
 
 One worker thread owns the model and runs a step loop: admit queued requests
 (up to ``max_batch_size``), prefill one chunk of one new prompt, then decode
@@ -13,6 +14,10 @@ pause, abort and weight updates land exactly on token boundaries:
 - A finished turn's KV cache is kept per (trial, thread); the next turn reuses
   the longest common prefix and prefills only the rest. A weight update drops
   these caches (they were computed with the old weights).
+
+On a GPU the model, its inputs and its KV caches live on the device; each
+step's last-position logits come back to the CPU, where sampling (seeded CPU
+generators) happens exactly as on a CPU-only host.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,14 +39,17 @@ from transformers import DynamicCache
 
 from harnessrl import paths
 from harnessrl.errors import ConfigError
+from harnessrl.torchdevice import device_of, resolve_device, resolve_dtype
 from services.gateway import modelfiles
 from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.kvcache import BatchCache, PrefixStore
 from services.gateway.routes import RouteRecorder
 from services.gateway.sampling import make_generator, sample, top_logprobs
-from services.gateway.settings import Settings
 from services.gateway.weights import apply_update, plan_update, read_checkpoint
+
+if TYPE_CHECKING:  # settings need pydantic; the GPU check drives the engine without it
+    from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 Top = tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]  # the k most likely ids and their logprobs
@@ -75,6 +83,7 @@ class _Worker:
 
     def __init__(self, model: Any, settings: Settings, eos_ids: frozenset[int], version: int, name: str) -> None:
         self.model = model
+        self.device = device_of(model)
         self.settings = settings
         self.eos_ids = eos_ids
         self.version = version
@@ -180,8 +189,8 @@ class _Worker:
         start = seq.prefilled
         end = min(prompt.shape[0], start + self.settings.prefill_chunk_tokens)
         out = self.model(
-            input_ids=torch.from_numpy(prompt[start:end].astype(np.int64)).unsqueeze(0),
-            position_ids=torch.arange(start, end).unsqueeze(0),
+            input_ids=torch.from_numpy(prompt[start:end].astype(np.int64)).unsqueeze(0).to(self.device),
+            position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
             cache=seq.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -190,7 +199,7 @@ class _Worker:
         if end < prompt.shape[0]:
             return
         self.prefilling.remove(seq)
-        self._sample(seq, out.logits[0, -1])
+        self._sample(seq, out.logits[0, -1].float().cpu())
         if seq.done:
             self._store(seq, seq.cache)
         else:
@@ -199,13 +208,13 @@ class _Worker:
         seq.cache = None
 
     def _decode(self) -> None:
-        last = torch.tensor([[seq.output[-1]] for seq in self.decoding])
-        positions = torch.tensor([[n] for n in self.batch.lengths])
+        last = torch.tensor([[seq.output[-1]] for seq in self.decoding], device=self.device)
+        positions = torch.tensor([[n] for n in self.batch.lengths], device=self.device)
         record = any(seq.wants_routes for seq in self.decoding)
         with self.routes.recording() if record else contextlib.nullcontext():
             out = self.model(
                 input_ids=last,
-                attention_mask=self.batch.attention_mask(),
+                attention_mask=self.batch.attention_mask().to(self.device),
                 position_ids=positions,
                 cache=self.batch.cache,
                 use_cache=True,
@@ -213,7 +222,7 @@ class _Worker:
         self.batch.cache = out.cache
         self.batch.advanced()
         rows = self.routes.rows() if record else None
-        logits = out.logits[:, -1]
+        logits = out.logits[:, -1].float().cpu()  # one transfer per step, not per sequence
         for i, seq in enumerate(self.decoding):
             if seq.held is not None and rows is not None:
                 self._emit(seq, *seq.held, route=rows[i : i + 1])
@@ -352,7 +361,8 @@ class LocalEngine(Engine):
         modelfiles.check_model_dir(self.model_dir)
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
-        model = await asyncio.to_thread(load_model, self.model_dir)
+        device, dtype = resolve_device(self.settings.device), resolve_dtype(self.settings.dtype)
+        model = await asyncio.to_thread(load_model, self.model_dir, device, dtype)
         self._context_window = self.settings.context_window or modelfiles.context_window(self.model_dir)
         self._vocab = int(model.config.get_text_config().vocab_size)
         self._eos = eos_ids(model, self.model_dir)
@@ -463,14 +473,16 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
     )
 
 
-def load_model(model_dir: Any) -> Any:
-    """The model in fp32 eval mode; refuses models whose KV cache is not plain full attention."""
+def load_model(model_dir: Any, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Any:
+    """The model in eval mode (fp32 on the CPU unless told otherwise); refuses
+    models whose KV cache is not plain full attention."""
     from transformers import AutoModelForCausalLM
     from transformers.cache_utils import DynamicLayer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.to(device or torch.device("cpu"))  # type: ignore[call-arg,arg-type]  # transformers wraps .to
     model.eval()
     layers = DynamicCache(config=model.config).layers
     if any(type(layer) is not DynamicLayer for layer in layers):

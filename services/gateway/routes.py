@@ -57,7 +57,7 @@ class RouteRecorder:
         stacked = torch.stack([indices.reshape(-1, self.top_k) for indices in self._captured], dim=1)
         if stacked.numel() and int(stacked.max()) > 255:
             raise EngineFailed("expert indices above 255 do not fit the uint8 routed_experts format")
-        return stacked.to(torch.uint8).numpy()
+        return stacked.to(torch.uint8).cpu().numpy()
 
     def zeros(self) -> npt.NDArray[np.uint8]:
         return np.zeros((1, self.layers, self.top_k), np.uint8)

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
+from harnessrl.torchdevice import DEVICE_HELP, DEVICE_PATTERN
 
 
 class Settings(ServiceSettings):
@@ -69,6 +70,10 @@ class Settings(ServiceSettings):
         131_072, ge=0, description="Bound on the tokens held by the cross-turn KV caches of the local engine."
     )
     torch_threads: int | None = Field(None, ge=1, le=1024, description="torch.set_num_threads; default: torch's.")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description=f"Where the local engine runs: {DEVICE_HELP}.")
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="The local engine's weights; sampling always reads fp32 logits."
+    )
     logprobs_mode: Literal["processed", "raw"] = Field(
         "processed",
         description="'processed': logprob under the distribution sampled from (temperature, top-k, top-p "

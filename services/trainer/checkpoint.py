@@ -69,7 +69,7 @@ def save(
     tensors = {"rng.cpu": torch.get_rng_state()}
     for param, state in optimizer.state.items():
         for key, value in state.items():
-            tensors[f"state.{names[id(param)]}.{key}"] = torch.as_tensor(value).clone()
+            tensors[f"state.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().to("cpu", copy=True)
     save_file(tensors, str(tmp / OPTIM_FILE))
     meta = {"format": FORMAT, "step": step, "policy_version": policy_version, "params": list(names.values())}
     (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1))
@@ -108,7 +108,9 @@ def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         name, field = key[len("state.") :].rsplit(".", 1)
         if name not in by_name:
             raise InvalidArgument(f"{directory}: optimizer state for unknown parameter {name}")
-        optimizer.state[by_name[name]][field] = value
+        param = by_name[name]
+        # Moments live with their parameter (a CUDA policy); AdamW keeps its step count on the CPU.
+        optimizer.state[param][field] = value.to(param.device) if value.dim() else value
     torch.set_rng_state(tensors["rng.cpu"])
     return State(int(meta["step"]), int(meta["policy_version"]))
 

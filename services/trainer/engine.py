@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
 from harnessrl.v1 import records_pb2
 from services.trainer import agreement, checkpoint, forward, r3
 from services.trainer.advantages import ScoredRow, score_groups
 from services.trainer.losses import LossInputs, RowLayout, policy_loss
+from services.trainer.policy import load_model as load_model  # re-exported: offline.py and tests use it
 from services.trainer.samples import Sample, StepCounters, build_rows
 from services.trainer.settings import AlgoSettings, Settings
 
@@ -46,15 +46,6 @@ class StepResult:
     updated: bool = False
 
 
-def load_model(path: Path, gradient_checkpointing: bool) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    model.train()
-    return model
-
-
 class CpuTrainer:
     """Holds the policy, its optimizer and its version; ``train_step`` is one version."""
 
@@ -62,7 +53,7 @@ class CpuTrainer:
         self.settings = settings
         self.source_dir = settings.resolved_model_path()
         torch.manual_seed(settings.optim.seed)
-        self.model = load_model(self.source_dir, settings.optim.gradient_checkpointing)
+        self.model = load_model(self.source_dir, settings.optim.gradient_checkpointing, settings.device, settings.dtype)
         self.ref_model = self._frozen_copy() if settings.algo.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),

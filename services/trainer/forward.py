@@ -3,6 +3,10 @@
 Rows are left-padded so every response ends at the last position: the model
 then only needs the last ``max_response + 1`` logits (``logits_to_keep``),
 not a [tokens, vocab] matrix for long prompts.
+
+Batches are built on the CPU and moved to the model's device for the forward;
+logprobs come back to the CPU (the loss rows are small), gradients of the loss
+go back to the device for the backward pass.
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.trainer.samples import Sample
+from harnessrl.torchdevice import device_of
+
+if TYPE_CHECKING:
+    from services.trainer.inputs import Sample
 
 # A hook for routing replay (R3): given the padded batch, a context manager
 # under which forward (and backward) see the captured routes.
@@ -74,17 +81,19 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
     by it, so the logprobs are those of the distribution the engine sampled
     from (its "processed" logprobs), and importance ratios compare like with like.
     """
+    device = device_of(model)
+    input_ids = batch.input_ids.to(device)
     out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
+        input_ids=input_ids,
+        attention_mask=batch.attention_mask.to(device),
+        position_ids=batch.position_ids.to(device),
         logits_to_keep=batch.keep,
         use_cache=False,
     )
     logits = out.logits[:, :-1].float()  # position p predicts token p+1
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch.input_ids[:, -(batch.keep - 1) :]
+    targets = input_ids[:, -(batch.keep - 1) :]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     lp = picked - torch.logsumexp(logits, dim=-1)
     return [lp[row, lp.shape[1] - s.response_len :] for row, s in enumerate(batch.samples)]
@@ -106,14 +115,14 @@ def logprobs_no_grad(
     routes: RouteContext | None = None,
     temperature: float = 1.0,
 ) -> list[torch.Tensor]:
-    """Response logprobs for every sample, in input order, without a graph."""
+    """Response logprobs for every sample, in input order, without a graph, fp32 on the CPU."""
     result: list[torch.Tensor | None] = [None] * len(samples)
     index = {id(s): i for i, s in enumerate(samples)}
     with torch.no_grad():
         for batch in batches(samples, token_budget):
             with (routes or _no_context)(batch):
                 for s, lp in zip(batch.samples, response_logprobs(model, batch, temperature), strict=True):
-                    result[index[id(s)]] = lp.detach()
+                    result[index[id(s)]] = lp.detach().cpu()
     return [r for r in result if r is not None]
 
 
@@ -133,11 +142,12 @@ def backward_through(
     trajectory ratio, seq-mean aggregation) exact under micro-batching.
     """
     index = {id(s): i for i, s in enumerate(samples)}
+    device = device_of(model)
     for batch in batches(samples, token_budget):
         with (routes or _no_context)(batch):
             lps = response_logprobs(model, batch, temperature)
-            surrogate = torch.zeros(())
+            surrogate = torch.zeros((), device=device)
             for s, lp in zip(batch.samples, lps, strict=True):
-                g = grads[index[id(s)]]
-                surrogate = surrogate + (lp[torch.from_numpy(s.mask)] * g).sum()
+                g = grads[index[id(s)]].to(device)
+                surrogate = surrogate + (lp[torch.from_numpy(s.mask).to(device)] * g).sum()
             surrogate.backward()

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from harnessrl.torchdevice import device_of
 from services.trainer.forward import Batch
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def record(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
 
 def stack(per_layer: list[torch.Tensor]) -> npt.NDArray[np.uint8]:
     """Recorded per-layer indices -> the capture layout [tokens, layers, top_k], uint8."""
-    return torch.stack(per_layer, dim=1).to(torch.uint8).numpy()
+    return torch.stack(per_layer, dim=1).to(torch.uint8).cpu().numpy()
 
 
 @contextlib.contextmanager
@@ -73,7 +74,8 @@ def replay(model: torch.nn.Module, routes: torch.Tensor, force: torch.Tensor) ->
     layers = routers(model)
     if routes.shape[1] != len(layers):
         raise ValueError(f"routes have {routes.shape[1]} layers, the model has {len(layers)} routers")
-    routes = routes.long()
+    device = device_of(model)
+    routes, force = routes.long().to(device), force.to(device)
 
     def hook(index: int) -> Any:
         def fn(module: torch.nn.Module, _inputs: Any, output: Any) -> Any:

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from harnessrl import arrays
 from harnessrl.errors import InvalidArgument
 from harnessrl.v1 import records_pb2
+from services.trainer.inputs import Sample as Sample  # the type lives apart: torch-only hosts import it
 
 log = logging.getLogger(__name__)
 
@@ -66,29 +67,6 @@ class StepCounters:
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in sorted(self.counts.items())}
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One segment as a training input. Arrays cover the response only, except
-    ``input_ids`` (prompt then response)."""
-
-    trial_id: str
-    segment: str  # "thread/index", for log lines
-    input_ids: npt.NDArray[np.int64]
-    prompt_len: int
-    mask: npt.NDArray[np.bool_]  # [R] True = sampled by the policy (trainable)
-    rollout_logprobs: npt.NDArray[np.float32]  # [R] engine's logprobs (0 where mask is False)
-    versions: npt.NDArray[np.int32]  # [R] policy version per token (-1 where mask is False)
-    routes: npt.NDArray[np.uint8] | None  # [R, layers, top_k] for R3, rows valid where mask is True
-
-    @property
-    def response_len(self) -> int:
-        return len(self.mask)
-
-    @property
-    def num_policy_tokens(self) -> int:
-        return int(self.mask.sum())
 
 
 @dataclass(frozen=True)

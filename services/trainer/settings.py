@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
+from harnessrl.torchdevice import DEVICE_HELP, DEVICE_PATTERN
 
 ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized")
 LOSS_MODES = ("gspo", "vanilla", "grpo")
@@ -120,6 +121,10 @@ class Settings(ServiceSettings):
     service_token: SecretStr | None = Field(None, description="Bearer token for calls to other services.")
     consumer_group: str = Field("trainer", min_length=1)
     keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept on disk.")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"Where the policy trains: {DEVICE_HELP}.")
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="The policy's weights (and optimizer state); logprobs come from fp32 logits either way."
+    )
     algo: AlgoSettings = Field(default_factory=AlgoSettings)  # type: ignore[arg-type]
     optim: OptimSettings = Field(default_factory=OptimSettings)  # type: ignore[arg-type]
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)  # type: ignore[arg-type]

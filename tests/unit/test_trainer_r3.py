@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeForCausalLM
 
-from services.trainer import r3
+from services.trainer import r3, tinymoe
 from services.trainer.engine import CpuTrainer
 from services.trainer.settings import Settings
 from tests.trainer_support import segment, trajectory
@@ -22,26 +22,7 @@ VOCAB, ROWS, PROMPT, RESPONSE = 1024, 8, 4, 44
 
 
 def tiny_moe(seed: int = 0) -> Qwen3MoeForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=16,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        initializer_range=0.1,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    return Qwen3MoeForCausalLM(config).eval()
+    return tinymoe.build("tiny", seed)
 
 
 def token_logprobs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

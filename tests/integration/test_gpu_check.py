@@ -1,0 +1,151 @@
+"""scripts/gpu_check on the CPU, in a Python that sees only the standard library,
+torch, transformers and what they depend on (what the GPU host has): a site
+folder of links to exactly those distributions, ``python -S`` so nothing else
+is on the path. It must run, write its JSON, and show R3 helping."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from packaging.requirements import Requirement
+
+from services.gateway.settings import Settings as GatewaySettings
+from stack.gpu_check import EngineOptions, parse_args
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check"
+CPU_SIZES = ["--device", "cpu", "--preset", "tiny", "--rows", "8", "--prompt-tokens", "4", "--response-tokens", "44"]
+
+
+def closure(*names: str) -> list[md.Distribution]:
+    """The distributions ``names`` need to import (requirements without extras, markers evaluated)."""
+    seen: dict[str, md.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if name in seen:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue  # an optional platform dependency (nvidia-*, triton) not on this host
+        seen[name] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+@pytest.fixture(scope="module")
+def torch_only_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    site = tmp_path_factory.mktemp("site")
+    for dist in closure("torch", "transformers"):
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops - {"__pycache__"}:
+            source = Path(str(dist.locate_file(top)))
+            if source.exists() and not (site / top).exists():
+                (site / top).symlink_to(source)
+    launcher = tmp_path_factory.mktemp("bin") / "python-S"  # what scripts/gpu_check runs: no site-packages
+    launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    launcher.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{ROOT}"
+    env["PYTHON"] = str(launcher)
+    return env
+
+
+def python(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-S", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_the_torch_only_python_lacks_the_rest(torch_only_env: dict[str, str]) -> None:
+    ok = python(torch_only_env, "-c", "import torch, transformers, numpy, safetensors, tokenizers")
+    assert ok.returncode == 0, ok.stderr
+    blocked_names = ("grpc", "pydantic_settings", "verl", "vllm", "google.protobuf", "redis", "accelerate")
+    for name in (*blocked_names, "harnessrl.config", "harnessrl.v1.records_pb2"):
+        blocked = python(torch_only_env, "-c", f"import {name}")
+        assert blocked.returncode != 0 and "ModuleNotFoundError" in blocked.stderr, name
+
+
+def test_gpu_check_runs_on_cpu_with_only_torch_and_transformers(torch_only_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    run = python(torch_only_env, "-m", "stack.gpu_check", *CPU_SIZES, "--train-steps", "2", "--out", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    assert report["ok"] and all(report["checks"].values()), report
+    assert report["grpc_stand_in"] is True and report["device"] == "cpu"
+    # What it imported beyond the standard library: pydantic comes with transformers here, unused.
+    assert {"torch", "transformers", "numpy", "harnessrl", "services", "stack"} <= set(report["imported"])
+    assert not {"pydantic", "pydantic_settings", "verl", "google", "grpc"} & set(report["imported"])
+    assert report["model"]["routers"] == 4 and report["model"]["parameters"] > 1e6
+    engine, train, a = report["engine"], report["train"], report["agreement"]
+    assert engine["sequences"] == 8 and engine["routes_captured"] and engine["tokens_per_s"] > 0
+    assert 8 <= engine["generated_tokens"] <= 8 * 44
+    assert a["engine_dtype"] == "bf16" and a["train_dtype"] == "fp32"
+    without, with_r3 = a["without_r3"], a["with_r3"]
+    assert without["tokens"] == with_r3["tokens"] == engine["generated_tokens"]
+    assert with_r3["mean_abs_diff"] < without["mean_abs_diff"]
+    assert with_r3["max_abs_diff"] < without["max_abs_diff"]
+    assert train["steps"] == 2 and len(train["loss"]) == 2 and train["tokens_per_s"] > 0 and train["routing_replay"]
+    assert report["weight_sync"]["engine_version"] == 1
+    assert report["elapsed_s"] < 120
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "gpu"], "'gpu' is not valid"),
+        (["--rows", "0"], "must be a positive integer"),
+        (["--rows", "x"], "invalid _positive value"),
+        (["--rows", "300"], "at most 256"),
+        (["--preset", "huge"], "invalid choice"),
+        (["--prompt-tokens", "250", "--preset", "tiny"], "exceed the tiny model's 256 positions"),
+        (["--engine-dtype", "fp16"], "invalid choice"),
+        (["--temperature", "0"], "must be in (0, 5]"),
+    ],
+)
+def test_bad_arguments_are_refused(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_wrapper_refuses_a_device_this_host_lacks(torch_only_env: dict[str, str], tmp_path: Path) -> None:
+    """Through scripts/gpu_check itself: nothing is written, the reason is on stderr."""
+    device, message = ("cuda:99", "CUDA device(s)") if torch.cuda.is_available() else ("cuda", "no CUDA device")
+    run = subprocess.run(
+        [str(SCRIPT), "--device", device, "--out", str(tmp_path / "x.json")],
+        env=torch_only_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_engine_options_mirror_the_gateway_settings() -> None:
+    """The check drives LocalEngine with a plain dataclass: every setting the engine
+    reads must be there, under the gateway's name and with its default."""
+    source = (ROOT / "services" / "gateway" / "local.py").read_text()
+    read = set(re.findall(r"settings\.(\w+)", source))
+    fields = {f.name: f for f in dataclasses.fields(EngineOptions)}
+    assert read <= set(fields), read - set(fields)
+    defaults = GatewaySettings()
+    for name, f in fields.items():
+        if name != "model_path":
+            assert f.default == getattr(defaults, name), name
