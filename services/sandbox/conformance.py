@@ -52,6 +52,8 @@ TASKS: dict[str, dict[str, str]] = {
     "hello": {"tests/test.sh": _REWARD_IF_HELLO, "solution/solve.sh": "#!/bin/bash\necho hello > hello.txt\n"},
     # A verifier that crashes without writing a reward: verifier_error, never a 0 reward.
     "broken-verifier": {"tests/test.sh": "#!/bin/bash\necho 'grader crashed' >&2\nexit 3\n"},
+    # A verifier that never finishes: verifier_timeout under verifier_timeout_s.
+    "slow-verifier": {"tests/test.sh": "#!/bin/bash\nsleep 300\necho 1 > /logs/verifier/reward.txt\n"},
 }
 
 
@@ -207,9 +209,12 @@ async def check_unknown_and_empty_ids(ctx: Ctx) -> str:
 
 async def check_idempotent_submit(ctx: Ctx) -> str:
     spec = ctx.spec("idem", harness="nop")
-    first, again = await ctx.submit(spec), await ctx.submit(spec)
-    expect(first.created and first.trial_id == spec.trial_id, f"first submit: {first}")
-    expect(not again.created and again.trial_id == spec.trial_id, f"second submit of the same spec: {again}")
+    answers = await asyncio.gather(*(ctx.submit(spec) for _ in range(3)))  # racing retries
+    created = [a.created for a in answers]
+    expect(sum(created) == 1, f"3 concurrent submits of one spec: created {created}, expected once")
+    expect(all(a.trial_id == spec.trial_id for a in answers), f"submit answered ids {[a.trial_id for a in answers]}")
+    again = await ctx.submit(spec)
+    expect(not again.created and again.trial_id == spec.trial_id, f"another submit of the same spec: {again}")
     other = ctx.spec("idem", harness="nop", harness_options={"changed": "1"})
     await expect_code(ctx.submit(other), grpc.StatusCode.ALREADY_EXISTS, "another spec under a taken trial id")
     done = await ctx.follow(spec.trial_id)
@@ -253,6 +258,18 @@ async def check_agent_deadline(ctx: Ctx) -> str:
     expect(done.termination_reason == R.TERMINATION_REASON_AGENT_TIMEOUT, f"ended {reason(done)}, not agent_timeout")
     expect(took < limit + 60, f"agent_timeout_s={limit}: the trial took {took:.0f}s after its agent phase began")
     return f"agent_timeout_s={limit:.0f}: agent_timeout {took:.1f}s after the agent phase began"
+
+
+async def check_verifier_deadline(ctx: Ctx) -> str:
+    limit = 2.0
+    spec = ctx.spec("vdeadline", task="slow-verifier", harness="nop", verifier_timeout_s=limit)
+    await ctx.submit(spec)
+    done = await ctx.follow(spec.trial_id)
+    timed_out = done.termination_reason == R.TERMINATION_REASON_VERIFIER_TIMEOUT
+    expect(timed_out, f"ended {reason(done)}, not verifier_timeout: {done.error}")
+    expect(not done.has_reward, f"a verifier that timed out reported reward {done.reward}")
+    expect(done.timings.verify_s < limit + 60, f"verifier_timeout_s={limit}: verify took {done.timings.verify_s:.0f}s")
+    return f"verifier_timeout_s={limit:.0f}: verifier_timeout, no reward, verify {done.timings.verify_s:.1f}s"
 
 
 async def check_cancel_running(ctx: Ctx) -> str:
@@ -304,6 +321,7 @@ CHECKS: dict[str, Callable[[Ctx], Awaitable[str]]] = {
     "completes_with_reward": check_completes_with_reward,
     "verifier_failure_is_not_a_reward": check_verifier_failure_is_not_a_reward,
     "agent_deadline": check_agent_deadline,
+    "verifier_deadline": check_verifier_deadline,
     "cancel_running": check_cancel_running,
     "watch_run": check_watch_run,
 }

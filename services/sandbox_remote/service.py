@@ -99,7 +99,10 @@ class RemoteSandbox:
         if existing is not None and existing.spec == spec:
             return spec.trial_id, False
         await self.executor.validate(spec)  # an invalid spec is INVALID_ARGUMENT even under a taken id
+        existing = self.trials.get(spec.trial_id)  # again: a racing submit may have created it meanwhile
         if existing is not None:
+            if existing.spec == spec:
+                return spec.trial_id, False
             raise AlreadyExists(f"trial {spec.trial_id} already exists with a different spec")
         status = S.TrialStatus(trial_id=spec.trial_id, run_id=spec.run_id, state=QUEUED, updated_at=time.time())
         trial = Trial(spec=spec, status=status, trace_context=telemetry.inject())

@@ -62,7 +62,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[dict[str, object]]:
     }
     try:
         with executor(tmp_path / "executor", **worker) as proc:
-            async with remote_front(proc.url) as front:
+            async with remote_front(proc.url, capture_target=f"127.0.0.1:{capture.port}") as front:
                 yield {
                     "config": config,
                     "capture": f"127.0.0.1:{capture.port}",
