@@ -49,6 +49,7 @@ class Prepared:
 
     out: Path
     tasks: int
+    temperature: float
     files: dict[str, Path] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
@@ -150,7 +151,9 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None) -> Prepared
     files["launch"] = out / "launch.sh"
     files["launch"].write_text(launch_script(command))
     files["launch"].chmod(0o755)
-    return Prepared(out=out, tasks=len(train), files=files, overrides=overrides, command=command)
+    return Prepared(
+        out=out, tasks=len(train), temperature=cfg.run.temperature, files=files, overrides=overrides, command=command
+    )
 
 
 def launch_script(command: list[str]) -> str:
@@ -162,7 +165,7 @@ def launch_script(command: list[str]) -> str:
         "set -euo pipefail",
         f"cd {shlex.quote(str(repo))}  # agent_loop_config_path and stack.* resolve from here",
         f"export VERL_USE_EXTERNAL_MODULES={HOOKS_MODULE}",
-        " \\\n  ".join(shlex.quote(c) for c in command),
+        " \\\n  ".join([" ".join(shlex.quote(c) for c in command[:4]), *(shlex.quote(c) for c in command[4:])]),
     ]
     return "\n".join(lines) + "\n"
 
@@ -192,6 +195,13 @@ def dry_run(prepared: Prepared) -> Any:
     finally:
         GlobalHydra.instance().clear()
     _check_agent_loop(cfg)
+    verl_temperature = float(cfg.actor_rollout_ref.rollout.temperature)
+    if verl_temperature != prepared.temperature:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.temperature={verl_temperature} differs from the run's temperature="
+            f"{prepared.temperature} ([run] temperature): the trainer would train on another distribution "
+            "than the one sampled; set it in [run]"
+        )
     return cfg
 
 

@@ -111,6 +111,15 @@ def test_verls_trainers_compute_their_metrics_with_the_function_the_hook_wraps()
             n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "compute_data_metrics"
         ]
         assert "compute_data_metrics" in imports and calls, rel
+    # ...and hand a registered estimator exactly what tests.verl_support.compute_advantage does.
+    dispatch = (VERL / "trainer/ppo/ray_trainer.py").read_text()
+    for passed in (
+        '"token_level_rewards": data.batch["token_level_rewards"]',
+        '"response_mask": data.batch["response_mask"]',
+        '"config": config',
+        'adv_kwargs["index"] = data.non_tensor_batch["uid"]',
+    ):
+        assert passed in dispatch, passed
     fully_async = (VERL / "experimental/fully_async_policy/fully_async_trainer.py").read_text()
     assert "class FullyAsyncTrainer(SeparateRayPPOTrainer)" in fully_async
     assert "def _fit_collect_metrics" not in fully_async, "it inherits the separated trainer's"

@@ -133,6 +133,8 @@ def test_a_bad_override_is_refused_naming_it(
         with pytest.raises(ConfigError, match="verl rejects") as e:
             verl_prepare.dry_run(verl_prepare.prepare(QUICKSTART, tmp_path, [bad]))
         assert named in str(e.value), (bad, str(e.value))
+    with pytest.raises(ConfigError, match=r"temperature=1.0 differs from the run's temperature=0.7"):
+        verl_prepare.dry_run(verl_prepare.prepare(QUICKSTART, tmp_path, ["actor_rollout_ref.rollout.temperature=1.0"]))
 
 
 def test_a_written_agent_loop_file_never_holds_the_service_token(prepared: verl_prepare.Prepared) -> None:
