@@ -105,6 +105,9 @@ def check_sub_agent(o: Outcome) -> None:
     expect(sub is not None and sub["kind"] == "subagent" and sub["trainable"], f"no trainable sub-agent: {threads}")
     expect(sub is not None and sub["num_turns"] == 2, f"sub-agent turns: {sub}")
     expect(len(o.of("main")) == 1, f"main fragmented into {len(o.of('main'))} segments")
+    expect(all(s["trainable"] for s in o.of("main")), "main is not trainable")
+    agents = {n for n, t in threads.items() if t["kind"] != "side"}
+    expect(agents == {"main", "subagent-1"}, f"agent threads {sorted(agents)}, expected main and subagent-1")
 
 
 def check_compaction(o: Outcome) -> None:
