@@ -346,7 +346,7 @@ class ScriptedEngine(Engine):
                         *_rows(top_ids, top_lps, sent, end),
                     )
                     return
-                yield Chunk(
+                chunk = Chunk(
                     ids[sent:end],
                     logprobs[sent:end],
                     versions[sent:end],
@@ -355,7 +355,11 @@ class ScriptedEngine(Engine):
                     0,
                     *_rows(top_ids, top_lps, sent, end),
                 )
+                # Counted as sent before it leaves: a consumer that stops after receiving it
+                # (a stop string, an abort) ends this generator at the yield, and the abort
+                # record must hold every id it received.
                 sent = end
+                yield chunk
                 if self.script.chunk_delay_s:
                     await asyncio.sleep(self.script.chunk_delay_s)
             self._log(request, index, ids[:sent], logprobs[:sent], versions[:sent], "abort")

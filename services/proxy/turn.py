@@ -181,7 +181,8 @@ class ModelCall:
         committed = False
         try:
             for delta in out.feed(self.params.forcing.prefill):
-                yield self._named(delta) if delta.kind == "call" else delta
+                if (sent := self._outgoing(delta)) is not None:
+                    yield sent
             chunk: gateway_pb2.GenerateChunk | None = self._first
             while chunk is not None:
                 last = chunk
@@ -196,7 +197,8 @@ class ModelCall:
                         routes.append(_routes(t.routed_experts))
                     text = stopper.feed("".join(decoder.step(i) for i in np.frombuffer(t.ids, I32)))
                     for delta in out.feed(text):
-                        yield self._named(delta) if delta.kind == "call" else delta
+                        if (sent := self._outgoing(delta)) is not None:
+                            yield sent
                 if chunk.finish_reason or stopper.hit is not None:
                     if chunk.finish_reason and self.core.tracing:
                         await _drain(self._chunks)
@@ -209,10 +211,12 @@ class ModelCall:
             else:
                 await self._chunks.aclose()  # type: ignore[attr-defined]
             for delta in out.feed(stopper.flush()):
-                yield self._named(delta) if delta.kind == "call" else delta
+                if (sent := self._outgoing(delta)) is not None:
+                    yield sent
             final = out.finish()
             for delta in final.deltas:
-                yield self._named(delta) if delta.kind == "call" else delta
+                if (sent := self._outgoing(delta)) is not None:
+                    yield sent
             engine_finish = "stop" if stopper.hit is not None else last.finish_reason or "stop"
             sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
             # Each call keeps the id its first streamed delta carried and the arguments
@@ -284,6 +288,14 @@ class ModelCall:
 
     def _new_call_id(self) -> str:
         return f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}"
+
+    def _outgoing(self, delta: Delta) -> Delta | None:
+        """A delta as the client gets it: a call's first delta carries its id; calls past
+        ``forcing.max_calls`` (parallel_tool_calls false) are not sent, as Done drops them."""
+        limit = self.params.forcing.max_calls
+        if delta.kind in ("call", "args") and limit is not None and delta.index >= limit:
+            return None
+        return self._named(delta) if delta.kind == "call" else delta
 
     def _named(self, delta: Delta) -> Delta:
         """A call's first delta gets the call's id."""

@@ -93,7 +93,12 @@ def test_openai_chat_choices_turn_by_turn(stack: Stack) -> None:
     ]
     got = []
     for choice, extra in choices:
-        r = c.chat.completions.create(model=MODEL, messages=messages, tools=[bash, edit], tool_choice=choice, **extra)
+        kw = {"model": MODEL, "messages": messages, "tools": [bash, edit], "tool_choice": choice, **extra}
+        if "parallel_tool_calls" in extra:  # streamed: the dropped call's deltas are not sent either
+            with c.chat.completions.stream(**kw) as s:
+                r = s.get_final_completion()
+        else:
+            r = c.chat.completions.create(**kw)
         m = r.choices[0].message
         got.append(
             (
@@ -181,9 +186,17 @@ def test_responses_choices_turn_by_turn(stack: Stack) -> None:
     got = []
     for choice, extra in choices:  # chained with previous_response_id: forcing and state together
         kw = {"previous_response_id": previous} if previous else {}
-        r = c.responses.create(
-            model=MODEL, instructions=SYSTEM, input=new, tools=tools, tool_choice=choice, **kw, **extra
-        )
+        body = {"model": MODEL, "instructions": SYSTEM, "input": new, "tools": tools, "tool_choice": choice}
+        if "parallel_tool_calls" in extra:  # streamed: the dropped call's events are not sent either
+            events = list(c.responses.create(**body, **kw, **extra, stream=True))
+            assert [e.item.type for e in events if e.type == "response.output_item.added"] == [
+                "message",
+                "function_call",
+            ]
+            r = events[-1].response
+            r.tool_choice = choice  # a streamed response object does not repeat the request's fields
+        else:
+            r = c.responses.create(**body, **kw, **extra)
         calls = [o for o in r.output if o.type == "function_call"]
         got.append((r.output_text, [(f.name, json.loads(f.arguments)) for f in calls]))  # type: ignore[union-attr]
         assert r.tool_choice == choice if isinstance(choice, str) else r.tool_choice.name == "bash"  # type: ignore[union-attr]
