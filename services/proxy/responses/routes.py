@@ -45,7 +45,7 @@ async def responses(trial_id: str, request: Request) -> Response:
         _store(trial, body, done, custom)
 
     if body.stream:
-        stream = _Stream(call, body.model, custom, lp, store)
+        stream = _Stream(call, body.model, custom, lp, store, _echo(body))
         return StreamingResponse(stream.events(), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
@@ -171,15 +171,20 @@ class _Stream:
         custom: set[str],
         lp: TokenLogprobs | None,
         on_done: Callable[[Done], None] | None = None,
+        echo: dict[str, Any] | None = None,
     ) -> None:
         self.call, self.model, self.custom, self.lp = call, model, custom, lp
         self.on_done = on_done  # called once the turn is committed, before response.completed
+        self.echo = echo or {}  # request fields every response object repeats
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.open: str | None = None  # "reasoning" | "text" | "call"
         self.buffer = ""  # the open item's text (a call's: its arguments)
         self.tool = ("", "")  # the open call's id and name
         self.held: list[Delta] = []  # tool deltas sent after the message (when it carries logprobs)
+
+    def _response(self, status: str, output: list[dict[str, Any]], done: Done | None) -> dict[str, Any]:
+        return {**response_object(self.call.turn_id, self.model, status, output, done), **self.echo}
 
     def ev(self, kind: str, **data: Any) -> bytes:
         self.seq += 1
@@ -292,8 +297,8 @@ class _Stream:
 
     async def events(self) -> AsyncIterator[bytes]:
         turn = self.call.turn_id
-        yield self.ev("response.created", response=response_object(turn, self.model, "in_progress", [], None))
-        yield self.ev("response.in_progress", response=response_object(turn, self.model, "in_progress", [], None))
+        yield self.ev("response.created", response=self._response("in_progress", [], None))
+        yield self.ev("response.in_progress", response=self._response("in_progress", [], None))
         try:
             async for event in self.call.events():
                 if isinstance(event, Done):
@@ -302,7 +307,7 @@ class _Stream:
                             yield b
                     for b in self._close(event):  # every other call has streamed by now
                         yield b
-                    final = response_object(turn, self.model, "completed", self.output, event)
+                    final = self._response("completed", self.output, event)
                     if self.on_done is not None:
                         self.on_done(event)
                     yield self.ev("response.completed", response=final)
@@ -333,7 +338,7 @@ class _Stream:
                     yield self._text_delta(event.text, self.lp.take() if self.lp else [])
         except Exception as e:  # noqa: BLE001 - the status line is gone; the SDK reads response.failed
             body = error_body(e, "openai")["error"]
-            failed = response_object(turn, self.model, "failed", self.output, None)
+            failed = self._response("failed", self.output, None)
             failed["error"] = {
                 "code": "context_length_exceeded" if isinstance(e, ContextOverflow) else body["code"] or "server_error",
                 "message": body["message"],

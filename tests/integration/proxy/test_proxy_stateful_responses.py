@@ -94,7 +94,8 @@ def test_a_chain_of_four_is_one_segment_identical_to_sending_the_whole_input(sta
     chained = play(client(stack, "chain-1"), chained=True)
     assert [o.type for o in chained[0].output] == ["message", "function_call"]
     assert chained[2].output_text == "It says hello. Done." and chained[3].output_text == "You are welcome."
-    assert chained[2].previous_response_id == chained[1].id and chained[3].store is True
+    assert [r.previous_response_id for r in chained] == [None, *(r.id for r in chained[:3])]  # one streamed
+    assert all(r.store is True for r in chained)
     summary = stack.close_trial("chain-1")
     assert (summary["num_turns"], summary["num_segments"], summary["render_mismatches"]) == (4, 1, 0)
     assert summary["refused_requests"] == 0 and summary["stored_responses"] == 0, "dropped at close"

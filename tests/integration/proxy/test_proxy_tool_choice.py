@@ -194,7 +194,6 @@ def test_responses_choices_turn_by_turn(stack: Stack) -> None:
                 "function_call",
             ]
             r = events[-1].response
-            r.tool_choice = choice  # a streamed response object does not repeat the request's fields
         else:
             r = c.responses.create(**body, **kw, **extra)
         calls = [o for o in r.output if o.type == "function_call"]
