@@ -113,7 +113,7 @@ class OutputStream:
             visible = visible[: len(visible) - _partial_suffix(visible, self._parser.markers)]
         self._emit_content(visible.strip(), out)
         if cut >= 0:
-            self._calls = self._parser.streamer()
+            self._calls = self._parser.streamer(self._tools)
             out += self._calls.feed(self._content[cut:])
 
     def _emit_content(self, target: str, out: list[Delta]) -> None:
@@ -135,7 +135,7 @@ class OutputStream:
         self._emit_content(final, out)
         content = self._emitted if final.startswith(self._emitted) else final
         calls = [] if result.malformed else result.calls
-        owed, arguments = (self._calls or self._parser.streamer()).finish(result) if calls else ([], [])
+        owed, arguments = (self._calls or self._parser.streamer(self._tools)).finish(result) if calls else ([], [])
         return Final(self.reasoning, content, calls, result.malformed, out + owed, arguments)
 
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool
+from services.proxy.chat.qwen3stream import Qwen3CoderStream
 from services.proxy.chat.toolstream import HermesStream, ToolStream
 
 
@@ -46,7 +47,7 @@ class ToolParser(ABC):
         """True when the whole output may be a call (streaming must hold it all back)."""
         return False
 
-    def streamer(self) -> ToolStream:
+    def streamer(self, tools: tuple[Tool, ...] = ()) -> ToolStream:
         """Reads the tool-call region as it arrives (see ``toolstream``); the default
         sends each call whole once the output has been parsed."""
         return ToolStream()
@@ -64,7 +65,7 @@ class HermesParser(ToolParser):
     markers = ("<tool_call>",)
     _block = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)
 
-    def streamer(self) -> ToolStream:
+    def streamer(self, tools: tuple[Tool, ...] = ()) -> ToolStream:
         return HermesStream()
 
     def parse(self, text: str, tools: tuple[Tool, ...]) -> ParseResult:
@@ -92,6 +93,9 @@ class Qwen3CoderParser(ToolParser):
     markers = ("<tool_call>",)
     _block = re.compile(r"\s*<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool_call>\s*", re.S)
     _param = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.S)
+
+    def streamer(self, tools: tuple[Tool, ...] = ()) -> ToolStream:
+        return Qwen3CoderStream(tools)
 
     def parse(self, text: str, tools: tuple[Tool, ...]) -> ParseResult:
         split = _split_region(text, self.markers[0])

@@ -202,3 +202,61 @@ def test_canonical_member_events_and_leftover() -> None:
 def test_canonical_rejects_what_json_rejects(bad: str) -> None:
     with pytest.raises(JsonError):
         JsonCanon().feed(bad)
+
+
+# -- qwen3_coder: XML-ish parameters, converted by the tool's schema -------------------
+
+QWEN_TOOLS = (
+    Tool("bash", "", {"type": "object", "properties": {"command": {"type": "string"}}}),
+    Tool("edit", "", {"type": "object", "properties": {"line": {"type": "integer"}, "opts": {"type": "object"}}}),
+)
+QWEN_CALLS = [
+    # a string value with quotes, backslashes, tags, braces and inner newlines; a converted integer and object
+    'Editing.\n<tool_call>\n<function=bash>\n<parameter=command>\necho "a\\b" <x> {y}\nsecond line\n'
+    "</parameter>\n</function>\n</tool_call>\n"
+    '<tool_call>\n<function=edit>\n<parameter=line>\n12\n</parameter>\n<parameter=opts>\n{"a": [true, 1.50]}\n'
+    "</parameter>\n<parameter=note>\n\n</parameter>\n</function>\n</tool_call>",
+    # no newlines around values, an empty string, a value ending in a newline of its own
+    "<tool_call><function=bash><parameter=command>ls</parameter></function></tool_call>"
+    "<tool_call><function=bash><parameter=command>\n\n</parameter></function></tool_call>"
+    "<tool_call><function=bash><parameter=command>\nx\n\n</parameter></function></tool_call>",
+    # a parameter the schema does not know (a string), an integer that does not parse (kept as text)
+    "<tool_call>\n<function=edit>\n<parameter=line>\ntwelve\n</parameter>\n<parameter=why>\n</param\n"
+    "</parameter>\n</function>\n</tool_call>",
+]
+
+
+def qwen(text: str, pieces: list[str]) -> tuple[list[Delta], Final]:
+    from services.proxy.chat.toolparsers import Qwen3CoderParser
+
+    s = OutputStream(Qwen3CoderParser(), QWEN_TOOLS)
+    deltas = [d for p in pieces for d in s.feed(p)]
+    final = s.finish()
+    return deltas + final.deltas, final
+
+
+@pytest.mark.parametrize("text", QWEN_CALLS)
+def test_qwen3_coder_every_split_gives_the_parsed_calls(text: str) -> None:
+    from services.proxy.chat.toolparsers import Qwen3CoderParser
+
+    parsed = Qwen3CoderParser().parse(text, QWEN_TOOLS)
+    assert not parsed.malformed and parsed.calls
+    canonical = [json.dumps(c.arguments, ensure_ascii=False) for c in parsed.calls]
+    for pieces in [list(text), *([text[:cut], text[cut:]] for cut in range(len(text) + 1))]:
+        deltas, final = qwen(text, pieces)
+        assert not final.malformed and final.arguments == canonical
+        assert [(d.index, d.text) for d in deltas if d.kind == "call"] == [
+            (i, c.name) for i, c in enumerate(parsed.calls)
+        ]
+        assert [args_of(deltas)[i] for i in range(len(canonical))] == canonical
+    if text == QWEN_CALLS[0]:
+        deltas, _ = qwen(text, list(text))
+        assert len([d for d in deltas if d.kind == "args" and d.index == 0]) > 10, "a string value streams as written"
+
+
+def test_qwen3_coder_unclosed_call_ends_as_text() -> None:
+    text = "Sure. <tool_call>\n<function=bash>\n<parameter=command>\nls -la"
+    deltas, final = qwen(text, list(text))
+    assert final.malformed and final.calls == [] and final.content == text
+    assert [d.text for d in deltas if d.kind == "call"] == ["bash"]
+    assert args_of(deltas)[0] == '{"command": "ls -la', "the value streamed, never closed"
