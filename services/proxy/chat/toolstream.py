@@ -356,6 +356,11 @@ class HermesStream(ToolStream):
         base = self._json.size
         canon, events, rest = self._json.feed(buf)
         call.obj.append(canon)
+        if not events and rest is None and call.started and call.args_start >= 0 > call.args_end:
+            if canon:  # the common case, inside the arguments: all of it is theirs
+                call.args.append(canon)
+                out.append(Delta("args", canon, index))
+            return None
         for kind, key, offset in events:
             if key != "arguments":
                 continue
