@@ -153,11 +153,9 @@ def test_a_batch_without_harnessrl_rows_gets_no_harnessrl_metrics() -> None:
 
 def test_verl_loads_the_hooks_in_every_process_through_its_external_modules_variable() -> None:
     """verl's own mechanism (VERL_USE_EXTERNAL_MODULES, read on `import verl`), in a fresh
-    interpreter, as in each Ray actor: the estimator is registered, a module that takes
-    compute_data_metrics by name afterwards (as verl's trainers do) gets the wrapper, and
-    one that took it before is rewired."""
+    interpreter, as in each Ray actor: the estimator is registered and a module that takes
+    compute_data_metrics by name afterwards (as verl's trainers do) gets the wrapper."""
     code = (
-        "import sys, types\n"
         "import verl\n"
         "from verl.trainer.ppo import core_algos\n"
         "from verl.trainer.ppo.metric_utils import compute_data_metrics\n"
@@ -168,21 +166,17 @@ def test_verl_loads_the_hooks_in_every_process_through_its_external_modules_vari
     env = os.environ | {"VERL_USE_EXTERNAL_MODULES": "stack.verl_hooks", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
-    early = (
-        "import sys, types\n"
-        "from verl.trainer.ppo.metric_utils import compute_data_metrics as before\n"
-        "sys.modules['early'] = types.SimpleNamespace(compute_data_metrics=before)\n"
-        "from verl.trainer.ppo import core_algos\n"
-        "try:\n"
-        "    core_algos.get_adv_estimator_fn('harnessrl_grpo')\n"
-        "except ValueError as e:\n"
-        "    print('unknown before:', e)\n"
-        "import stack.verl_hooks\n"
-        "assert sys.modules['early'].compute_data_metrics.harnessrl\n"
-        "core_algos.get_adv_estimator_fn('harnessrl_grpo')\n"
-        "print('ok')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"} | {"PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", early], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-1] == "ok" and "unknown before:" in done.stdout
+
+
+def test_a_module_that_took_the_function_before_the_hook_is_rewired(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    original = metric_utils.compute_data_metrics.__wrapped__  # type: ignore[attr-defined]
+    early = types.ModuleType("early_trainer")
+    early.compute_data_metrics = original  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "early_trainer", early)
+    monkeypatch.setattr(metric_utils, "compute_data_metrics", original)
+    verl_hooks.install_metrics()
+    assert early.compute_data_metrics.harnessrl and metric_utils.compute_data_metrics.harnessrl  # type: ignore[attr-defined]
+    verl_hooks.install_metrics()  # idempotent: no wrapper around the wrapper
+    assert metric_utils.compute_data_metrics.__wrapped__ is original  # type: ignore[attr-defined]
