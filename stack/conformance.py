@@ -259,16 +259,39 @@ def openhands_scenarios() -> dict[str, Scenario | str]:
         {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"message": "Created hello.txt"}}]},
     ]
 
+    compact = [
+        bash("terminal", "seq 1 2000"),
+        bash("terminal", "echo hello > hello.txt"),
+        bash("terminal", "cat hello.txt"),
+        bash("terminal", "ls"),
+        bash("terminal", "pwd"),
+        main[-1],
+    ]
+
     def finished(o: Outcome) -> None:
         done_file(o)
         expect("FINISHED" in o.proc.stdout, "the conversation did not finish")
 
+    def compacted(o: Outcome) -> None:
+        finished(o)
+        check_compaction(o)
+
+    def condensed_by_a_side_call(o: Outcome) -> None:
+        compacted(o)
+        check_side_calls(o)
+
     return {
         "tools": Scenario({"main": main}, finished, min_main_turns=3),
         "sub-agent": "the SDK agent here has terminal and file editor only (no delegation tool)",
-        "compaction": "not pinned yet: the SDK compacts only with a condenser (conformance_openhands.py takes "
-        "condenser_max_size), not run here",
-        "side calls": "the SDK agent makes only the agent's calls",
+        # with the SDK's LLMSummarizingCondenser (max_size 6 events, the first kept): past 6 events it
+        # summarises the middle ones (the seq output among them) in a call of its own
+        "compaction": Scenario(
+            {"main": compact, "*": [{"content": SUMMARY}]}, compacted, options={"condenser_max_size": 6}
+        ),
+        # the compaction run again, checked for the condenser's summary call
+        "side calls": Scenario(
+            {"main": compact, "*": [{"content": SUMMARY}]}, condensed_by_a_side_call, options={"condenser_max_size": 6}
+        ),
     }
 
 

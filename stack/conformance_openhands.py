@@ -19,7 +19,7 @@ if max_size > 0:
     from openhands.sdk.context.condenser import LLMSummarizingCondenser
 
     summarizer = llm.model_copy(update={"usage_id": "condenser"})
-    kwargs["condenser"] = LLMSummarizingCondenser(llm=summarizer, max_size=max_size, keep_first=2)
+    kwargs["condenser"] = LLMSummarizingCondenser(llm=summarizer, max_size=max_size, keep_first=1)
 agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)], **kwargs)
 conversation = Conversation(agent=agent, workspace=workdir, visualizer=None)
 conversation.send_message(task)

@@ -31,11 +31,14 @@ Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
    b. an assistant message that is one of the proxy's own turns of that thread,
       recognised as in 3 (a compaction that keeps recent turns, a summary kept
       as an assistant message, as OpenCode does);
-   c. a message quoting a line of one of the proxy's own text turns (at least
-      ``QUOTE_MIN_CHARS``, tags aside): the summary a compaction call produced, pasted into
-      the new context (Claude Code's "This session is being continued..."). A
-      summary sampled in a side call counts for the conversation that call
-      forked from (its first message, or turns it carried over).
+   c. a message quoting a line of one of the proxy's own text turns (at
+      least ``QUOTE_MIN_CHARS``, tags aside): the summary a compaction call
+      produced, pasted into the new context (Claude Code's "This session is
+      being continued..."). A summary sampled in a side call counts for the
+      conversation that call forked from: the one it carried over (a or b),
+      else the agent thread whose turn came last before it, as the harness's
+      loop made it between two of that thread's turns (the OpenHands SDK's
+      condenser sends the forgotten events as text, under its own prompt).
 
    A compaction always carries its summary over, and the summary is sampled
    here, so a compaction is a rewrite; a sub-agent starts fresh with its own
@@ -260,6 +263,7 @@ class TrialCapture:
         self._main_requires_tools = main_requires_tools
         self._render_check = render_check
         self._counts = {"subagent": 0, "side": 0}
+        self._last_agent: Thread | None = None  # the agent thread of the latest committed turn
         self.render_mismatches = 0
 
     # -- planning -------------------------------------------------------------
@@ -341,7 +345,9 @@ class TrialCapture:
             self._counts[kind] += 1
             name = f"{kind}-{self._counts[kind]}"
         root = conv.messages[0] if conv.messages else None
-        forked_from = carried.lineage if carried is not None and kind == SIDE else None
+        forked_from = None
+        if kind == SIDE:
+            forked_from = carried.lineage if carried is not None else self._last_agent
         thread = Thread(name, kind, kind in self._trainable, conv.system, root, forked_from)
         self.threads[name] = thread
         self._by_system.setdefault(conv.system, []).append(thread)
@@ -377,6 +383,8 @@ class TrialCapture:
             thread.system = plan.conv.system
         thread.calls += 1
         self._ours.add(turn, thread)
+        if thread.kind != SIDE:
+            self._last_agent = thread
         return parts
 
     @staticmethod

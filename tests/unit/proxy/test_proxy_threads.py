@@ -130,3 +130,31 @@ def test_side_threads_follow_trainable_kinds(renderer: Renderer) -> None:
     _, side = h.call(conv(Message("user", "A title for this"), system="titles", tools=()), with_tool=False)
     assert side.thread.kind == "side" and side.thread.trainable
     h.check_invariants()
+
+
+def test_compaction_through_a_summary_call_that_carries_nothing_openhands_shape(harness: Harness) -> None:
+    """The OpenHands SDK's condenser sends the forgotten events as text under its own
+    prompt: nothing carried over, so the call forks from the agent thread whose turn
+    came last. The condensed view (the summary, the last event) quotes the summary:
+    main's next segment, not a new sub-agent."""
+    history = two_main_turns(harness)
+    events = Message("user", "<EVENT>ran ls</EVENT><EVENT>wrote the file</EVENT> Summarise these events.")
+    _, sp = harness.call(conv(events, system="", tools=()), with_tool=False, text=SUMMARY)
+    assert sp.thread.kind == "side" and sp.thread.forked_from is harness.capture.threads["main"]
+    _, mp = harness.call(conv(Message("user", SUMMARY), history[-1]))
+    assert mp.thread.name == "main" and mp.extends is None
+    assert set(harness.capture.threads) == {"main", "side-1"}
+    harness.check_invariants()
+
+
+def test_a_side_call_before_any_agent_turn_forks_from_nothing(harness: Harness) -> None:
+    _, side = harness.call(
+        conv(Message("user", "Summarise the repository"), system="s", tools=()), with_tool=False, text=SUMMARY
+    )
+    assert side.thread.forked_from is None
+    _, p = harness.call(conv(Message("user", SUMMARY)))  # the first agent call is main whatever it quotes
+    assert p.thread.name == "main"
+    _, q = harness.call(
+        conv(Message("user", f"Also: {SUMMARY}"))
+    )  # a side thread's quote never makes a sub-agent main's
+    assert q.thread.name == "subagent-1"
