@@ -24,12 +24,21 @@ DEVICE_HELP = "'auto' (CUDA when torch sees a GPU, else CPU), 'cpu', 'cuda' or '
 DTYPES = ("fp32", "bf16")
 
 
+def check_device_name(name: str) -> str:
+    """A settings validator: the name unchanged, or a ValueError that lists the valid forms."""
+    if not isinstance(name, str) or not re.match(DEVICE_PATTERN, name):
+        raise ValueError(f"device {name!r} is not valid; use {DEVICE_HELP}")
+    return name
+
+
 def resolve_device(name: str) -> torch.device:
     """The torch device a setting names; a clear ConfigError when it is malformed or absent here."""
     import torch
 
-    if not isinstance(name, str) or not re.match(DEVICE_PATTERN, name):
-        raise ConfigError(f"device {name!r} is not valid; use {DEVICE_HELP}")
+    try:
+        check_device_name(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     if name == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if name == "cpu":

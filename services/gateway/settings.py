@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
-from harnessrl.torchdevice import DEVICE_HELP, DEVICE_PATTERN
+from harnessrl.torchdevice import DEVICE_HELP, check_device_name
 
 
 class Settings(ServiceSettings):
@@ -70,7 +70,7 @@ class Settings(ServiceSettings):
         131_072, ge=0, description="Bound on the tokens held by the cross-turn KV caches of the local engine."
     )
     torch_threads: int | None = Field(None, ge=1, le=1024, description="torch.set_num_threads; default: torch's.")
-    device: str = Field("cpu", pattern=DEVICE_PATTERN, description=f"Where the local engine runs: {DEVICE_HELP}.")
+    device: str = Field("cpu", description=f"Where the local engine runs: {DEVICE_HELP}.")
     dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="The local engine's weights; sampling always reads fp32 logits."
     )
@@ -95,6 +95,11 @@ class Settings(ServiceSettings):
     vllm_max_concurrency: int = Field(
         256, ge=1, le=100_000, description="Requests in flight per vLLM server (used for least-loaded routing)."
     )
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        return check_device_name(value)
 
     @field_validator("engine")
     @classmethod

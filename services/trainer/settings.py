@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl.config import ServiceSettings
-from harnessrl.torchdevice import DEVICE_HELP, DEVICE_PATTERN
+from harnessrl.torchdevice import DEVICE_HELP, check_device_name
 
 ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized")
 LOSS_MODES = ("gspo", "vanilla", "grpo")
@@ -121,13 +121,18 @@ class Settings(ServiceSettings):
     service_token: SecretStr | None = Field(None, description="Bearer token for calls to other services.")
     consumer_group: str = Field("trainer", min_length=1)
     keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept on disk.")
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=f"Where the policy trains: {DEVICE_HELP}.")
+    device: str = Field("auto", description=f"Where the policy trains: {DEVICE_HELP}.")
     dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="The policy's weights (and optimizer state); logprobs come from fp32 logits either way."
     )
     algo: AlgoSettings = Field(default_factory=AlgoSettings)  # type: ignore[arg-type]
     optim: OptimSettings = Field(default_factory=OptimSettings)  # type: ignore[arg-type]
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)  # type: ignore[arg-type]
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        return check_device_name(value)
 
     def resolved_model_path(self) -> Path:
         from harnessrl import paths

@@ -109,7 +109,9 @@ def test_bf16_policy_trains_in_bf16_close_to_fp32(model_dir: Path, groups: list[
 
 @pytest.mark.parametrize("field, value", [("device", "gpu"), ("device", "cuda:x"), ("device", ""), ("dtype", "fp16")])
 def test_settings_refuse_a_bad_device_or_dtype(field: str, value: str) -> None:
-    with pytest.raises(ValidationError, match=field):
+    with pytest.raises(
+        ValidationError, match=f"{field}\n.*(is not valid; use 'auto'|Input should be 'fp32' or 'bf16')"
+    ):
         Settings(**{field: value})  # type: ignore[arg-type]
 
 
@@ -135,3 +137,22 @@ def test_resolve_names_the_problem() -> None:
 def test_cuda_is_refused_where_there_is_none(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="torch sees no CUDA device"):
         trainer(model_dir, tmp_path, device="cuda")
+
+
+@pytest.mark.parametrize(
+    "section, cls_path",
+    [("trainer", "services.trainer.settings"), ("gateway", "services.gateway.settings")],
+)
+def test_a_config_file_with_a_bad_device_names_file_and_field(section: str, cls_path: str, tmp_path: Path) -> None:
+    import importlib
+
+    from harnessrl.config import load_section
+
+    cls = importlib.import_module(cls_path).Settings
+    path = tmp_path / "run.toml"
+    path.write_text(f'[{section}]\ndevice = "gpu0"\n')
+    with pytest.raises(ConfigError, match=rf"{path}: \[{section}\]: device: .*'gpu0' is not valid; use 'auto'"):
+        load_section(cls, path, section)
+    path.write_text(f'[{section}]\ndevice = "cuda:1"\ndtype = "bf16"\n')
+    settings = load_section(cls, path, section)
+    assert (settings.device, settings.dtype) == ("cuda:1", "bf16")  # parsed; resolved (and refused) at start
