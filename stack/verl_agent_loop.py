@@ -201,7 +201,7 @@ class _WorkerGateway:
     def __init__(self) -> None:
         self.target: str | None = None
         self.engine: VerlServerEngine | None = None
-        self._lock = asyncio.Lock()
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._server: Any = None
 
     async def ensure(
@@ -210,7 +210,7 @@ class _WorkerGateway:
         """The worker's gateway, started on first use: bound to ``bind`` and named to the
         proxy as ``address:port`` (``address`` defaults to ``bind``; with ``bind`` 0.0.0.0,
         to this host's address, which a proxy on another node can reach)."""
-        async with self._lock:
+        async with self._lock():
             if self.target is None or self.engine is None:
                 self.engine = VerlServerEngine(server_manager, vocab_size)
                 self._server, port = await serve_engine(self.engine, bind)
@@ -218,9 +218,17 @@ class _WorkerGateway:
                 self.target = check_target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             return self.target, self.engine
 
+    def _lock(self) -> asyncio.Lock:
+        # One lock per event loop: verl runs one loop per worker, a process that runs several
+        # loops in turn (tests) must not reuse a lock bound to a finished one.
+        loop = asyncio.get_running_loop()
+        if loop not in self._locks:
+            self._locks = {loop: asyncio.Lock()}
+        return self._locks[loop]
+
     async def close(self) -> None:
         """Stops the worker's gateway (verl ends workers by killing them; tests call this)."""
-        async with self._lock:
+        async with self._lock():
             if self._server is not None:
                 await self._server.stop(0)
             self._server, self.target, self.engine = None, None, None

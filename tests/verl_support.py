@@ -2,11 +2,59 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
+import hydra
+import numpy as np
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    AgentLoopWorker,
+    DictConfigWrap,
+    ToolListWrap,
+)
 from verl.trainer.ppo import core_algos
+from verl.workers.rollout.replica import TokenOutput
+
+STACK_VERL = Path(__file__).resolve().parents[1] / "stack" / "verl"
+AGENT_LOOPS = STACK_VERL / "agent_loops.yaml"
+
+
+class FakeServerManager:
+    """verl's server manager interface (generate -> TokenOutput), deterministic."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[int], dict[str, Any]]] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
+        self.calls.append((request_id, prompt_ids, sampling_params))
+        n = 4
+        ids = [(sum(prompt_ids) + i) % 1000 + 3 for i in range(n)]
+        routes = np.arange((len(prompt_ids) + n) * 2 * 2).reshape(-1, 2, 2) % 8
+        return TokenOutput(token_ids=ids, log_probs=[-0.5 - 0.1 * i for i in range(n)], routed_experts=routes.tolist())
+
+
+def agent_loop(manager: FakeServerManager, tokenizer: Any, prompt_length: int, response_length: int, **kw: Any) -> Any:
+    """Exactly how verl's AgentLoopWorker builds an agent loop from agent_loop_config_path."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    rollout = {"prompt_length": prompt_length, "response_length": response_length, "n": 2}
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}})
+    (entry,) = OmegaConf.load(AGENT_LOOPS)
+    return hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=manager,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type="llama",
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        tools=ToolListWrap([]),
+        **kw,
+    )
 
 
 def verl_worker(tokenizer: Any, prompt_length: int, response_length: int) -> AgentLoopWorker:

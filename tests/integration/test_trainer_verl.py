@@ -10,18 +10,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
-    DictConfigWrap,
-    ToolListWrap,
     _agent_loop_registry,
 )
-from verl.workers.rollout.replica import TokenOutput
 
 from harnessrl import arrays, paths
 from harnessrl.errors import InvalidArgument
@@ -33,24 +28,7 @@ from harnessrl.v1 import (
 from services.gateway.scripted import read_generation_log
 from stack import verl_agent_loop as val
 from tests.trainer_support import TR, segment, trajectory
-from tests.verl_support import verl_batch, verl_worker
-
-STACK_VERL = Path(val.__file__).parent / "verl"
-AGENT_LOOPS = STACK_VERL / "agent_loops.yaml"
-
-
-class FakeServerManager:
-    """verl's server manager interface (generate -> TokenOutput), deterministic."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[int], dict[str, Any]]] = []
-
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
-        self.calls.append((request_id, prompt_ids, sampling_params))
-        n = 4
-        ids = [(sum(prompt_ids) + i) % 1000 + 3 for i in range(n)]
-        routes = np.arange((len(prompt_ids) + n) * 2 * 2).reshape(-1, 2, 2) % 8
-        return TokenOutput(token_ids=ids, log_probs=[-0.5 - 0.1 * i for i in range(n)], routed_experts=routes.tolist())
+from tests.verl_support import AGENT_LOOPS, STACK_VERL, FakeServerManager, agent_loop, verl_batch, verl_worker
 
 
 def test_agent_loop_is_registered_with_verl() -> None:
@@ -205,27 +183,6 @@ urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), 
 PY
 echo hello > hello.txt
 """
-
-
-def agent_loop(manager: FakeServerManager, tokenizer: Any, prompt_length: int, response_length: int, **kw: Any) -> Any:
-    """Exactly how verl's AgentLoopWorker builds an agent loop from agent_loop_config_path."""
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    rollout = {"prompt_length": prompt_length, "response_length": response_length, "n": 2}
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}})
-    (entry,) = OmegaConf.load(AGENT_LOOPS)
-    return hydra.utils.instantiate(
-        config=entry,
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=manager,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type="llama",
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(OmegaConf.create({})),
-        tools=ToolListWrap([]),
-        **kw,
-    )
 
 
 @pytest.mark.skipif(not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")

@@ -6,6 +6,9 @@ step metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +19,7 @@ from harnessrl import paths
 from stack import verl_hooks
 from stack import verl_outputs as vo
 from tests.trainer_support import TR, segment, trajectory
-from tests.verl_support import compute_advantage, verl_batch, verl_worker
+from tests.verl_support import FakeServerManager, agent_loop, compute_advantage, verl_batch, verl_worker
 
 
 def compacted(tid: str = "t", reward: float = 1.0, long_sub: bool = False) -> Any:
@@ -97,3 +100,69 @@ async def test_one_row_per_trial_counts_the_dropped_segments_in_verls_step_metri
     batch = compute_advantage(batch, adv_estimator=verl_hooks.ESTIMATOR, config=AlgoConfig())
     metrics = metric_utils.compute_data_metrics(batch=batch, use_critic=False)
     assert metrics["harnessrl/dropped_segments"] == 4.0 and metrics["harnessrl/masked_rows"] == 0.0
+
+
+# The harness: the main thread's first call, its history rewritten (a reminder injected,
+# the first reply dropped: the main thread's next segment), and a sub-agent with its own task.
+CALLS = """set -e
+python3 - <<'PY'
+import json, os, urllib.request
+
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+def chat(messages):
+    body = json.dumps({"model": os.environ["HARNESSRL_MODEL"], "tools": tools, "messages": messages}).encode()
+    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"}
+    url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+    urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=60).read()
+
+chat([{"role": "user", "content": "go"}])
+chat([{"role": "user", "content": "go"}, {"role": "user", "content": "reminder: keep going"}])
+chat([{"role": "user", "content": "sub-task: look around"}])
+PY
+echo hello > hello.txt
+"""
+
+
+@pytest.mark.skipif(not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_a_real_trials_segments_reach_verl_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the real sandbox, proxy and capture store: a trial whose main thread was
+    rewritten once and that ran a sub-agent has three trainable segments; segments=all
+    makes each a row with the trial's reward, segments=last keeps main's last and counts
+    the two others."""
+    from transformers import AutoTokenizer
+
+    from services.sandbox.server import create_sandbox_server
+    from stack import verl_agent_loop as val
+    from tests.sandbox_support import make_task, model_stack
+
+    task = make_task(tmp_path / "tasks", "good")
+    tokenizer = AutoTokenizer.from_pretrained(paths.default_model_dir())
+    manager = FakeServerManager()
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    async with model_stack(tmp_path / "stack", {"*": [{"content": "from A"}]}) as stack:
+        sandbox = await create_sandbox_server(stack.sandbox_settings(tmp_path, heartbeat_s=0.2, concurrency=2))
+        monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", f"127.0.0.1:{sandbox.port}")
+        monkeypatch.setenv("HARNESSRL_CAPTURE_TARGET", f"127.0.0.1:{stack.capture.port}")
+        monkeypatch.setenv("HARNESSRL_HARNESS", "shell")
+        options = {"harness_options": {"script": CALLS}}
+        every = agent_loop(manager, tokenizer, 4096, 32, segments="all", **options)
+        last = agent_loop(manager, tokenizer, 4096, 32, **options)
+        try:
+            rows, one = await asyncio.gather(
+                every.run(params, task_path=str(task), task_id="good", uid="g", global_steps=1),
+                last.run(params, task_path=str(task), task_id="good", uid="g", global_steps=1),
+            )
+        finally:
+            await sandbox.stop(0)
+            await val._GATEWAY.close()
+    assert isinstance(rows, list) and not isinstance(one, list)
+    assert [r.extra_fields["harnessrl_segment"] for r in rows] == ["subagent-1/0", "main/0", "main/1"]
+    assert [r.reward_score for r in rows] == [1.0, 1.0, 1.0]
+    sampled = [[(sum(prompt) + k) % 1000 + 3 for k in range(4)] for _, prompt, _ in manager.calls]
+    assert all(r.response_ids in sampled for r in rows), "each row holds what verl's replicas sampled"
+    assert one.extra_fields["harnessrl_segment"] == "main/1" and one.extra_fields["harnessrl_dropped_segments"] == 2
+    batch = await verl_batch(
+        verl_worker(tokenizer, 4096, 32), [r.model_copy(update={"routed_experts": None}) for r in rows]
+    )
+    assert batch.batch["response_mask"].sum(-1).tolist() == [4, 4, 4]
