@@ -70,6 +70,7 @@ class Trial:
     aborted_turns: int = 0
     max_turns_reached: bool = False
     malformed_tool_calls: int = 0
+    dropped_tool_calls: int = 0  # parsed calls not returned: past parallel_tool_calls=false's first
     # Requests this proxy refused itself (a 4xx of its own) and failures inside it:
     # either makes the trial an infrastructure failure (termination reason proxy_error).
     refused_requests: int = 0
@@ -136,6 +137,7 @@ class Trial:
             "aborted_turns": self.aborted_turns,
             "max_turns_reached": self.max_turns_reached,
             "malformed_tool_calls": self.malformed_tool_calls,
+            "dropped_tool_calls": self.dropped_tool_calls,
             "refused_requests": self.refused_requests,
             "proxy_errors": self.proxy_errors,
             "refusals": list(self.refusals),

@@ -226,6 +226,7 @@ class ModelCall:
                 for i, c in enumerate(final.calls[: self.params.forcing.max_calls])
             ]
             finish = "tool_calls" if calls else ("length" if sampled.finish_reason == "length" else "stop")
+            self.trial.dropped_tool_calls += len(final.calls) - len(calls)  # parallel_tool_calls false
             if final.malformed:
                 self.trial.malformed_tool_calls += 1
             # Counts of what is captured, not the engine's report: a stop string cuts

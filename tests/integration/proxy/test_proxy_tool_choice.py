@@ -65,6 +65,7 @@ def check_one_segment(stack: Stack, trial: str, prefills: list[str]) -> None:
     summary = stack.close_trial(trial)
     assert (summary["num_turns"], summary["num_segments"], summary["render_mismatches"]) == (5, 1, 0), summary
     assert summary["refused_requests"] == 0 and summary["malformed_tool_calls"] == 0
+    assert summary["dropped_tool_calls"] == 1, "the second call of the one-call turn"
     segments = stack.export(trial)
     check_faithful(segments, stack.engine_log(), trial)
     tok = Tokenizer(default_model_dir())
