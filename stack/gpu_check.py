@@ -32,10 +32,12 @@ import math
 import sys
 import tempfile
 import time
+import traceback
 import types
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 STATUS_CODES = (
     "OK CANCELLED UNKNOWN INVALID_ARGUMENT DEADLINE_EXCEEDED NOT_FOUND ALREADY_EXISTS PERMISSION_DENIED "
@@ -74,6 +76,8 @@ from services.trainer.policy import load_model  # noqa: E402
 
 if TYPE_CHECKING:
     from services.gateway.settings import Settings as GatewaySettings
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -133,17 +137,38 @@ def _positive(text: str) -> int:
 
 
 class Clock:
-    """Wall time of the whole check, and the limit it must end within."""
+    """Wall time of the whole check, per phase, and the limit it must end within."""
 
     def __init__(self, limit_s: float) -> None:
         self.start, self.limit_s = time.monotonic(), limit_s
+        self.phases: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def check(self, phase: str) -> None:
+    def remaining(self) -> float:
+        return max(0.0, self.limit_s - self.elapsed())
+
+    def check(self, what: str) -> None:
         if self.elapsed() > self.limit_s:
-            raise TimeoutError(f"time limit {self.limit_s:.0f} s passed before {phase}")
+            raise TimeoutError(f"time limit {self.limit_s:.0f} s passed before {what}")
+
+    def phase(self, name: str | None) -> None:
+        """Ends the current phase (its seconds go to ``phases``) and starts ``name``."""
+        now = time.monotonic()
+        if self._current is not None:
+            self.phases[self._current[0]] = now - self._current[1]
+        self._current = (name, now) if name else None
+        if name:
+            self.check(name)
+
+
+async def within(clock: Clock, what: str, work: Awaitable[T]) -> T:
+    try:
+        return await asyncio.wait_for(work, clock.remaining())
+    except TimeoutError as e:
+        raise TimeoutError(f"time limit {clock.limit_s:.0f} s passed during {what}") from e
 
 
 async def sample(engine: LocalEngine, args: argparse.Namespace, vocab: int, rows: int) -> list[Sample]:
@@ -242,6 +267,7 @@ def train(model: torch.nn.Module, samples: list[Sample], args: argparse.Namespac
 
 
 async def run(args: argparse.Namespace, clock: Clock, report: dict[str, Any], workdir: Path) -> None:
+    clock.phase("build")
     device = torchdevice.resolve_device(args.device)
     report["device"] = str(device)
     if device.type == "cuda":
@@ -260,16 +286,18 @@ async def run(args: argparse.Namespace, clock: Clock, report: dict[str, Any], wo
     model.save_pretrained(workdir / "model")
     del model
 
-    clock.check("the engine")
+    clock.phase("engine_start")
     options = EngineOptions(workdir / "model", args.device, args.engine_dtype, max_batch_size=args.rows)
     engine = LocalEngine(cast("GatewaySettings", options), name="gpu-check")
     await engine.start()
     try:
         vocab = engine.info().vocab_size
-        await sample(engine, argparse.Namespace(**{**vars(args), "response_tokens": 4}), vocab, 2)  # warm-up
+        warm_up = argparse.Namespace(**{**vars(args), "response_tokens": 4})
+        await within(clock, "the warm-up", sample(engine, warm_up, vocab, 2))
+        clock.phase("generate")
         torchdevice.synchronize(device)
         started = time.monotonic()
-        samples = await sample(engine, args, vocab, args.rows)
+        samples = await within(clock, "generation", sample(engine, args, vocab, args.rows))
         seconds = time.monotonic() - started
         generated = sum(s.response_len for s in samples)
         report["engine"] = {
@@ -282,17 +310,19 @@ async def run(args: argparse.Namespace, clock: Clock, report: dict[str, Any], wo
             "routes_captured": all(s.routes is not None for s in samples),
         }
 
-        clock.check("the trainer")
+        clock.phase("trainer_load")
         policy = load_model(workdir / "model", True, args.device, args.train_dtype)
+        clock.phase("agreement")
         report["agreement"] = {
             "engine_dtype": args.engine_dtype,
             "train_dtype": args.train_dtype,
             "without_r3": agreement_of(policy, samples, args, replay=False),
             "with_r3": agreement_of(policy, samples, args, replay=True),
         }
+        clock.phase("train")
         report["train"] = train(policy, samples, args, clock)
 
-        clock.check("the weight sync")
+        clock.phase("weight_sync")
         torchdevice.synchronize(device)
         started = time.monotonic()
         await engine.load_state_dict(1, policy.state_dict())
@@ -301,6 +331,7 @@ async def run(args: argparse.Namespace, clock: Clock, report: dict[str, Any], wo
         if device.type == "cuda":
             report["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     finally:
+        clock.phase(None)
         await engine.close()
 
 
@@ -342,8 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
             asyncio.run(run(args, clock, report, Path(tmp)))
     except Exception as e:  # noqa: BLE001 - the JSON says what broke; the exit code too
+        clock.phase(None)
         report["error"] = f"{type(e).__name__}: {e}"
+        report["traceback"] = traceback.format_exc().splitlines()[-16:]
         code = 1
+    report["phases_s"] = clock.phases
     report["imported"] = imported()
     report["checks"] = verdict(report)
     report["ok"] = code == 0 and all(report["checks"].values())

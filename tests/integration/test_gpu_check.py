@@ -19,7 +19,7 @@ import torch
 from packaging.requirements import Requirement
 
 from services.gateway.settings import Settings as GatewaySettings
-from stack.gpu_check import EngineOptions, parse_args
+from stack.gpu_check import EngineOptions, main, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check"
@@ -124,6 +124,8 @@ def test_gpu_check_runs_on_cpu_with_only_torch_and_transformers(torch_only_env: 
     assert with_r3["max_abs_diff"] < without["max_abs_diff"]
     assert train["steps"] == 2 and len(train["loss"]) == 2 and train["tokens_per_s"] > 0 and train["routing_replay"]
     assert report["weight_sync"]["engine_version"] == 1
+    phases = {"build", "engine_start", "generate", "trainer_load", "agreement", "train", "weight_sync"}
+    assert set(report["phases_s"]) == phases and sum(report["phases_s"].values()) <= report["elapsed_s"]
     assert report["elapsed_s"] < 120
 
 
@@ -164,3 +166,11 @@ def test_engine_options_mirror_the_gateway_settings() -> None:
     for name, f in fields.items():
         if name != "model_path":
             assert f.default == getattr(defaults, name), name
+
+
+def test_past_its_time_limit_it_stops_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "late.json"
+    assert main([*CPU_SIZES, "--time-limit-s", "1", "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["ok"] is False and "time limit 1 s passed" in report["error"], report.get("error")
+    assert report["traceback"] and set(report["phases_s"]) <= {"build", "engine_start", "generate", "trainer_load"}
