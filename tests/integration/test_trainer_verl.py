@@ -278,6 +278,8 @@ def test_hydra_config_composes_with_verls_fully_async_config(monkeypatch: pytest
         cfg = compose(config_name="fully_async_ppo_trainer", overrides=overrides)
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == val.AGENT_NAME
     assert cfg.async_training.partial_rollout and cfg.algorithm.adv_estimator == "grpo"
+    # verl repeats each prompt actor_rollout_ref.rollout.n times (the group); its own default is 1.
+    assert cfg.actor_rollout_ref.rollout.n == cfg.rollout.n == 8
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own schema check
     assert actor.policy_loss.loss_mode == "gspo" and actor.clip_ratio_high == pytest.approx(4e-4)
     from verl.utils.import_utils import resolve_config_path
