@@ -188,7 +188,8 @@ def claude_scenarios() -> dict[str, Scenario | str]:
         ),
         "compaction": Scenario({"main": compact}, check_compaction, options={"env": CLAUDE_COMPACT_ENV}),
         "side calls": "in -p mode Claude Code makes no title or summary call (only main's requests reach the proxy, "
-        "with or without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC); its compaction request extends main",
+        "with or without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC); its compaction request is main's own "
+        "(main's system prompt, tools and history), trained as main",
     }
 
 
@@ -230,7 +231,8 @@ def codex_scenarios() -> dict[str, Scenario | str]:
     compact_options = {"auto_compact_token_limit": 9000}  # the seq output (~9k tokens) passes it
     return {
         "tools": Scenario({"main": tools, "*": [{"content": "Title"}]}, done_file, script_extra={"chunk_tokens": 3}),
-        "sub-agent": "Codex exec has no sub-agent tool (none of its 9 tools spawns a conversation)",
+        "sub-agent": "none of Codex exec's function tools (exec_command, write_stdin, request_user_input, "
+        "view_image, get_goal, create_goal, update_goal) spawns a conversation",
         "compaction": Scenario(compact_threads, check_compaction, options=compact_options),
         # the compaction run again, checked for its summary call (Codex makes no title call)
         "side calls": Scenario(compact_threads, check_compaction_and_side_calls, options=compact_options),
@@ -259,6 +261,13 @@ def openhands_scenarios() -> dict[str, Scenario | str]:
         {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"message": "Created hello.txt"}}]},
     ]
 
+    sub_task = {
+        "description": "Create file",
+        "prompt": "Write hello.txt, then report",
+        "subagent_type": "general-purpose",
+    }
+    task = {"content": "Delegating.", "tool_calls": [{"name": "task", "arguments": sub_task}]}
+    sub = [bash("terminal", "echo hello > hello.txt"), main[-1]]
     compact = [
         bash("terminal", "seq 1 2000"),
         bash("terminal", "echo hello > hello.txt"),
@@ -282,7 +291,9 @@ def openhands_scenarios() -> dict[str, Scenario | str]:
 
     return {
         "tools": Scenario({"main": main}, finished, min_main_turns=3),
-        "sub-agent": "the SDK agent here has terminal and file editor only (no delegation tool)",
+        "sub-agent": Scenario(
+            {"main": [task, main[-1]], "subagent-1": sub}, check_sub_agent, options={"task_tool": True}
+        ),
         # with the SDK's LLMSummarizingCondenser (max_size 6 events, the first kept): past 6 events it
         # summarises the middle ones (the seq output among them) in a call of its own
         "compaction": Scenario(

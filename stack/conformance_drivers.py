@@ -168,6 +168,8 @@ class OpenHandsSdk(Driver):
     def run(self, t: Target, task: str, options: dict[str, Any], timeout: float) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.path), str(OPENHANDS_DRIVER), t.base_url, t.token, t.model, str(t.work), task]
         cmd.append(str(options.get("condenser_max_size", 0)))
+        if options.get("task_tool"):
+            cmd.append("task")
         env = {"HOME": str(t.home), "OPENHANDS_SUPPRESS_BANNER": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         return run_process(cmd, t.work, env, timeout)
 
