@@ -19,9 +19,12 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harnessrl.localservers import S3_PORT_FLAGS, free_port
+from tests.tls_support import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDE = Path(__file__).with_name("override.yml")
+# TLS between the containers: the overlay a user applies, with the fixture's throwaway CA.
+TLS_OVERLAY = ROOT / "deploy" / "compose.tls.yml"
 SERVICES = ("capture_store", "gateway", "proxy", "sandbox", "trainer", "dashboard", "otlp", "redis")
 TOKEN = "compose-service-token"
 S3_KEYS = ("compose-access", "compose-secret-key")
@@ -40,6 +43,8 @@ class Stack:
     project: str
     ports: dict[str, int] = field(default_factory=dict)
     weed: dict[str, int] = field(default_factory=dict)
+    # The throwaway PKI (ca.pem, service.pem, service.key) the services serve and dial with.
+    pki: Pki | None = None
 
     def __post_init__(self) -> None:
         self.ports = self.ports or {name: free_port() for name in SERVICES}
@@ -72,7 +77,19 @@ class Stack:
         env |= {f"HRL_PORT_{name.upper()}": str(port) for name, port in self.ports.items()}
         env |= {f"HRL_WEED_{flag.upper().replace('.', '_')}": str(port) for flag, port in self.weed.items()}
         env["HRL_PORT_CAPTURE"] = str(self.ports["capture_store"])
+        if self.pki is not None:
+            env["HARNESSRL_TLS_DIR"] = str(self.pki.dir)
         return env
+
+    def client_env(self) -> dict[str, str]:
+        """What a client on the host (``harnessrl run``) dials the stack with: the CA and a client certificate."""
+        if self.pki is None:
+            return {}
+        return {
+            "HARNESSRL_TLS_CA_FILE": str(self.pki.ca),
+            "HARNESSRL_TLS_CERT_FILE": str(self.pki.client_cert),
+            "HARNESSRL_TLS_KEY_FILE": str(self.pki.client_key),
+        }
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run([*self._files(), *args], timeout, check)
@@ -93,7 +110,9 @@ class Stack:
         (host networking refuses port bindings, and the servers bind 127.0.0.1 anyway)."""
         merged = self.dir / "compose.merged.yml"
         if not merged.exists():
-            files = ["-f", str(ROOT / "docker-compose.yml"), "-f", str(OVERRIDE)]
+            files = ["-f", str(ROOT / "docker-compose.yml")]
+            files += ["-f", str(TLS_OVERLAY)] if self.pki is not None else []
+            files += ["-f", str(OVERRIDE)]
             config = yaml.safe_load(self._run([*files, "config"], 120, True).stdout)
             for service in config["services"].values():
                 if service.get("network_mode") == "host":
@@ -131,10 +150,12 @@ class Stack:
         grpc_services = {"capture-store": "capture_store", "gateway": "gateway", "sandbox": "sandbox"}
         grpc_services |= {"trainer": "trainer", "jaeger": "otlp"}
         checks: dict[str, Callable[[], bool]] = {
-            svc: functools.partial(grpc_serving, self.target(name)) for svc, name in grpc_services.items()
+            svc: functools.partial(grpc_serving, self.target(name), self.pki if name != "otlp" else None)
+            for svc, name in grpc_services.items()
         }
-        checks["proxy"] = lambda: http_ok(f"http://{self.target('proxy')}/healthz")
-        checks["dashboard"] = lambda: http_ok(f"http://{self.target('dashboard')}/healthz")
+        scheme = "https" if self.pki is not None else "http"
+        checks["proxy"] = lambda: http_ok(f"{scheme}://{self.target('proxy')}/healthz", self.pki)
+        checks["dashboard"] = lambda: http_ok(f"{scheme}://{self.target('dashboard')}/healthz", self.pki)
         checks["redis"] = lambda: redis_pings(self.ports["redis"])
         checks["minio"] = lambda: s3_answers(self.s3_endpoint)
         checks["sandbox-worker"] = lambda: self.container_states().get("sandbox-worker") == "running"
@@ -159,16 +180,26 @@ def _safe(check: Callable[[], bool]) -> bool:
         return False
 
 
-def grpc_serving(target: str) -> bool:
-    with grpc.insecure_channel(target) as channel:
+def grpc_serving(target: str, pki: Pki | None = None) -> bool:
+    """The standard health check; over mTLS (the CA, a client certificate) with ``pki``."""
+    if pki is None:
+        channel = grpc.insecure_channel(target)
+    else:
+        key, cert = pki.client_key.read_bytes(), pki.client_cert.read_bytes()
+        credentials = grpc.ssl_channel_credentials(pki.ca.read_bytes(), key, cert)
+        channel = grpc.secure_channel(target, credentials)
+    with channel:
         answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
     return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def http_ok(url: str) -> bool:
+def http_ok(url: str, pki: Pki | None = None) -> bool:
     import httpx
 
-    return httpx.get(url, timeout=2).status_code == 200
+    from harnessrl import tls
+
+    verify = tls.client_context(pki.client()) if pki is not None else None
+    return httpx.get(url, timeout=2, verify=verify or True).status_code == 200
 
 
 def redis_pings(port: int) -> bool:

@@ -4,8 +4,10 @@ images) and brought up on the session's private engine (no bridge, no
 iptables: every container uses host networking on 127.0.0.1). A one-step
 ``harnessrl run`` (scripted engine, tiny model, the shell agent) goes through
 the sandbox service in its container with the docker backend; every service
-answers its health check; one trial's spans from every service arrive as one
-trace at the OTLP receiver standing in for Jaeger; ``down -v`` leaves nothing.
+answers its health check (over mTLS: deploy/compose.tls.yml with a throwaway
+CA the fixture makes; the run on the host dials with a client certificate too);
+one trial's spans from every service arrive as one trace at the OTLP receiver
+standing in for Jaeger; ``down -v`` leaves nothing.
 
 Timings (build, up to healthy, the run, down) are printed and written to
 ``$HRL_DIR/timings.json``; the README's "Containers" section quotes them."""
@@ -29,6 +31,7 @@ import pytest
 from harnessrl.localservers import DockerEngine
 from tests.compose.stack import ROOT, TOKEN, Stack, compose_binary
 from tests.run_support import make_pool, tiny_model, write_config
+from tests.tls_support import make_pki
 
 pytestmark = [
     pytest.mark.slow,
@@ -56,7 +59,9 @@ def stack(tmp_path: Path, docker_engine: DockerEngine) -> Iterator[Stack]:
     (tmp_path / "receiver").mkdir()
     shutil.copy(ROOT / "tests" / "compose" / "otlp_receiver.py", tmp_path / "receiver")
     (tmp_path / "tools").mkdir()
-    s = Stack(dir=tmp_path, docker_host=docker_engine.host, project=f"hrl{uuid.uuid4().hex[:8]}")
+    # mTLS between the containers (deploy/compose.tls.yml) with a throwaway CA.
+    pki = make_pki(tmp_path / "pki")
+    s = Stack(dir=tmp_path, docker_host=docker_engine.host, project=f"hrl{uuid.uuid4().hex[:8]}", pki=pki)
     try:
         yield s
     finally:
@@ -145,8 +150,10 @@ def test_compose_stack_runs_a_step_traced_across_every_service(stack: Stack) -> 
     assert sorted(stack.docker("network", "ls", "--format", "{{.Name}}").split()) == ["host", "none"]
 
     started = time.monotonic()
+    # The run on the host dials the stack over mTLS too (HARNESSRL_TLS_*: the CA, a client certificate).
+    env = {**os.environ, **stack.client_env()}
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(config)], capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "harnessrl", "run", str(config)], capture_output=True, text=True, timeout=900, env=env
     )
     timings["run_s"] = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:] + stack.logs()
@@ -160,10 +167,16 @@ def test_compose_stack_runs_a_step_traced_across_every_service(stack: Stack) -> 
     trial_id, services, trace = wait_for_trace(stack, timeout=60)
     down_leaves_nothing(stack, before, timings)
     names = {(s["service"], s["name"]) for s in trace}
-    assert ("sandbox", "/harnessrl.v1.Sandbox/SubmitTrial") in names, f"no SubmitTrial server span: {sorted(names)}"
-    if not TRACE_SERVICES <= services and "proxy" not in services:
-        pytest.xfail(
-            f"known: the trace of {trial_id} ends at the sandbox service ({sorted(services)}): the standalone "
-            "`sandbox worker` exports no spans and the standalone proxy starts a new trace per request"
-        )
-    assert TRACE_SERVICES <= services, f"trace of {trial_id}: services {sorted(services)}"
+    assert TRACE_SERVICES <= services, f"trace of {trial_id}: services {sorted(services)}: {sorted(names)}"
+    # The chain of one trial, each hop in the trial's one trace: the sandbox service takes the
+    # trial, its standalone worker runs it, the proxy serves its model calls, the gateway
+    # generates, the capture store keeps the segments and the finalize.
+    for hop in [
+        ("sandbox", "/harnessrl.v1.Sandbox/SubmitTrial"),
+        ("sandbox", "sandbox.trial"),
+        ("gateway", "/harnessrl.v1.RolloutGateway/Generate"),
+        ("capture_store", "/harnessrl.v1.CaptureStore/AppendSegment"),
+        ("capture_store", "/harnessrl.v1.CaptureStore/FinalizeTrajectory"),
+    ]:
+        assert hop in names, f"trace of {trial_id}: no {hop} span: {sorted(names)}"
+    assert any(service == "proxy" for service, _ in names), sorted(names)
