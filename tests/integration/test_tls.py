@@ -290,3 +290,21 @@ async def test_spans_reach_an_otlp_collector_over_tls(tmp_path: Path, pki: Pki) 
         await server.stop(0)
     names = [line for line in out.read_text().splitlines() if '"over-tls"' in line] if out.exists() else []
     assert names, "the span did not arrive over TLS"
+
+
+async def test_servers_warn_when_bound_off_loopback_without_tls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one seam: 127.0.0.1 taken for a non-loopback address (servers here bind loopback only)."""
+    from services.proxy.server import start as start_proxy
+    from services.proxy.settings import Settings as ProxySettings
+
+    caplog.set_level(logging.WARNING, logger="harnessrl.tls")
+    monkeypatch.setattr(tls, "is_loopback", lambda host: False)
+    store = await _store(tmp_path, tls.TlsSettings())
+    await store.stop(0)
+    proxy = await start_proxy(ProxySettings.model_validate({"gateway_target": "127.0.0.1:1"}))
+    await proxy.stop()
+    warned = [r.getMessage() for r in caplog.records]
+    assert [m.split(" ")[0] for m in warned] == ["capture_store", "proxy"], warned
+    assert all("serves plaintext on 127.0.0.1, not a loopback address" in m for m in warned), warned
