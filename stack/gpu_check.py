@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "grpc_stand_in": STAND_IN,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
