@@ -24,6 +24,7 @@ from typing import Any
 
 import uvicorn
 
+from harnessrl import tls
 from stack.runconfig import RunConfig
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,13 @@ class DashboardServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((settings.host, settings.port))
         port = sock.getsockname()[1]
+        tls.warn_if_plaintext("dashboard", settings.host, settings.tls)
         config = uvicorn.Config(
-            create_app(settings, EmbeddedCaptureOpener()), log_level="warning", access_log=False, lifespan="on"
+            create_app(settings, EmbeddedCaptureOpener()),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            **tls.uvicorn_options(settings.tls),
         )
         self._server = _QuietServer(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
@@ -120,7 +126,7 @@ class DashboardServer:
                 await self._task
                 raise RuntimeError("dashboard failed to start")
             await asyncio.sleep(0.02)
-        self.url = f"http://{settings.host}:{port}/runs/{run_id}?token={self.token}"
+        self.url = f"{tls.http_scheme(settings.tls)}://{settings.host}:{port}/runs/{run_id}?token={self.token}"
         return self.url
 
     async def stop(self) -> None:

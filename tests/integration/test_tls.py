@@ -308,3 +308,22 @@ async def test_servers_warn_when_bound_off_loopback_without_tls(
     warned = [r.getMessage() for r in caplog.records]
     assert [m.split(" ")[0] for m in warned] == ["capture_store", "proxy"], warned
     assert all("serves plaintext on 127.0.0.1, not a loopback address" in m for m in warned), warned
+
+
+async def test_the_dashboard_of_a_run_serves_https(tmp_path: Path, pki: Pki) -> None:
+    from services.dashboard.settings import Settings as DashboardSettings
+    from stack.embedded import DashboardServer
+
+    settings = DashboardSettings.model_validate({"port": 0, "runs_dir": tmp_path, "tls": pki.server(mtls=True)})
+    dashboard = DashboardServer(settings)
+    url = await dashboard.start("some-run")
+    try:
+        assert url.startswith("https://127.0.0.1:")
+        base = url.split("/runs/")[0]
+        async with httpx.AsyncClient(verify=tls.client_context(pki.client()) or False) as client:
+            assert (await client.get(f"{base}/healthz")).status_code == 200
+        async with httpx.AsyncClient(verify=tls.client_context(pki.client(cert=False)) or False) as client:
+            with pytest.raises(httpx.HTTPError):  # mTLS: no client certificate, no answer
+                await client.get(f"{base}/healthz")
+    finally:
+        await dashboard.stop()
