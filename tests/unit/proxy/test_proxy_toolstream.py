@@ -260,3 +260,13 @@ def test_qwen3_coder_unclosed_call_ends_as_text() -> None:
     assert final.malformed and final.calls == [] and final.content == text
     assert [d.text for d in deltas if d.kind == "call"] == ["bash"]
     assert args_of(deltas)[0] == '{"command": "ls -la', "the value streamed, never closed"
+
+
+def test_a_call_read_otherwise_than_the_whole_parse_keeps_the_parse() -> None:
+    """Two "arguments" keys: json keeps the last, the stream had sent the first. The
+    turn carries the parsed arguments; the streamed call is never completed."""
+    text = '<tool_call>{"name": "bash", "arguments": {"a": 1}, "arguments": {"b": 2}}</tool_call>'
+    for pieces in ([text], list(text)):
+        deltas, final = run(text, pieces)
+        assert final.arguments == ['{"b": 2}'] and [c.arguments for c in final.calls] == [{"b": 2}]
+        assert args_of(deltas) == {0: '{"a": 1'}
