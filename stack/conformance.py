@@ -85,6 +85,7 @@ class Scenario:
     options: dict[str, Any] = field(default_factory=dict)  # driver knobs
     script_extra: dict[str, Any] = field(default_factory=dict)
     min_main_turns: int = 2
+    proxy: dict[str, Any] = field(default_factory=dict)  # proxy settings beyond the stack's own
 
 
 def bash(name: str, command: str, **extra: Any) -> dict[str, Any]:
@@ -330,7 +331,7 @@ def run_scenario(driver: Driver, scenario: Scenario, folder: Path, timeout: floa
     work.mkdir()
     script = write_script(folder, scenario.threads, **scenario.script_extra)
     trial = f"{driver.name}-conformance"
-    with ProxyStack(folder, script) as stack:
+    with ProxyStack(folder, script, **scenario.proxy) as stack:
         base, token = stack.new_trial(trial, MODEL)
         proc = driver.run(Target(base, token, MODEL, work, home), TASK, scenario.options, timeout)
         summary = stack.close_trial(trial)

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from typer.testing import CliRunner
 
 from harnessrl.cli.main import app
 from harnessrl.paths import tools_dir
-from stack.conformance import CLAUDE_TOOLS, COLUMNS, SCENARIOS, Scenario, run_scenario
+from stack.conformance import CLAUDE_TOOLS, COLUMNS, SCENARIOS, Outcome, Scenario, done_file, run_scenario
 from stack.conformance_drivers import DRIVERS, ClaudeCode, Target
 from tests.integration.proxy.stack import MODEL, Stack, check_faithful, script
 
@@ -112,6 +113,23 @@ def test_conformance_cell(harness: str, column: str, tmp_path: Path) -> None:
     scenario = SCENARIOS[harness]()[column]
     assert isinstance(scenario, Scenario)
     run_scenario(driver, scenario, tmp_path / "cell")
+
+
+def test_side_calls_are_trainable_when_the_config_says_so(tmp_path: Path) -> None:
+    """Codex's summary call again, with trainable_thread_kinds naming side: its
+    thread is still labelled side, and now trainable (the config decides, not the proxy)."""
+    driver = DRIVERS["codex"]
+    tool(driver.binary)
+    scenario = SCENARIOS["codex"]()["side calls"]
+    assert isinstance(scenario, Scenario)
+
+    def trainable_side(o: Outcome) -> None:
+        done_file(o)
+        side = [s for s in o.segments if s["thread_kind"] == "side"]
+        assert side and all(s["trainable"] and s["thread"].startswith("side-") for s in side)
+
+    kinds = {"trainable_thread_kinds": ["main", "subagent", "side"]}
+    run_scenario(driver, replace(scenario, check=trainable_side, proxy=kinds), tmp_path / "cell")
 
 
 def test_conformance_command_on_the_installed_harnesses(tmp_path: Path) -> None:
