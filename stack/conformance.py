@@ -316,6 +316,13 @@ SCENARIOS: dict[str, Callable[[], dict[str, Scenario | str]]] = {
 }
 
 
+def tools_script(harness: str) -> list[dict[str, Any]]:
+    """The scripted main thread of a harness's tools scenario (other suites drive the same task)."""
+    scenario = SCENARIOS[harness]()["tools"]
+    assert isinstance(scenario, Scenario)
+    return scenario.threads["main"]
+
+
 def resolve_harnesses(names: Sequence[str]) -> list[Driver]:
     """The drivers named (all when none is); an unknown name is a ConfigError listing the valid ones."""
     unknown = [n for n in names if n not in DRIVERS]

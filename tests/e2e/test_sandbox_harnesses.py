@@ -23,7 +23,7 @@ from services.sandbox.harnesses import get_harness
 from services.sandbox.lifecycle import TerminationReason, TrialSpec
 from services.sandbox.runner import TrialRunner
 from services.sandbox.settings import DockerBackendSettings
-from tests.e2e.test_proxy_harnesses import CLAUDE_MAIN, CODEX_MAIN, MINI_MAIN, OPENCODE_MAIN, OPENHANDS_MAIN
+from stack.conformance import tools_script
 from tests.sandbox_support import make_task, model_stack
 
 pytestmark = [
@@ -36,11 +36,11 @@ TOML = "[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n[environment]\
 TITLE: list[dict[str, Any]] = [{"content": "Create hello"}]
 
 CASES: dict[str, tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]] = {
-    "claude-code": ({"main": CLAUDE_MAIN, "*": TITLE}, {"chunk_tokens": 4}),
-    "opencode": ({"main": OPENCODE_MAIN, "*": TITLE}, {"chunk_tokens": 3}),
-    "codex": ({"main": CODEX_MAIN, "*": TITLE}, {"chunk_tokens": 3}),
-    "mini-swe-agent": ({"main": MINI_MAIN}, {}),
-    "openhands-sdk": ({"main": OPENHANDS_MAIN}, {}),
+    "claude-code": ({"main": tools_script("claude-code"), "*": TITLE}, {"chunk_tokens": 4}),
+    "opencode": ({"main": tools_script("opencode"), "*": TITLE}, {"chunk_tokens": 3}),
+    "codex": ({"main": tools_script("codex"), "*": TITLE}, {"chunk_tokens": 3}),
+    "mini-swe-agent": ({"main": tools_script("mini-swe-agent")}, {}),
+    "openhands-sdk": ({"main": tools_script("openhands-sdk")}, {}),
 }
 
 

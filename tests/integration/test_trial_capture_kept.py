@@ -20,7 +20,7 @@ import pytest
 
 from harnessrl.paths import default_model_dir
 from services.sandbox.harnesses import get_harness
-from tests.e2e.test_proxy_harnesses import MINI_MAIN
+from stack.conformance import tools_script
 from tests.sandbox_support import make_task
 
 pytestmark = [
@@ -137,7 +137,7 @@ def test_mini_swe_agent_without_a_model_name_completes(tmp_path: Path) -> None:
         pytest.skip(f"mini-swe-agent is not installed ({missing[0]}); scripts/setup installs it")
     task = make_task(tmp_path / "tasks", toml="[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n")
     engine = tmp_path / "script.json"
-    engine.write_text(json.dumps({"context_window": 32768, "threads": {"main": MINI_MAIN}}))
+    engine.write_text(json.dumps({"context_window": 32768, "threads": {"main": tools_script("mini-swe-agent")}}))
     out = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "mini-swe-agent",
               "--engine", f"scripted:{engine}", "--json", timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr
