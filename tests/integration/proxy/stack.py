@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import numpy as np
 
-from harnessrl.arrays import F32, I32, U8
 from harnessrl.localservers import free_port
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
@@ -30,7 +28,9 @@ from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.server import RunningProxy
 from services.proxy.server import start as start_proxy
 from services.proxy.settings import Settings as ProxySettings
+from stack.conformance_stack import check_faithful, segment_dict
 
+__all__ = ["MODEL", "Stack", "check_faithful", "script"]
 T = TypeVar("T")
 ADMIN = "admin-secret"
 CAPTURE_TOKEN = "capture-secret"
@@ -119,7 +119,7 @@ class Stack:
             if "NOT_FOUND" in str(e):
                 return []
             raise
-        return [_segment_dict(s) for s in trajectory.segments]
+        return [segment_dict(s) for s in trajectory.segments]
 
     def engine_log(self) -> list[dict[str, Any]]:
         return read_generation_log(self.log_path) if self.log_path.exists() else []
@@ -133,61 +133,3 @@ class Stack:
         self.run(_stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-
-
-def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], trial_id: str) -> None:
-    """Invariants 1 and 2 against the engine's own log: every mask-1 token of
-    every segment was sampled by the engine, in exactly the context that
-    precedes it in the segment, with the engine's logprob and version; every
-    generation the engine finished appears in exactly one segment, and one it
-    aborted (a stop string, a client gone) at most once, as a prefix."""
-    gens = [g for g in log if g["trial_id"] == trial_id]
-    used = [0] * len(gens)
-    for seg in segments:
-        ids, mask = seg["response_ids"], seg["response_mask"]
-        assert len(ids) == len(mask) == len(seg["response_logprobs"]) == len(seg["policy_versions"])
-        i = 0
-        while i < len(ids):
-            if not mask[i]:
-                assert seg["response_logprobs"][i] == 0.0 and seg["policy_versions"][i] == -1
-                i += 1
-                continue
-            j = i
-            while j < len(ids) and mask[j]:
-                j += 1
-            context, run = seg["prompt_ids"] + ids[:i], ids[i:j]
-            match = [
-                k
-                for k, g in enumerate(gens)
-                if g["prompt_ids"] == context
-                and (g["sampled_ids"] == run or (g["finish_reason"] == "abort" and g["sampled_ids"][: len(run)] == run))
-            ]
-            assert len(match) == 1, f"{seg['thread']}#{seg['segment_index']}: sampled run at {i} not in engine log"
-            g = gens[match[0]]
-            assert g["thread"] == seg["thread"]
-            assert seg["response_logprobs"][i:j] == [float(x) for x in g["logprobs"][: j - i]]
-            assert seg["policy_versions"][i:j] == g["policy_versions"][: j - i]
-            used[match[0]] += 1
-            i = j
-    expected = [(1,) if g["finish_reason"] != "abort" else (0, 1) for g in gens]
-    assert all(u in e for u, e in zip(used, expected, strict=True)), f"engine generations captured {used} times"
-
-
-def _segment_dict(seg: Any) -> dict[str, Any]:
-    mask = np.frombuffer(seg.response.mask, U8).tolist()
-    runs = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
-    return {
-        "trial_id": seg.key.trial_id,
-        "thread": seg.key.thread,
-        "thread_kind": seg.thread_kind,
-        "trainable": seg.trainable,
-        "segment_index": seg.key.segment_index,
-        "prompt_ids": np.frombuffer(seg.prompt_ids, I32).tolist(),
-        "response_ids": np.frombuffer(seg.response.ids, I32).tolist(),
-        "response_mask": mask,
-        "response_logprobs": np.frombuffer(seg.response.logprobs, F32).tolist(),
-        "policy_versions": np.frombuffer(seg.response.policy_versions, I32).tolist(),
-        "num_turns": runs,
-        "closed": seg.closed,
-        "chat_template_sha256": seg.chat_template_sha256,
-    }
