@@ -24,6 +24,7 @@ from services.proxy.errors import BadRequest, error_body, retry_headers, status_
 from services.proxy.openai import routes as openai_routes
 from services.proxy.protocol import authenticate, core_of
 from services.proxy.responses import routes as responses_routes
+from services.proxy.responses import ws as responses_ws
 from services.proxy.settings import Settings
 from services.proxy.trials import ProxyCore
 
@@ -61,6 +62,7 @@ def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(responses_ws.router)  # the same path, over a WebSocket (Codex)
     app.include_router(admin.router)
 
     @app.exception_handler(HarnessError)

@@ -64,10 +64,18 @@ async def start(settings: Settings, model: ChatModel | None = None) -> RunningPr
     # TLS on the TCP port only: the Unix socket is local to the host (a sandbox's way out).
     secure = tls.uvicorn_options(settings.tls)
     tls.warn_if_plaintext("proxy", settings.host, settings.tls)
-    configs = [uvicorn.Config(app, log_level=level, timeout_graceful_shutdown=grace, access_log=False, **secure)]
+    # A WebSocket message (a Responses request) is bounded like an HTTP body: larger closes with 1009.
+    ws = settings.max_body_bytes
+    configs = [
+        uvicorn.Config(
+            app, log_level=level, timeout_graceful_shutdown=grace, access_log=False, ws_max_size=ws, **secure
+        )
+    ]
     if settings.uds_path is not None:
         configs.append(
-            uvicorn.Config(app, uds=str(settings.uds_path), lifespan="off", log_level=level, access_log=False)
+            uvicorn.Config(
+                app, uds=str(settings.uds_path), lifespan="off", log_level=level, access_log=False, ws_max_size=ws
+            )
         )
     servers = [_Server(c) for c in configs]
     tasks = [asyncio.ensure_future(servers[0].serve(sockets=[sock]))]

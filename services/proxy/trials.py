@@ -145,6 +145,8 @@ class Trial:
             "render_mismatches": self.capture.render_mismatches,
             "stored_responses": len(self.responses),  # held for previous_response_id; 0 once closed
             "responses_evicted": self.responses.evictions,  # stored responses the bound evicted
+            "chained_responses": self.responses.chained,  # calls continued by previous_response_id
+            "websocket_connections": self.responses.ws_connections,  # Responses WebSocket connections
             "capture_error": self.writer.error,
             "parts_appended": self.writer.appended,
             "chat_template": self.capture.renderer.template.name,

@@ -2,11 +2,12 @@
 (the scripted engine plays the policy).
 
 Over HTTP Codex sends ``store: false`` and the whole input on every call, never
-``previous_response_id`` (the proxy stores nothing for it, and the capture is one
-segment either way). It sends ``previous_response_id`` with incremental input
-only over its WebSocket transport (``supports_websockets = true`` in the
-provider table, ``ws://<base>/responses``), which the proxy does not serve:
-Codex then falls back to HTTP and the trial completes the same way."""
+``previous_response_id`` (the proxy stores nothing for it). Over its WebSocket
+transport (``supports_websockets = true`` in the provider table, it dials
+``ws://<base>/responses``) it sends ``store: false`` too, but each call after the
+first names the previous response and carries only the new input: the proxy's
+connection cache resolves the chain (``responses/ws.py``). Either way the trial
+completes with one main segment, token-faithful to what the engine sampled."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ __all__ = ["dirs", "stack"]  # fixtures, imported for this module's tests
     "stack", [({"main": CODEX_MAIN, "*": [{"content": "Title"}]}, {"chunk_tokens": 3})], indirect=True
 )
 @pytest.mark.parametrize("websockets", [False, True])
-def test_codex_sends_whole_input_unstored(stack: Stack, dirs: tuple[Path, Path], websockets: bool) -> None:
+def test_codex_responses_state(stack: Stack, dirs: tuple[Path, Path], websockets: bool) -> None:
     home, work = dirs
     trial = f"codex-state-{int(websockets)}"
     base, token = stack.new_trial(trial, model=MODEL)
@@ -44,9 +45,17 @@ def test_codex_sends_whole_input_unstored(stack: Stack, dirs: tuple[Path, Path],
     assert p.returncode == 0, p.stderr[-3000:]
     assert (work / "hello.txt").read_text() == "hello\n"
     if websockets:
-        assert "Falling back from WebSockets to HTTPS" in p.stdout + p.stderr, p.stderr[-3000:]
+        assert "Falling back from WebSockets" not in p.stdout + p.stderr, p.stderr[-3000:]
     live = stack.admin("GET", f"/trials/{trial}").json()
-    assert live["stored_responses"] == 0, "Codex sends store=false: if this fails, it now stores and may chain"
+    assert live["stored_responses"] == 0, "Codex sends store=false: if this fails, it now stores"
     assert live["refused_requests"] == 0, live["refusals"]
+    assert live["proxy_errors"] == 0, live["refusals"]
+    if websockets:
+        assert live["websocket_connections"] >= 1, live
+        # Every main call continued the one before (the first: Codex's generate=false
+        # warm-up) with only its new input.
+        assert live["chained_responses"] >= len(CODEX_MAIN) - 1, live
+    else:
+        assert live["websocket_connections"] == 0 and live["chained_responses"] == 0, live
     _, segments = finish(stack, trial, 3)
-    assert [s["thread"] for s in segments].count("main") == 1, "whole input each call: one main segment"
+    assert [s["thread"] for s in segments].count("main") == 1, "one main segment on either transport"

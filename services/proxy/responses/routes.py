@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,7 +20,8 @@ from services.proxy.errors import ContextOverflow, error_body
 from services.proxy.openai.logprobs import TokenLogprobs, responses_request
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.responses.models import Item, ResponsesRequest, input_items, to_conversation, tool_choice
-from services.proxy.trials import Trial
+from services.proxy.responses.store import ResponseStore
+from services.proxy.trials import ProxyCore, Trial
 from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
 
 router = APIRouter()
@@ -30,27 +31,20 @@ router = APIRouter()
 async def responses(trial_id: str, request: Request) -> Response:
     trial = authenticate(request, trial_id)
     body = await parse_request(request, ResponsesRequest, "responses")
-    core = core_of(request)
-    core.check_model(trial, body.model)
     earlier = trial.responses.chain(body.previous_response_id) if body.previous_response_id else []
-    conv, custom = to_conversation(body, earlier)
-    top = responses_request(body.include, body.top_logprobs)
-    choice = forcing(tool_choice(body), core.model, conv.tools)
-    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0, forcing=choice)
-    call = ModelCall(core, trial, conv, params)
-    await call.start()
-    lp = TokenLogprobs(call, top) if top is not None else None
+    call, custom, lp = await begin(core_of(request), trial, body, earlier)
 
     def store(done: Done) -> None:
-        _store(trial, body, done, custom)
+        if body.store:
+            keep(trial.responses, body, done, custom)
 
     if body.stream:
-        stream = _Stream(call, body.model, custom, lp, store, _echo(body))
+        stream = EventStream(call, body.model, custom, lp, store, echo(body))
         return StreamingResponse(stream.events(), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
             items = _items(event, custom, lp.take() if lp else None)
-            obj = {**response_object(call.turn_id, body.model, "completed", items, event), **_echo(body)}
+            obj = {**response_object(call.turn_id, body.model, "completed", items, event), **echo(body)}
             store(event)
             return FastJSON(obj)
     raise RuntimeError("generation ended without a result")
@@ -67,7 +61,22 @@ async def delete_response(trial_id: str, response_id: str, request: Request) -> 
     return FastJSON({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-def _echo(body: ResponsesRequest) -> dict[str, Any]:
+async def begin(
+    core: ProxyCore, trial: Trial, body: ResponsesRequest, earlier: Sequence[Item]
+) -> tuple[ModelCall, set[str], TokenLogprobs | None]:
+    """Starts one turn (HTTP and WebSocket alike): ``earlier``, the items of the chain
+    ``previous_response_id`` named, then the request's own input."""
+    core.check_model(trial, body.model)
+    conv, custom = to_conversation(body, earlier)
+    top = responses_request(body.include, body.top_logprobs)
+    choice = forcing(tool_choice(body), core.model, conv.tools)
+    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0, forcing=choice)
+    call = ModelCall(core, trial, conv, params)
+    await call.start()
+    return call, custom, TokenLogprobs(call, top) if top is not None else None
+
+
+def echo(body: ResponsesRequest) -> dict[str, Any]:
     """Request fields a response object repeats."""
     return {
         "previous_response_id": body.previous_response_id or None,
@@ -77,15 +86,13 @@ def _echo(body: ResponsesRequest) -> dict[str, Any]:
     }
 
 
-def _store(trial: Trial, body: ResponsesRequest, done: Done, custom: set[str]) -> None:
-    """Keeps a finished response for ``previous_response_id`` (unless ``store`` is false):
-    the input its request added and its output items as a harness would echo them."""
-    if not body.store:
-        return
+def keep(store: ResponseStore, body: ResponsesRequest, done: Done, custom: set[str]) -> None:
+    """Keeps a finished response for ``previous_response_id``: the input its request
+    added and its output items as a harness would echo them."""
     output = _items(done, custom, None)
-    obj = {**response_object(done.turn_id, body.model, "completed", output, done), **_echo(body)}
+    obj = {**response_object(done.turn_id, body.model, "completed", output, done), **echo(body)}
     echoed = [Item.model_validate(o) for o in output]
-    trial.responses.put(obj["id"], body.previous_response_id or None, input_items(body), echoed, obj)
+    store.put(obj["id"], body.previous_response_id or None, input_items(body), echoed, obj)
 
 
 def _call_item(c: ToolCallOut, custom: set[str], status: str = "completed") -> dict[str, Any]:
@@ -163,7 +170,7 @@ def response_object(
     return obj
 
 
-class _Stream:
+class EventStream:
     def __init__(
         self,
         call: ModelCall,
@@ -172,8 +179,10 @@ class _Stream:
         lp: TokenLogprobs | None,
         on_done: Callable[[Done], None] | None = None,
         echo: dict[str, Any] | None = None,
+        encode: Callable[[dict[str, Any], str], bytes] = sse,
     ) -> None:
         self.call, self.model, self.custom, self.lp = call, model, custom, lp
+        self.encode = encode  # one event as sent: an SSE frame, or a WebSocket message's JSON
         self.on_done = on_done  # called once the turn is committed, before response.completed
         self.echo = echo or {}  # request fields every response object repeats
         self.seq = 0
@@ -188,7 +197,7 @@ class _Stream:
 
     def ev(self, kind: str, **data: Any) -> bytes:
         self.seq += 1
-        return sse({"type": kind, "sequence_number": self.seq, **data}, kind)
+        return self.encode({"type": kind, "sequence_number": self.seq, **data}, kind)
 
     def _added(self, item: dict[str, Any]) -> bytes:
         return self.ev("response.output_item.added", output_index=len(self.output), item=item)
@@ -295,7 +304,7 @@ class _Stream:
         self.open = kind
         return out
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncGenerator[bytes, None]:
         turn = self.call.turn_id
         yield self.ev("response.created", response=self._response("in_progress", [], None))
         yield self.ev("response.in_progress", response=self._response("in_progress", [], None))

@@ -56,15 +56,18 @@ class Stored:
 class ResponseStore:
     """One trial's stored responses. Not thread-safe: use from one event loop."""
 
-    def __init__(self, max_count: int, max_bytes: int) -> None:
+    def __init__(self, max_count: int, max_bytes: int, scope: str = "this trial") -> None:
         self.max_count = max_count
         self.max_bytes = max_bytes
+        self.scope = scope  # whose responses these are, for error messages
         self._items: OrderedDict[str, Stored] = OrderedDict()
         self._evicted: deque[str] = deque(maxlen=REMEMBER_EVICTED)
         self._too_large: deque[str] = deque(maxlen=REMEMBER_EVICTED)
         self.bytes = 0
         self.evictions = 0
         self.closed = False
+        self.chained = 0  # requests whose previous_response_id this store resolved (a trial's: any transport)
+        self.ws_connections = 0  # WebSocket connections of the trial (``ws.py``)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -80,37 +83,45 @@ class ResponseStore:
         elif self.closed:
             why = "the trial is closed and its stored responses were dropped"
         else:
-            why = "no response with this id was stored by this trial (ids are per trial; store=false is not stored)"
+            why = (
+                f"no response with this id was stored by {self.scope} (ids are per trial; store=false is not stored "
+                "over HTTP, and a WebSocket connection keeps only its own store=false responses)"
+            )
         return BadRequest(
             f"Previous response with id {response_id!r} not found: {why}",
             param=param,
             code="previous_response_not_found",
         )
 
-    def chain(self, response_id: str) -> list[Item]:
-        """Every item of the conversation up to and including ``response_id``'s output."""
-        links: list[Stored] = []
+    def chain(self, response_id: str, *more: ResponseStore) -> list[Item]:
+        """Every item of the conversation up to and including ``response_id``'s output.
+        ``more``: further stores a link may be in (a WebSocket connection's cache is
+        asked first, then its trial's store)."""
+        stores = (self, *more)
+        links: list[tuple[ResponseStore, Stored]] = []
         current: str | None = response_id
         while current is not None:
-            node = self._items.get(current)
-            if node is None:
+            found = [(s, s._items[current]) for s in stores if current in s._items]
+            if not found:
+                why = _why_missing(current, stores)
                 if current == response_id:
-                    raise self._missing(response_id, "previous_response_id")
+                    raise why
                 raise BadRequest(
                     f"Previous response with id {response_id!r} cannot be continued: its chain reaches "
-                    f"{current!r}, which is no longer stored ({self._missing(current, '').args[0]})",
+                    f"{current!r}, which is no longer stored ({why.args[0]})",
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            links.append(node)
+            links.append(found[0])
             if len(links) > MAX_CHAIN:
                 raise BadRequest(f"response chain of {response_id!r} is too long", param="previous_response_id")
-            current = node.previous
+            current = found[0][1].previous
         items: list[Item] = []
-        for node in reversed(links):  # oldest first; the most recent ends most recently used
-            self._items.move_to_end(node.id)
+        for store, node in reversed(links):  # oldest first; the most recent ends most recently used
+            store._items.move_to_end(node.id)
             items += node.input
             items += node.output
+        stores[-1].chained += 1
         return items
 
     def get(self, response_id: str) -> dict[str, Any]:
@@ -158,6 +169,14 @@ class ResponseStore:
         self._items.clear()
         self.bytes = 0
         self.closed = True
+
+
+def _why_missing(response_id: str, stores: Sequence[ResponseStore]) -> BadRequest:
+    """The reason of the store that knows one (it evicted the id or refused it), else the last's."""
+    for store in stores:
+        if response_id in store._evicted or response_id in store._too_large:
+            return store._missing(response_id, "previous_response_id")
+    return stores[-1]._missing(response_id, "previous_response_id")
 
 
 def item_bytes(item: Item) -> int:
