@@ -90,6 +90,7 @@ class ModelCall:
         self.received_logprobs: list[bytes] = []
         self.received_top: list[gateway_pb2.TopLogprobs] = []  # one per entry of received_ids
         self._call_ids: dict[int, str] = {}  # tool call index -> id, given when the call starts streaming
+        self._reading = False  # events() began: its own finally accounts for the call
 
     @property
     def prompt_tokens(self) -> int:
@@ -169,6 +170,7 @@ class ModelCall:
     async def events(self) -> AsyncIterator[Event]:
         """Streams text as it is sampled, then one Done after the capture is committed."""
         assert self.plan is not None and self._chunks is not None and self._first is not None
+        self._reading = True
         started = time.monotonic()
         tok = self.core.model.tokenizer
         decoder = tok.decoder()
@@ -302,6 +304,20 @@ class ModelCall:
         """A call's first delta gets the call's id."""
         call_id = self._call_ids[delta.index] = self._new_call_id()
         return Delta("call", delta.text, delta.index, call_id)
+
+    async def abandon(self) -> None:
+        """Ends a started call whose events were never read (its client left before the
+        first one): counted as aborted, the engine stopped, the span ended, nothing captured.
+        A no-op once ``events`` began (its own ``finally`` does this) or before ``start``."""
+        if self._reading or self._chunks is None:
+            return
+        self._reading = True
+        self.trial.aborted_turns += 1
+        self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
+        try:
+            await self._stop_engine()
+        finally:
+            self._end_span()
 
     async def _stop_engine(self) -> None:
         if self._chunks is not None:

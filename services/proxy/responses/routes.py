@@ -305,6 +305,15 @@ class EventStream:
         return out
 
     async def events(self) -> AsyncGenerator[bytes, None]:
+        inner = self._events()
+        try:
+            async for b in inner:
+                yield b
+        finally:  # a client that left before the call's first event: stop the engine all the same
+            await inner.aclose()
+            await self.call.abandon()
+
+    async def _events(self) -> AsyncGenerator[bytes, None]:
         turn = self.call.turn_id
         yield self.ev("response.created", response=self._response("in_progress", [], None))
         yield self.ev("response.in_progress", response=self._response("in_progress", [], None))
