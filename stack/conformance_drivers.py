@@ -133,6 +133,8 @@ class Codex(Driver):
             config += f"model_context_window = 200000\nmodel_auto_compact_token_limit = {limit}\n"
         config += f'\n[model_providers.hrl]\nname = "hrl"\nbase_url = "{t.base_url}"\nwire_api = "responses"\n'
         config += 'env_key = "HRL_API_KEY"\n'
+        if options.get("websockets"):  # the Responses WebSocket: previous_response_id, only new input
+            config += "supports_websockets = true\n"
         (t.home / ".codex").mkdir(exist_ok=True)
         (t.home / ".codex/config.toml").write_text(config)
         cmd = [str(self.path), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", task]

@@ -11,10 +11,13 @@ completes with one main segment, token-faithful to what the engine sampled."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from stack.conformance import Scenario, codex_scenarios, run_scenario
+from stack.conformance_drivers import DRIVERS
 from tests.e2e.test_proxy_harnesses import CODEX_MAIN, dirs, finish, run, stack, tool
 from tests.integration.proxy.stack import MODEL, Stack
 
@@ -59,3 +62,22 @@ def test_codex_responses_state(stack: Stack, dirs: tuple[Path, Path], websockets
         assert live["websocket_connections"] == 0 and live["chained_responses"] == 0, live
     _, segments = finish(stack, trial, 3)
     assert [s["thread"] for s in segments].count("main") == 1, "one main segment on either transport"
+
+
+def test_codex_compacts_over_the_websocket(tmp_path: Path) -> None:
+    """Codex's local compaction with the WebSocket on: the chain's new-input calls
+    extend main, the compacted request (no longer an extension of the last, so the
+    whole input again) opens main's next segment, whose prompt is exactly the
+    rewritten context (the conformance compaction check), the summary call a side
+    thread."""
+    driver = DRIVERS["codex"]
+    tool(driver.binary)
+    scenario = codex_scenarios()["compaction"]
+    assert isinstance(scenario, Scenario)
+    outcome = run_scenario(
+        driver, dataclasses.replace(scenario, options={**scenario.options, "websockets": True}), tmp_path
+    )
+    assert "Falling back from WebSockets" not in outcome.proc.stdout + outcome.proc.stderr
+    summary = outcome.summary
+    assert summary["websocket_connections"] >= 1 and summary["chained_responses"] >= 2, summary
+    assert summary["refused_requests"] == 0 and summary["proxy_errors"] == 0, summary["refusals"]
