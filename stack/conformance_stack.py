@@ -149,7 +149,8 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
     was sampled by the engine in exactly the context that precedes it (so a
     segment's prompt is exactly what the engine saw), with its logprobs and
     versions, in the thread it was generated for; every finished generation is
-    in exactly one segment (no turn lost, none trained twice)."""
+    in exactly one segment (no turn lost, none trained twice), whole, or cut where
+    the conversation went on from the cut (a stop string; ``_cut_after_finish``)."""
     gens = [g for g in log if g["trial_id"] == trial_id]
     used = [0] * len(gens)
     for seg in segments:
@@ -172,7 +173,11 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
                 k
                 for k, g in enumerate(gens)
                 if g["prompt_ids"] == context
-                and (g["sampled_ids"] == run or (g["finish_reason"] == "abort" and g["sampled_ids"][: len(run)] == run))
+                and (
+                    g["sampled_ids"] == run
+                    or (g["finish_reason"] == "abort" and g["sampled_ids"][: len(run)] == run)
+                    or _cut_after_finish(g, gens, context, run)
+                )
             ]
             if len(match) != 1:
                 raise Unfaithful(f"{name}: sampled run at {i} matches {len(match)} engine generations")
@@ -188,6 +193,28 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
     for g, u in zip(gens, used, strict=True):
         if u not in ((1,) if g["finish_reason"] != "abort" else (0, 1)):
             raise Unfaithful(f"engine generation of thread {g['thread']} captured {u} times")
+
+
+def _cut_after_finish(g: dict[str, Any], gens: list[dict[str, Any]], context: list[int], run: list[int]) -> bool:
+    """A finished generation captured as a strict prefix: the proxy stopped reading
+    (a stop string) after the engine had sampled to its end. The engine runs ahead of
+    its consumer (the gRPC stream buffers), so whether its record says "abort" or
+    "stop" is only which came first, the abort or the last chunk. Accepted only with
+    the engine's own evidence that the conversation went on from the prefix: a later
+    generation of the thread whose prompt holds the prefix and then not the rest of
+    the reply. A capture that lost the tail of a reply the harness was given has none."""
+    ids = g["sampled_ids"]
+    if len(run) >= len(ids) or ids[: len(run)] != run:
+        return False
+    head = context + run
+    return any(
+        o is not g
+        and o["thread"] == g["thread"]
+        and len(o["prompt_ids"]) > len(head)
+        and o["prompt_ids"][: len(head)] == head
+        and o["prompt_ids"][len(head)] != ids[len(run)]
+        for o in gens
+    )
 
 
 def segment_dict(seg: Any) -> dict[str, Any]:
