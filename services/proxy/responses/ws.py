@@ -89,7 +89,10 @@ async def responses_ws(websocket: WebSocket, trial_id: str) -> None:
         trial = core.authenticate(trial_id, _token(websocket))
     except HarnessError as e:
         log.info("websocket refused", extra=kv(trial=trial_id, error=str(e)))
-        await websocket.send_denial_response(FastJSON(error_body(e, "openai"), status_of(e, "openai")))
+        try:
+            await websocket.send_denial_response(FastJSON(error_body(e, "openai"), status_of(e, "openai")))
+        except RuntimeError:  # a server without the denial-response extension: refuse by a close code
+            await websocket.close(1008, str(e)[:120])
         return
     await websocket.accept()
     trial.responses.ws_connections += 1
