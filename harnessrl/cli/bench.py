@@ -138,3 +138,32 @@ def trainer(
     from services.trainer import bench as trainer_bench
 
     trainer_bench.print_trainer(samples)
+
+
+@app.command("vllm-path")
+def vllm_path(
+    short_calls: Annotated[
+        int, typer.Option(min=0, help="Calls per path of the short rows (9-call chats, 32 tokens).")
+    ] = 45,
+    long_calls: Annotated[int, typer.Option(min=0, help="Calls per path of the long rows (1024-token replies).")] = 3,
+    stream: Annotated[str, typer.Option(help="Which rows: both, no (whole replies) or yes (SSE).")] = "both",
+    vllm_url: Annotated[
+        str | None, typer.Option(help="A running vLLM server of the default model (default: start one).")
+    ] = None,
+) -> None:
+    """The hot path over a real vLLM CPU server (scripts/setup_vllm.sh): direct vLLM vs gateway only vs
+    proxy + gateway + capture store, interleaved; overhead per call, TTFT, CPU per turn and per token."""
+    from stack.bench_vllm import print_report, run_bench
+    from stack.vllm_server import vllm_python
+
+    modes = {"both": (False, True), "no": (False,), "yes": (True,)}
+    if stream not in modes:
+        raise typer.BadParameter(f"{stream!r}: choose both, no or yes", param_hint="--stream")
+    if not short_calls and not long_calls:
+        raise typer.BadParameter("nothing to measure: --short-calls and --long-calls are both 0")
+    if vllm_url is not None and not vllm_url.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{vllm_url!r} is not an http(s) URL", param_hint="--vllm-url")
+    if vllm_url is None and not vllm_python().exists():
+        raise typer.BadParameter(f"no vLLM venv at {vllm_python().parent.parent}: run scripts/setup_vllm.sh")
+    progress = lambda msg: typer.echo(f"... {msg}", err=True)  # noqa: E731
+    print_report(run_bench(short_calls, long_calls, modes[stream], progress, vllm_url))

@@ -127,33 +127,41 @@ def cpu_seconds(pid: int) -> float:
 
 @contextmanager
 def _services(tmp: Path, reply: dict[str, Any] = REPLY, chunk_tokens: int = 0) -> Iterator[tuple[int, int, int]]:
-    """Starts gateway, capture store and proxy processes; yields (proxy port, gateway port, proxy pid)."""
+    """Starts gateway (scripted engine), capture store and proxy; yields (proxy port, gateway port, proxy pid)."""
     script = tmp / "script.json"
     threads = {"main": [reply], "*": [reply]}
     script.write_text(json.dumps({"context_window": 1_000_000, "chunk_tokens": chunk_tokens, "threads": threads}))
+    with services(tmp, f'engine = "scripted:{script}"\n') as (ports, pids):
+        yield ports["proxy"], ports["gateway"], pids["proxy"]
+
+
+@contextmanager
+def services(tmp: Path, gateway_lines: str) -> Iterator[tuple[dict[str, int], dict[str, int]]]:
+    """Starts gateway (its engine given by ``gateway_lines``, TOML of the [gateway] section),
+    capture store and proxy as separate processes; yields their ports and PIDs by noun."""
     ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
     config = tmp / "bench.toml"
     config.write_text(
-        f'[gateway]\nport = {ports["gateway"]}\nengine = "scripted:{script}"\n\n'
+        f"[gateway]\nport = {ports['gateway']}\n{gateway_lines}\n"
         f'[capture_store]\nport = {ports["capture"]}\nstore_dir = "{tmp / "capture"}"\nauth_token = "c"\n\n'
         f'[proxy]\nport = {ports["proxy"]}\ngateway_target = "127.0.0.1:{ports["gateway"]}"\n'
         f'capture_target = "127.0.0.1:{ports["capture"]}"\ncapture_token = "c"\nadmin_token = "{ADMIN}"\n'
         f"max_trials = 100000\n"
     )
-    procs = []
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for noun in ("gateway", "capture", "proxy"):
             cmd = [sys.executable, "-m", "harnessrl", noun, "serve", "-c", str(config)]
             log = (tmp / f"{noun}.log").open("w")
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()))
+            procs[noun] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         asyncio.run(check_health(f"127.0.0.1:{ports['gateway']}", wait_s=60))
         asyncio.run(check_health(f"127.0.0.1:{ports['capture']}", wait_s=60))
         asyncio.run(_wait_http(ports["proxy"]))
-        yield ports["proxy"], ports["gateway"], procs[2].pid
+        yield ports, {noun: p.pid for noun, p in procs.items()}
     finally:
-        for p in reversed(procs):
+        for p in reversed(procs.values()):
             p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for p in procs.values():
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:

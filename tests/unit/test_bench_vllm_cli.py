@@ -1,0 +1,35 @@
+"""``harnessrl bench vllm-path`` refuses bad arguments with a clear message before starting anything."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from harnessrl.cli.main import app
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stream", "maybe"], "choose both, no or yes"),
+        (["--short-calls", "0", "--long-calls", "0"], "nothing to measure"),
+        (["--short-calls", "-1"], "greater than or equal to 0"),
+        (["--long-calls", "many"], "--long-calls"),
+    ],
+)
+def test_malformed_arguments_are_refused(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "vllm-path", *args], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_a_missing_vllm_venv_names_the_setup_script(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HARNESSRL_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["bench", "vllm-path", "--short-calls", "1"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert "setup_vllm.sh" in result.output
+
+
+def test_a_vllm_url_must_be_http() -> None:
+    result = CliRunner().invoke(app, ["bench", "vllm-path", "--vllm-url", "127.0.0.1:8000"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "is not an http(s) URL" in result.output, result.output
