@@ -19,17 +19,21 @@ from services.dashboard.trajectories import INFRA_REASONS, POLICY_REASONS, STAGE
 
 # Names of the same quantity across trainers (the first one present wins).
 METRIC_ALIASES: dict[str, tuple[str, ...]] = {
-    "reward": ("reward/mean",),
+    "reward": ("reward/mean", "critic/score/mean"),
     "entropy": ("loss/entropy", "actor/entropy", "entropy/mean"),
     "kl": ("loss/kl", "loss/ppo_kl", "actor/ppo_kl", "kl/mean"),
     "clip_fraction": ("loss/pg_clipfrac", "loss/clipfrac", "actor/pg_clipfrac", "loss/is_clipped_frac"),
     "grad_norm": ("optim/grad_norm", "actor/grad_norm"),
-    "step_seconds": ("step/seconds",),
+    "step_seconds": ("step/seconds", "timing_s/step"),
     "policy_tokens": ("batch/policy_tokens",),
     "policy_version": ("step/policy_version",),
     "idle_fraction": ("trainer/idle_fraction",),
     "queue_depth": ("queue/depth", "queue/groups_pending", "trainer/groups_pending"),
+    # verl's agent loop (stack/verl_hooks.py): rows out of the loss, segments verl could not take.
+    "masked_rows": ("harnessrl/masked_rows",),
+    "dropped_segments": ("harnessrl/dropped_segments",),
 }
+MASKED_PREFIX = "harnessrl/masked/"
 
 
 def metric(values: dict[str, float], name: str) -> float | None:
@@ -210,6 +214,17 @@ def rollout_throughput(rows: list[dict[str, Any]], metrics: list[StepRecord]) ->
     return out
 
 
+def masking(metrics: list[StepRecord]) -> dict[str, Any]:
+    """Per step, the rows verl trained with weight 0 (by reason) and the segments it
+    dropped; empty series when the trainer is not verl's (nothing recorded)."""
+    reasons = sorted({k[len(MASKED_PREFIX) :] for m in metrics for k in m.values if k.startswith(MASKED_PREFIX)})
+    return {
+        "masked_rows": series(metrics, "masked_rows"),
+        "dropped_segments": series(metrics, "dropped_segments"),
+        "by_reason": {r: series(metrics, MASKED_PREFIX + r) for r in reasons},
+    }
+
+
 def alerts(summary: dict[str, Any], metrics: list[StepRecord], cfg: AlertSettings) -> list[dict[str, Any]]:
     """The anomaly list: termination spikes, agreement drops, turn collapse, zero-variance growth."""
     out: list[dict[str, Any]] = []
@@ -258,6 +273,7 @@ def summarize(
         "behaviour": behaviour(rows, digests),
         "failures": failures(rows, threshold),
         "staleness_hist": staleness(rows, metrics),
+        "masking": masking(metrics),
         "validation": validation(eval_rows),
         "rollout_tokens_per_s": rollout_throughput(rows, metrics),
         "success_threshold": threshold,

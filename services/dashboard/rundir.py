@@ -206,20 +206,42 @@ def runs_holding(root: Path, trial_id: str) -> list[str]:
 
 
 def read_metrics(run: RunDir) -> tuple[list[StepRecord], list[str]]:
-    """metrics.jsonl -> records sorted by step; bad lines are skipped and reported."""
+    """metrics.jsonl -> records sorted by step; bad lines are skipped and reported.
+
+    Two line shapes are read: harnessrl's trainer writes ``{"step", "wall_time",
+    "values"}``; verl's file logger (``trainer.logger`` with ``file``, its
+    ``VERL_FILE_LOGGER_PATH`` set to the run's ``metrics.jsonl``) writes ``{"step",
+    "data"}``, without a wall time. Lines of one step are merged (verl logs a step's
+    validation apart from its training metrics): a later value of a key wins."""
     records: dict[int, StepRecord] = {}
     problems: list[str] = []
     for lineno, obj in _jsonl(run.path / "metrics.jsonl", problems):
         try:
-            step = obj["step"]
-            values = obj["values"]
-            if not isinstance(step, int) or isinstance(step, bool) or not isinstance(values, dict):
-                raise TypeError("step must be an integer and values an object")
-            clean = {str(k): float(v) for k, v in values.items() if _number(v)}
-            records[step] = StepRecord(step, float(obj.get("wall_time", 0.0)), clean)
+            step, values, wall_time = _metrics_line(obj)
         except (KeyError, TypeError, ValueError) as e:
             _line_problem(problems, f"metrics.jsonl line {lineno}: {type(e).__name__}: {e}")
+            continue
+        clean = {str(k): float(v) for k, v in values.items() if _number(v)}
+        if step in records:
+            records[step].values.update(clean)
+            records[step].wall_time = max(records[step].wall_time, wall_time)
+        else:
+            records[step] = StepRecord(step, wall_time, clean)
     return [records[s] for s in sorted(records)], problems
+
+
+def _metrics_line(obj: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
+    """(step, values, wall time) of one line in either shape (see ``read_metrics``)."""
+    key = "values" if "values" in obj else "data" if "data" in obj else None  # data: verl's file logger
+    if key is None:
+        raise ValueError("a line needs 'values' (harnessrl's trainer) or 'data' (verl's file logger)")
+    step, values = obj["step"], obj[key]
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(values, dict):
+        raise TypeError(f"step must be an integer and {key} an object")
+    wall_time = obj.get("wall_time", 0.0)
+    if not _number(wall_time):
+        raise TypeError(f"wall_time must be a number, got {wall_time!r}")
+    return step, values, float(wall_time)
 
 
 def read_eval(run: RunDir) -> tuple[list[dict[str, Any]], list[str]]:

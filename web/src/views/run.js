@@ -21,12 +21,12 @@ function series(metrics, ...names) {
 }
 
 const ALIASES = {
-  reward: ['reward/mean'],
+  reward: ['reward/mean', 'critic/score/mean'],
   entropy: ['loss/entropy', 'actor/entropy', 'entropy/mean'],
   kl: ['loss/kl', 'loss/ppo_kl', 'actor/ppo_kl', 'kl/mean'],
   clip: ['loss/pg_clipfrac', 'loss/clipfrac', 'actor/pg_clipfrac', 'loss/is_clipped_frac'],
   grad: ['optim/grad_norm', 'actor/grad_norm'],
-  stepTime: ['step/seconds'],
+  stepTime: ['step/seconds', 'timing_s/step'],
   tokens: ['batch/policy_tokens'],
   idle: ['trainer/idle_fraction'],
   queue: ['queue/depth', 'queue/groups_pending', 'trainer/groups_pending'],
@@ -86,11 +86,14 @@ function overviewPanel(run, summary) {
     kv('rollout tokens/s', fmt(last(summary.rollout_tokens_per_s), 1)),
     kv('mean response tokens', fmt(last(summary.behaviour.mean_response_tokens), 1)),
     kv('mean turns', fmt(last(summary.behaviour.mean_turns), 2)),
+    ...maskingRows(summary.masking, kv),
   );
   const rewardSteps = unionSteps(m(metrics, 'reward'), summary.validation, summary.success_rate);
   const optSteps = unionSteps(m(metrics, 'entropy'), m(metrics, 'kl'), m(metrics, 'clip'), m(metrics, 'grad'));
   const perfSteps = unionSteps(m(metrics, 'stepTime'), tps, summary.rollout_tokens_per_s);
   const lenSteps = unionSteps(summary.behaviour.mean_response_tokens, summary.behaviour.mean_turns);
+  const mask = summary.masking || { masked_rows: {}, dropped_segments: {}, by_reason: {} };
+  const masked = unionSteps(mask.masked_rows, mask.dropped_segments);
   const small = (title, s, chart) => h('div.mini', h('h3', title), s.length ? chart() : empty('not recorded'));
   return panel(
     'overview',
@@ -120,6 +123,15 @@ function overviewPanel(run, summary) {
           { label: 'rollout tok/s', values: summary.rollout_tokens_per_s, axis: 'y2', dashed: true },
         ], { height: 160 }),
       ),
+      masked.length
+        ? small('masked rows · dropped segments', masked, () =>
+            lines(masked, [
+              { label: 'masked rows', values: mask.masked_rows },
+              { label: 'masked: infra', values: mask.by_reason.infra || {}, dashed: true },
+              { label: 'dropped segments', values: mask.dropped_segments, axis: 'y2' },
+            ], { height: 160 }),
+          )
+        : null,
       small('response length · turns', lenSteps, () =>
         lines(lenSteps, [
           { label: 'response tokens', values: summary.behaviour.mean_response_tokens },
@@ -129,6 +141,21 @@ function overviewPanel(run, summary) {
     ),
     run.config ? h('details', h('summary', 'resolved config (config.toml)'), h('pre.config', run.config)) : null,
   );
+}
+
+// verl's agent loop (harnessrl/* metrics): rows trained with weight 0, by reason, and
+// segments verl could not take. Shown only when the trainer recorded them.
+function maskingRows(mask, kv) {
+  if (!mask || !unionSteps(mask.masked_rows, mask.dropped_segments).length) return [];
+  const s = steps(mask.masked_rows);
+  const at = s.length ? s[s.length - 1] : null;
+  const why = Object.entries(mask.by_reason)
+    .filter(([r, v]) => r !== 'infra' && at !== null && v[at] > 0)
+    .map(([r, v]) => `${r} ${fmt(v[at])}`);
+  return [
+    h('tr', { 'data-metric': 'masked_rows' }, h('th', 'masked rows'), h('td', `${fmt(last(mask.masked_rows))}${why.length ? ` (${why.join(', ')})` : ''}`)),
+    h('tr', { 'data-metric': 'dropped_segments' }, h('th', 'dropped segments'), h('td', fmt(last(mask.dropped_segments)))),
+  ];
 }
 
 function unionSteps(...objs) {

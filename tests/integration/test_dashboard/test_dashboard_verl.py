@@ -1,0 +1,119 @@
+"""A verl run on the dashboard: verl's own file logger (``verl.utils.tracking``,
+backend ``file``) writes a run's metrics.jsonl in its shape (``{"step", "data"}``)
+with the ``harnessrl/*`` counts that stack/verl_hooks.py adds to verl's step
+metrics, computed by verl's ``compute_data_metrics`` on a batch that verl's agent
+loop worker assembled (tests/integration/test_verl_hooks.py). The dashboard's API
+and its page (headless Chromium) show the masked rows and the dropped segments;
+a torn line is one problem, and no other line is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from verl.trainer.config import AlgoConfig
+from verl.trainer.ppo import metric_utils
+from verl.utils.tracking import Tracking
+
+from harnessrl import paths
+from harnessrl.paths import PROJECT_ROOT
+from stack import verl_hooks
+from tests.integration.test_dashboard.conftest import TOKEN, dashboard
+from tests.integration.test_verl_hooks import group_batch
+from tests.verl_support import compute_advantage
+
+CHROMIUM = Path("/usr/bin/chromium")
+RUN = "verl-run"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+pytestmark = pytest.mark.skipif(
+    not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared"
+)
+
+
+async def step_metrics(dropped: list[int] | None = None) -> dict[str, Any]:
+    """verl's step metrics of the hooks test's batch (7 rows, 3 masked), optionally
+    with segments the agent loop could not hand to verl."""
+    batch = await group_batch()
+    if dropped is not None:
+        batch.non_tensor_batch["harnessrl_dropped_segments"] = np.array(dropped, dtype=object)
+    batch = compute_advantage(batch, adv_estimator=verl_hooks.ESTIMATOR, config=AlgoConfig())
+    return metric_utils.compute_data_metrics(batch=batch, use_critic=False)
+
+
+async def write_verl_run(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run folder holding only what verl writes: metrics.jsonl from its file logger
+    (steps 1 and 2, step 2's validation logged apart as verl does, a torn line between)."""
+    run = root / RUN
+    run.mkdir(parents=True)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
+    tracking = Tracking(project_name="harnessrl", experiment_name=RUN, default_backend=["file"])
+    tracking.log(data=await step_metrics(), step=1)
+    tracking.logger["file"].fp.write(b'{"step": 2, "data": {"harnessrl/masked_rows": \n')  # a torn write
+    tracking.log(data=await step_metrics(dropped=[0, 2, 0, 0, 1, 0, 0]), step=2)
+    tracking.log(data={"val-core/harnessrl/reward/mean@1": 0.25}, step=2)
+    tracking.finish()
+    return run
+
+
+async def test_a_verl_runs_metrics_show_masked_rows_and_dropped_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = await write_verl_run(tmp_path, monkeypatch)
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0]).keys() == {"step", "data"}
+    async with dashboard(tmp_path) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+        assert RUN in [r["run_id"] for r in (await c.get("/api/runs")).json()["runs"]]
+        summary = (await c.get(f"/api/runs/{RUN}/summary")).json()
+    bad = [p for p in summary["problems"] if p.startswith("metrics.jsonl")]
+    assert bad == ["metrics.jsonl line 2: not JSON (Expecting value)"], summary["problems"]
+    assert [m["step"] for m in summary["metrics"]] == [1, 2], "nothing but the torn line is lost"
+    step2 = summary["metrics"][1]["values"]
+    assert step2["val-core/harnessrl/reward/mean@1"] == 0.25 and "critic/score/mean" in step2, "one step, merged"
+    masking = summary["masking"]
+    assert masking["masked_rows"] == {"1": 3.0, "2": 3.0}
+    assert masking["dropped_segments"] == {"1": 0.0, "2": 3.0}
+    assert masking["by_reason"] == {
+        "infra": {"1": 2.0, "2": 2.0},
+        "infra/env_setup_failed": {"1": 1.0, "2": 1.0},
+        "infra/verifier_error": {"1": 1.0, "2": 1.0},
+        "response_too_long": {"1": 1.0, "2": 1.0},
+    }
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium (scripts/setup installs it)")
+async def test_a_verl_runs_page_shows_masked_rows_and_dropped_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, web_dist: Path, artifacts: Path
+) -> None:
+    await write_verl_run(tmp_path / "runs", monkeypatch)
+    async with dashboard(tmp_path / "runs") as d:
+        cfg = {
+            "url": d.url,
+            "token": TOKEN,
+            "runId": RUN,
+            "maskedRowsText": "masked rows3 (infra/env_setup_failed 1, infra/verifier_error 1, response_too_long 1)",
+            "droppedText": "dropped segments3",
+            "series": ["masked rows:2", "masked: infra:2", "dropped segments:2", "train reward:2"],
+            "chromium": str(CHROMIUM),
+            "artifacts": str(artifacts),
+        }
+        (tmp_path / "verl.json").write_text(json.dumps(cfg))
+        node = shutil.which("node")
+        assert node, "node is needed for the browser test (Debian nodejs)"
+        proc = await asyncio.create_subprocess_exec(
+            node,
+            str(PROJECT_ROOT / "web" / "test" / "verl_run.mjs"),
+            str(tmp_path / "verl.json"),
+            cwd=PROJECT_ROOT / "web",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    report = out.decode()
+    assert proc.returncode == 0 and "0 failed" in report, report
+    assert (artifacts / "verl-run.png").stat().st_size > 10_000
