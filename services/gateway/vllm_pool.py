@@ -31,10 +31,12 @@ version until Resume; pause before updating for exact per-token versions.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
 import logging
+import ssl
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -42,7 +44,8 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from harnessrl.errors import InvalidArgument
+from harnessrl import tls
+from harnessrl.errors import ConfigError, InvalidArgument
 from services.gateway import modelfiles
 from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import ContextLengthExceeded, EngineFailed, EngineUnavailable
@@ -137,6 +140,25 @@ def _client_error(status: int, text: str) -> Exception:
     return InvalidArgument(f"vLLM rejected the request ({status}): {message}")
 
 
+def replica_tls(settings: Settings) -> tls.TlsSettings | None:
+    """How the client verifies an ``https`` replica: the gateway's ``tls.ca_file``
+    (presenting its ``cert_file`` when set, for replicas behind mTLS), else the
+    process's client table (``HARNESSRL_TLS_*``); None: the system's CAs."""
+    table = settings.tls if settings.tls.dials_tls else tls.client()
+    return table if table.dials_tls else None
+
+
+def replica_verify(table: tls.TlsSettings | None, replica: str) -> ssl.SSLContext | bool:
+    """httpx's ``verify`` for ``table`` (True: the system's CAs, never unverified)."""
+    if table is None:
+        return True
+    try:
+        return tls.client_context(table) or True
+    except (ssl.SSLError, OSError) as e:
+        files = f"ca_file {table.ca_file}, cert_file {table.cert_file}"
+        raise ConfigError(f"vLLM replica {replica}: cannot load the TLS files ({files}): {e}") from e
+
+
 class VllmEngine(Engine):
     """One vLLM server; see the module docstring."""
 
@@ -153,6 +175,7 @@ class VllmEngine(Engine):
         self._context_window = settings.context_window or 0
         self._vocab = UNKNOWN_VOCAB
         self._client: httpx.AsyncClient | None = None
+        self._tls: tls.TlsSettings | None = None  # how the client verifies an https replica (None: system CAs)
         self._running: dict[str, httpx.Response | None] = {}
         self._aborted: set[str] = set()
 
@@ -167,8 +190,13 @@ class VllmEngine(Engine):
         if self.settings.vllm_api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.vllm_api_key.get_secret_value()}"
         limits = httpx.Limits(max_connections=self.settings.vllm_max_concurrency + 8)
+        self._tls = replica_tls(self.settings)
         self._client = httpx.AsyncClient(
-            base_url=self.url, headers=headers, limits=limits, timeout=self.settings.vllm_timeout_s
+            base_url=self.url,
+            headers=headers,
+            limits=limits,
+            timeout=self.settings.vllm_timeout_s,
+            verify=replica_verify(self._tls, self.name),
         )
         model_dir = self.settings.model_path
         if model_dir is not None and (model_dir / "config.json").exists():
@@ -205,7 +233,17 @@ class VllmEngine(Engine):
                 self.served_model = entry["id"]
                 self._context_window = self.settings.context_window or int(entry.get("max_model_len") or 0)
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-            raise EngineUnavailable(f"vLLM server {self.url} is not healthy: {e}") from e
+            raise EngineUnavailable(f"vLLM server {self.url} is not healthy: {await self._why(e)}") from e
+
+    async def _why(self, e: Exception) -> str:
+        """The error in words; for an https replica whose connection failed, what TLS
+        says of it (a wrong CA, a client certificate the replica wants)."""
+        said = str(e) or type(e).__name__
+        url = httpx.URL(self.url)
+        if url.scheme != "https" or not isinstance(e, httpx.TransportError) or self._tls is None:
+            return said
+        why = await asyncio.to_thread(tls.probe, url.host, url.port or 443, self._tls)
+        return f"{said} (TLS: {why})" if why else said
 
     # --- generation ---------------------------------------------------------------
 
