@@ -47,25 +47,35 @@ async def step_metrics(dropped: list[int] | None = None) -> dict[str, Any]:
     return metric_utils.compute_data_metrics(batch=batch, use_critic=False)
 
 
-async def write_verl_run(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(scope="module")
+def verl_steps() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two steps' metrics, made once: the batch as is, then with dropped segments."""
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        return await step_metrics(), await step_metrics(dropped=[0, 2, 0, 0, 1, 0, 0])
+
+    return asyncio.run(both())
+
+
+def write_verl_run(root: Path, steps: tuple[dict[str, Any], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Path:
     """A run folder holding only what verl writes: metrics.jsonl from its file logger
     (steps 1 and 2, step 2's validation logged apart as verl does, a torn line between)."""
     run = root / RUN
     run.mkdir(parents=True)
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
     tracking = Tracking(project_name="harnessrl", experiment_name=RUN, default_backend=["file"])
-    tracking.log(data=await step_metrics(), step=1)
+    tracking.log(data=steps[0], step=1)
     tracking.logger["file"].fp.write(b'{"step": 2, "data": {"harnessrl/masked_rows": \n')  # a torn write
-    tracking.log(data=await step_metrics(dropped=[0, 2, 0, 0, 1, 0, 0]), step=2)
+    tracking.log(data=steps[1], step=2)
     tracking.log(data={"val-core/harnessrl/reward/mean@1": 0.25}, step=2)
     tracking.finish()
     return run
 
 
 async def test_a_verl_runs_metrics_show_masked_rows_and_dropped_segments(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, verl_steps: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = await write_verl_run(tmp_path, monkeypatch)
+    run = write_verl_run(tmp_path, verl_steps, monkeypatch)
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0]).keys() == {"step", "data"}
     async with dashboard(tmp_path) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         assert RUN in [r["run_id"] for r in (await c.get("/api/runs")).json()["runs"]]
@@ -88,9 +98,9 @@ async def test_a_verl_runs_metrics_show_masked_rows_and_dropped_segments(
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium (scripts/setup installs it)")
 async def test_a_verl_runs_page_shows_masked_rows_and_dropped_segments(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, web_dist: Path, artifacts: Path
+    tmp_path: Path, verl_steps: Any, monkeypatch: pytest.MonkeyPatch, web_dist: Path, artifacts: Path
 ) -> None:
-    await write_verl_run(tmp_path / "runs", monkeypatch)
+    write_verl_run(tmp_path / "runs", verl_steps, monkeypatch)
     async with dashboard(tmp_path / "runs") as d:
         cfg = {
             "url": d.url,
