@@ -136,9 +136,10 @@ def _services(tmp: Path, reply: dict[str, Any] = REPLY, chunk_tokens: int = 0) -
 
 
 @contextmanager
-def services(tmp: Path, gateway_lines: str) -> Iterator[tuple[dict[str, int], dict[str, int]]]:
+def services(tmp: Path, gateway_lines: str, proxy_lines: str = "") -> Iterator[tuple[dict[str, int], dict[str, int]]]:
     """Starts gateway (its engine given by ``gateway_lines``, TOML of the [gateway] section),
-    capture store and proxy as separate processes; yields their ports and PIDs by noun."""
+    capture store and proxy (more of its settings in ``proxy_lines``) as separate processes;
+    yields their ports and PIDs by noun."""
     ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
     config = tmp / "bench.toml"
     config.write_text(
@@ -146,7 +147,7 @@ def services(tmp: Path, gateway_lines: str) -> Iterator[tuple[dict[str, int], di
         f'[capture_store]\nport = {ports["capture"]}\nstore_dir = "{tmp / "capture"}"\nauth_token = "c"\n\n'
         f'[proxy]\nport = {ports["proxy"]}\ngateway_target = "127.0.0.1:{ports["gateway"]}"\n'
         f'capture_target = "127.0.0.1:{ports["capture"]}"\ncapture_token = "c"\nadmin_token = "{ADMIN}"\n'
-        f"max_trials = 100000\n"
+        f"max_trials = 100000\n{proxy_lines}"
     )
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
