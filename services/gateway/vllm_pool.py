@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from harnessrl import tls
 from harnessrl.errors import ConfigError, InvalidArgument
@@ -265,12 +266,16 @@ class VllmEngine(Engine):
                     raise EngineUnavailable(f"vLLM server {self.url} answered {response.status_code}: {text[:500]}")
                 self._running[rid] = response
                 finish, cached = "", 0
-                async for event in _sse_events(response):
-                    parsed, finish_now, cached_now = self._parse_event(event, request.sampling.top_logprobs)
-                    finish, cached = finish or finish_now, cached or cached_now
-                    if parsed is not None and len(parsed):
+                async for events in _sse_batches(response):
+                    parsed: list[Chunk] = []
+                    for event in events:
+                        one, finish_now, cached_now = self._parse_event(event, request.sampling.top_logprobs)
+                        finish, cached = finish or finish_now, cached or cached_now
+                        if one is not None and len(one):
+                            parsed.append(one)
+                    for chunk in merge_chunks(parsed):
                         started = True
-                        yield parsed
+                        yield chunk
                 yield Chunk.empty(finish or "stop", cached)
         except (httpx.HTTPError, httpx.StreamError) as e:
             if rid in self._aborted:
@@ -389,14 +394,53 @@ class VllmEngine(Engine):
             self._stamp_version = version
 
 
-async def _sse_events(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
+def merge_chunks(chunks: list[Chunk]) -> list[Chunk]:
+    """Chunks that arrived in one network read, as one chunk: one gRPC message for the
+    proxy instead of one per token, with no wait added (what arrived together was ready
+    together). Ids, logprobs and versions are concatenated in order, unchanged; chunks
+    with top logprobs on only some of them stay apart, so each row keeps its token."""
+    if len(chunks) <= 1:
+        return chunks
+    tops = [c.top_ids is not None and c.top_logprobs is not None for c in chunks]
+    if any(tops) and not all(tops):
+        return chunks
+    merged = Chunk(
+        np.concatenate([c.ids for c in chunks]),
+        np.concatenate([c.logprobs for c in chunks]),
+        np.concatenate([c.versions for c in chunks]),
+    )
+    if all(tops):
+        merged.top_ids = np.concatenate([c.top_ids for c in chunks if c.top_ids is not None])
+        merged.top_logprobs = np.concatenate([c.top_logprobs for c in chunks if c.top_logprobs is not None])
+    return [merged]
+
+
+async def _sse_batches(response: httpx.Response) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The stream's ``data:`` events, grouped by network read (per-token lines parsed as
+    bytes with orjson: httpx's text line decoder and json cost more per token)."""
+    tail = b""
+    async for data in response.aiter_bytes():
+        *lines, tail = (tail + data).split(b"\n")
+        events, done = _sse_parse(lines)
+        if events:
+            yield events
+        if done:
             return
-        event = json.loads(data)
+    events, _ = _sse_parse([tail])  # a last line without its newline
+    if events:
+        yield events
+
+
+def _sse_parse(lines: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
+    """The events of whole SSE lines, and whether ``[DONE]`` ended them."""
+    events: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return events, True
+        event = orjson.loads(payload)
         if "error" in event and "choices" not in event:
             raise EngineFailed(f"vLLM stream error: {event['error']}")
         yield event
