@@ -443,4 +443,5 @@ def _sse_parse(lines: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
         event = orjson.loads(payload)
         if "error" in event and "choices" not in event:
             raise EngineFailed(f"vLLM stream error: {event['error']}")
-        yield event
+        events.append(event)
+    return events, False
