@@ -144,13 +144,17 @@ class ProxyStack:
         self.stop()
 
 
-def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], trial_id: str) -> None:
+def check_faithful(
+    segments: list[dict[str, Any]], log: list[dict[str, Any]], trial_id: str, *, stopped: bool = False
+) -> None:
     """Invariants 1-3 against the engine's log: every mask-1 run of every segment
     was sampled by the engine in exactly the context that precedes it (so a
     segment's prompt is exactly what the engine saw), with its logprobs and
     versions, in the thread it was generated for; every finished generation is
     in exactly one segment (no turn lost, none trained twice), whole, or cut where
-    the conversation went on from the cut (a stop string; ``_cut_after_finish``)."""
+    the conversation went on from the cut (a stop string; ``_cut_after_finish``).
+    ``stopped``: the caller was answered that a stop sequence ended the trial's last
+    call, which nothing after it can show: a segment may end in a cut run."""
     gens = [g for g in log if g["trial_id"] == trial_id]
     used = [0] * len(gens)
     for seg in segments:
@@ -176,7 +180,7 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
                 and (
                     g["sampled_ids"] == run
                     or (g["finish_reason"] == "abort" and g["sampled_ids"][: len(run)] == run)
-                    or _cut_after_finish(g, gens, context, run)
+                    or _cut_after_finish(g, gens, context, run, ids[j:], stopped)
                 )
             ]
             if len(match) != 1:
@@ -195,24 +199,31 @@ def check_faithful(segments: list[dict[str, Any]], log: list[dict[str, Any]], tr
             raise Unfaithful(f"engine generation of thread {g['thread']} captured {u} times")
 
 
-def _cut_after_finish(g: dict[str, Any], gens: list[dict[str, Any]], context: list[int], run: list[int]) -> bool:
+def _cut_after_finish(
+    g: dict[str, Any], gens: list[dict[str, Any]], context: list[int], run: list[int], after: list[int], stopped: bool
+) -> bool:
     """A finished generation captured as a strict prefix: the proxy stopped reading
     (a stop string) after the engine had sampled to its end. The engine runs ahead of
     its consumer (the gRPC stream buffers), so whether its record says "abort" or
-    "stop" is only which came first, the abort or the last chunk. Accepted only with
-    the engine's own evidence that the conversation went on from the prefix: a later
-    generation of the thread whose prompt holds the prefix and then not the rest of
-    the reply. A capture that lost the tail of a reply the harness was given has none."""
+    "stop" is only which came first, the abort or the last chunk. Accepted only where
+    the conversation went on from the prefix and not from the rest of the reply: the
+    segment's next (mask-0) token, or a later generation's prompt of the thread, holds
+    something else there. A capture that lost the tail of a reply the harness was
+    given has the tail there (or nothing: a segment ending at the run proves nothing,
+    unless the caller was told a stop sequence ended that call: ``stopped``)."""
     ids = g["sampled_ids"]
     if len(run) >= len(ids) or ids[: len(run)] != run:
         return False
+    rest = ids[len(run)]
+    if after:
+        return after[0] != rest
     head = context + run
-    return any(
+    return stopped or any(
         o is not g
         and o["thread"] == g["thread"]
         and len(o["prompt_ids"]) > len(head)
         and o["prompt_ids"][: len(head)] == head
-        and o["prompt_ids"][len(head)] != ids[len(run)]
+        and o["prompt_ids"][len(head)] != rest
         for o in gens
     )
 
