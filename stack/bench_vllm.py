@@ -225,14 +225,16 @@ class Clients:
         return Call(elapsed, first if shape.stream else elapsed, len(sampled), tok.decode(sampled))
 
 
-def shapes_for(short_calls: int, long_calls: int, streaming: tuple[bool, ...]) -> list[tuple[Shape, int]]:
+def shapes_for(
+    short_calls: int, long_calls: int, streaming: tuple[bool, ...], long_tokens: int = 1024
+) -> list[tuple[Shape, int]]:
     """(shape, rounds) pairs: short rows of 9-call chats, long rows of one-call chats."""
     out = []
     for stream in streaming:
         if short_calls:
             out.append((Shape("short", 32, stream, QUESTIONS), max(1, -(-short_calls // len(QUESTIONS)))))
         if long_calls:
-            out.append((Shape("long", 1024, stream, (LONG_ASK,)), long_calls))
+            out.append((Shape("long", long_tokens, stream, (LONG_ASK,)), long_calls))
     return out
 
 
@@ -263,6 +265,7 @@ def run_bench(
     streaming: tuple[bool, ...] = (False, True),
     progress: Callable[[str], None] = lambda _: None,
     vllm_url: str | None = None,
+    long_tokens: int = 1024,
 ) -> list[Row]:
     from harnessrl.config import load_section
     from services.proxy.app import load_model
@@ -275,7 +278,7 @@ def run_bench(
         procs = {n: pids[n] for n in OURS} | ({"vllm": vllm_pid} if vllm_pid is not None else {})
         clients = Clients(url, ports, model)
         try:
-            return measure(clients, procs, shapes_for(short_calls, long_calls, streaming), progress)
+            return measure(clients, procs, shapes_for(short_calls, long_calls, streaming, long_tokens), progress)
         finally:
             clients.close()
 
