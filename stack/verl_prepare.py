@@ -122,6 +122,9 @@ def overrides_for(cfg: runconfig.RunConfig, files: dict[str, Path]) -> list[str]
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={files['agent_loops']}",
         "algorithm.adv_estimator=harnessrl_grpo",
         "trainer.project_name=harnessrl",
+        # verl's file logger writes {step, data} lines the harnessrl dashboard reads
+        # (VERL_FILE_LOGGER_PATH, set in launch.sh, puts them in the run's directory).
+        "trainer.logger=[console,file]",
         f"trainer.experiment_name={cfg.run_id}",
         # verl imports these modules in every process on `import verl`: the estimator and metrics.
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={HOOKS_MODULE}",
@@ -149,14 +152,14 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None) -> Prepared
     files["overrides"].write_text("".join(o + "\n" for o in overrides))
     command = ["python", "-m", ENTRY, f"--config-dir={STACK_VERL}", *overrides]
     files["launch"] = out / "launch.sh"
-    files["launch"].write_text(launch_script(command))
+    files["launch"].write_text(launch_script(command, cfg.run_dir / "metrics.jsonl"))
     files["launch"].chmod(0o755)
     return Prepared(
         out=out, tasks=len(train), temperature=cfg.run.temperature, files=files, overrides=overrides, command=command
     )
 
 
-def launch_script(command: list[str]) -> str:
+def launch_script(command: list[str], metrics: Path) -> str:
     repo = STACK_VERL.parent.parent
     lines = [
         "#!/usr/bin/env bash",
@@ -165,6 +168,8 @@ def launch_script(command: list[str]) -> str:
         "set -euo pipefail",
         f"cd {shlex.quote(str(repo))}  # agent_loop_config_path and stack.* resolve from here",
         f"export VERL_USE_EXTERNAL_MODULES={HOOKS_MODULE}",
+        f"mkdir -p {shlex.quote(str(metrics.parent))}",
+        f"export VERL_FILE_LOGGER_PATH=${{VERL_FILE_LOGGER_PATH:-{shlex.quote(str(metrics))}}}",
         " \\\n  ".join([" ".join(shlex.quote(c) for c in command[:4]), *(shlex.quote(c) for c in command[4:])]),
     ]
     return "\n".join(lines) + "\n"

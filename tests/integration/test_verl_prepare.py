@@ -5,6 +5,8 @@ with the overrides and checking verl's config schema, on CPU (no GPU, no Ray).""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,21 @@ def test_the_composed_config_carries_the_runs_settings(prepared: verl_prepare.Pr
     launch = prepared.files["launch"].read_text()
     assert verl_prepare.ENTRY in launch and "VERL_USE_EXTERNAL_MODULES=stack.verl_hooks" in launch
     assert all(o in launch for o in prepared.overrides)
+    # verl's file logger writes the step metrics (harnessrl/* counts) where the dashboard reads them
+    assert list(cfg.trainer.logger) == ["console", "file"]
+    exported = subprocess.run(
+        [
+            "bash",
+            "-c",
+            "".join(line + "\n" for line in launch.splitlines() if "VERL_FILE_LOGGER_PATH" in line)
+            + 'echo "$VERL_FILE_LOGGER_PATH"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"]},
+    ).stdout.strip()
+    assert exported.endswith("/metrics.jsonl") and Path(exported).parent.name == cfg.trainer.experiment_name, exported
 
 
 @pytest.mark.skipif(not (paths.default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
