@@ -1,0 +1,33 @@
+"""``harnessrl bench vllm-path`` at a tiny size against a real vLLM CPU server and the
+services as deployed (separate processes): every path answers, the full path's replies
+are the direct ones (greedy), CPU is attributed to our processes, the report prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from stack.bench_vllm import OURS, PATHS, print_report, run_bench
+from stack.vllm_server import vllm_python
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_python().exists(), reason="no vLLM venv: run scripts/setup_vllm.sh"),
+]
+
+
+@pytest.mark.timeout(1800)
+def test_bench_runs_every_path_interleaved(capsys) -> None:
+    rows = run_bench(short_calls=9, long_calls=1, streaming=(True,), long_tokens=48)
+    assert [(r.shape.name, r.shape.stream, r.path) for r in rows] == [
+        (shape, True, path) for shape in ("short", "long") for path in PATHS
+    ]
+    for r in rows:
+        assert len(r.stats.calls) == (9 if r.shape.name == "short" else 1)
+        assert all(c.tokens > 0 and 0 < c.ttft_s <= c.seconds for c in r.stats.calls)
+        if r.path == "full" and r.shape.name == "short":  # /proc counts 10 ms ticks
+            assert all(r.stats.cpu_s[n] > 0 for n in OURS)
+        if r.path == "direct":
+            assert r.overhead_ms(50) == 0.0
+    print_report(rows)
+    out = capsys.readouterr().out
+    assert "vllm-path" in out and "targets" in out
