@@ -6,14 +6,8 @@ dead replica. Marked ``vllm``: the server takes a minute or more to start."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
-import subprocess
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -32,9 +26,10 @@ from harnessrl.v1 import gateway_pb2_grpc
 from services.gateway.engine import Sampling
 from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
+from stack.vllm_server import VllmServer, vllm_python
 from tests.test_gateway_support import teacher_forced
 
-VLLM_PYTHON = paths.tools_dir() / "vllm" / "bin" / "python"
+VLLM_PYTHON = vllm_python()
 MODEL = paths.default_model_dir()
 PROMPT = [
     1,
@@ -72,65 +67,9 @@ pytestmark = [
 ]
 
 
-class VllmServer:
-    """A real vLLM OpenAI server on a free 127.0.0.1 port, stopped by PID."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "4"}
-        self.log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [
-                str(VLLM_PYTHON),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(MODEL),
-                "--max-model-len",
-                "2048",
-                "--dtype",
-                "float32",
-                "--logprobs-mode",
-                "processed_logprobs",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(2)
-        raise TimeoutError(f"vLLM did not start in {timeout_s} s; see {self.log.name}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    server = VllmServer(tmp_path_factory.mktemp("vllm") / "server.log")
+    server = VllmServer(MODEL, tmp_path_factory.mktemp("vllm") / "server.log")
     try:
         server.wait_ready()
         yield server
