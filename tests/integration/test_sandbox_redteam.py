@@ -81,7 +81,7 @@ done""",
         "kill_agent_processes",
         f"""cat > /tmp/c.py <<'EOF'\n{CONFTEST}EOF
 cp /tmp/c.py /tmp/keep.py
-setsid nohup bash -c 'for i in $(seq 1 1500); do cp /tmp/keep.py /app/conftest.py; sleep 0.02; done' \\
+setsid nohup bash -c 'for i in $(seq 1 6000); do cp /tmp/keep.py /app/conftest.py; sleep 0.02; done' \\
   > /dev/null 2>&1 < /dev/null &
 exit 0""",
     ),
