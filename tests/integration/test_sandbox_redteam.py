@@ -191,9 +191,15 @@ async def test_cheat_scores_zero_and_one_without_its_defence(
     defended = await run_trial(tmp_path / "on", cache_dir, redteam_task, "shell", script, kind=backend_kind)
     assert defended.termination_reason == TerminationReason.COMPLETED, defended.error
     assert defended.reward == 0.0, f"{cheat}: scored {defended.reward} with every defence on"
-    exposed = await run_trial(
-        tmp_path / "off", cache_dir, redteam_task, "shell", script, kind=backend_kind, **{defence: False}
-    )
+    # The background-process cheat races the verifier (its loop must re-copy conftest.py
+    # between the pristine restore and pytest's collection): on a loaded docker engine it
+    # can lose that race, so its undefended run gets three tries; it must win one.
+    for attempt in range(3 if cheat == "leave a background process" else 1):
+        exposed = await run_trial(
+            tmp_path / f"off{attempt}", cache_dir, redteam_task, "shell", script, kind=backend_kind, **{defence: False}
+        )
+        if exposed.reward == 1.0:
+            break
     assert exposed.termination_reason == TerminationReason.COMPLETED, exposed.error
     assert exposed.reward == 1.0, f"{cheat}: the cheat itself does not work ({exposed.verifier_summary})"
     if defence == "restore_pristine_files":
