@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import httpx
 import numpy as np
 
@@ -107,20 +108,7 @@ class ProxyStack:
 
     def export(self, trial_id: str) -> list[dict[str, Any]]:
         """Every segment of a trial, read back from the capture store."""
-
-        async def get() -> Any:
-            async with connect(f"127.0.0.1:{self.store_port}", self._capture_token) as channel:
-                stub = capture_pb2_grpc.CaptureStoreStub(channel)
-                request = capture_pb2.GetTrajectoryRequest(run_id=RUN_ID, trial_id=trial_id, include_tokens=True)
-                return await stub.GetTrajectory(request)
-
-        try:
-            trajectory = self._run(get())
-        except Exception as e:
-            if "NOT_FOUND" in str(e):
-                return []
-            raise
-        return [segment_dict(s) for s in trajectory.segments]
+        return self._run(read_segments(f"127.0.0.1:{self.store_port}", self._capture_token, RUN_ID, trial_id))
 
     def engine_log(self) -> list[dict[str, Any]]:
         return read_generation_log(self.log_path) if self.log_path.exists() else []
@@ -142,6 +130,20 @@ class ProxyStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def read_segments(target: str, token: str, run_id: str, trial_id: str) -> list[dict[str, Any]]:
+    """A trial's segments from a capture store (GetTrajectory), as dicts; none when it has no trajectory."""
+    async with connect(target, token) as channel:
+        stub = capture_pb2_grpc.CaptureStoreStub(channel)
+        request = capture_pb2.GetTrajectoryRequest(run_id=run_id, trial_id=trial_id, include_tokens=True)
+        try:
+            trajectory = await stub.GetTrajectory(request)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return []
+            raise
+    return [segment_dict(s) for s in trajectory.segments]
 
 
 def check_faithful(

@@ -18,8 +18,6 @@ import httpx
 
 from harnessrl.localservers import free_port
 from harnessrl.paths import default_model_dir
-from harnessrl.rpc import connect
-from harnessrl.v1 import capture_pb2, capture_pb2_grpc
 from services.capture_store.server import create_server as create_store
 from services.capture_store.settings import Settings as StoreSettings
 from services.gateway.scripted import read_generation_log
@@ -28,7 +26,7 @@ from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.server import RunningProxy
 from services.proxy.server import start as start_proxy
 from services.proxy.settings import Settings as ProxySettings
-from stack.conformance_stack import check_faithful, segment_dict
+from stack.conformance_stack import check_faithful, read_segments
 
 __all__ = ["MODEL", "Stack", "check_faithful", "script"]
 T = TypeVar("T")
@@ -106,20 +104,7 @@ class Stack:
 
     def export(self, trial_id: str, run_id: str = "run-1") -> list[dict[str, Any]]:
         """Every segment of a trial, read back from the capture store (GetTrajectory)."""
-
-        async def get() -> Any:
-            async with connect(f"127.0.0.1:{self.store_port}", CAPTURE_TOKEN) as channel:
-                stub = capture_pb2_grpc.CaptureStoreStub(channel)
-                request = capture_pb2.GetTrajectoryRequest(run_id=run_id, trial_id=trial_id, include_tokens=True)
-                return await stub.GetTrajectory(request)
-
-        try:
-            trajectory = self.run(get())
-        except Exception as e:
-            if "NOT_FOUND" in str(e):
-                return []
-            raise
-        return [segment_dict(s) for s in trajectory.segments]
+        return self.run(read_segments(f"127.0.0.1:{self.store_port}", CAPTURE_TOKEN, run_id, trial_id))
 
     def engine_log(self) -> list[dict[str, Any]]:
         return read_generation_log(self.log_path) if self.log_path.exists() else []
