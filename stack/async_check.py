@@ -28,7 +28,7 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store.server import create_server as create_capture
 from services.capture_store.settings import Settings as CaptureSettings
-from services.trainer.engine import StepResult
+from services.trainer.cpu_trainer import StepResult
 from services.trainer.loop import ReadyGroupSource, TrainingLoop
 from services.trainer.service import TrainerService
 from services.trainer.settings import Settings

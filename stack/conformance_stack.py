@@ -25,7 +25,7 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
 from services.capture_store.server import create_server as create_store
 from services.capture_store.settings import Settings as StoreSettings
-from services.gateway.scripted import read_generation_log
+from services.gateway.engines.scripted import read_generation_log
 from services.gateway.server import create_server as create_gateway
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.server import RunningProxy
@@ -41,7 +41,7 @@ class Unfaithful(AssertionError):
 
 
 def write_script(folder: Path, threads: dict[str, list[dict[str, Any]]], **extra: Any) -> Path:
-    """A scripted-engine script (services/gateway/scripted.py) in ``folder``."""
+    """A scripted-engine script (services/gateway/engines/scripted.py) in ``folder``."""
     path = folder / "script.json"
     path.write_text(json.dumps({"context_window": 200_000, "threads": threads, **extra}))
     return path

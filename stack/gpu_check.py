@@ -68,8 +68,8 @@ import transformers  # noqa: E402
 
 from harnessrl import torchdevice  # noqa: E402
 from harnessrl.errors import ConfigError  # noqa: E402
-from services.gateway.engine import GenerateInput, Sampling  # noqa: E402
-from services.gateway.local import LocalEngine, merge_chunks  # noqa: E402
+from services.gateway.engines.base import GenerateInput, Sampling  # noqa: E402
+from services.gateway.engines.local import LocalEngine, merge_chunks  # noqa: E402
 from services.trainer import agreement, forward, r3, tinymoe  # noqa: E402
 from services.trainer.inputs import Sample  # noqa: E402
 from services.trainer.policy import load_model  # noqa: E402

@@ -36,7 +36,7 @@ SERVICE_NAMES = {
 
 @dataclass
 class ServiceProcess:
-    """One service process: ``argv`` after ``python -m harnessrl``, and how to tell it is up."""
+    """One service process: ``argv`` after ``python -m stack.cli``, and how to tell it is up."""
 
     name: str
     argv: list[str]
@@ -63,7 +63,7 @@ class ServiceProcess:
             out.write(f"\n=== start {self.starts + 1} of {self.name} at {time.time():.3f}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harnessrl", *self.argv],
+                [sys.executable, "-m", "stack.cli", *self.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -176,7 +176,7 @@ async def _train(
     periodic: Any,
 ) -> Outcome:
     from services.trainer import checkpoint
-    from services.trainer.engine import CpuTrainer
+    from services.trainer.cpu_trainer import CpuTrainer
     from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
     from services.trainer.server import create_server
 

@@ -58,7 +58,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument
 from harnessrl.rpc import check_target, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
-from services.gateway.engine import Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput
 from stack.verl_outputs import masked_output, trajectory_to_output, trajectory_to_outputs
 
 __all__ = ["AGENT_NAME", "HarnessAgentLoop", "VerlServerEngine", "masked_output", "trajectory_to_output"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harnessrl import paths
 from harnessrl.localservers import free_port
-from services.gateway.vllm_pool import REQUIRED_SERVER_ENV, REQUIRED_SERVER_FLAGS
+from services.gateway.engines.vllm_pool import REQUIRED_SERVER_ENV, REQUIRED_SERVER_FLAGS
 
 
 def vllm_python() -> Path:

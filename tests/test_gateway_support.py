@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from harnessrl import paths
-from services.gateway.engine import Sampling
+from services.gateway.engines.base import Sampling
 from services.gateway.sampling import sampling_logprobs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")

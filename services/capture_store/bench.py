@@ -171,7 +171,7 @@ def _distributed_settings(env: dict[str, str]) -> Settings:
 def serve(backend: str, work: Path, env: dict[str, str], pin: bool) -> Iterator[tuple[str, int]]:
     """A real ``harnessrl capture serve`` subprocess, pinned to CPU 0; yields (target, pid)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "harnessrl", "capture", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "stack.cli", "capture", "serve", "--port", str(port)]
     if backend == "embedded":
         cmd += ["--store-dir", str(work / "served")]
     full_env = {**os.environ, **env, "HARNESSRL_CAPTURE_STORE_AUTH_TOKEN": TOKEN}

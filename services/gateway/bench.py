@@ -21,7 +21,7 @@ import numpy.typing as npt
 from harnessrl.arrays import pack_i32
 from harnessrl.rpc import connect
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
-from services.gateway.engine import Engine, GenerateInput, Sampling
+from services.gateway.engines.base import Engine, GenerateInput, Sampling
 from services.gateway.server import create_server
 from services.gateway.settings import Settings
 

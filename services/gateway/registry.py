@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from harnessrl import paths
-from services.gateway.engine import Engine
+from services.gateway.engines.base import Engine
 from services.gateway.errors import UnknownEngine
 from services.gateway.settings import Settings
 
@@ -27,13 +27,13 @@ def model_dir(settings: Settings) -> Path:
 
 
 def _local(settings: Settings, arg: str) -> list[Engine]:
-    from services.gateway.local import LocalEngine
+    from services.gateway.engines.local import LocalEngine
 
     return [LocalEngine(settings, name=f"local-{i}") for i in range(settings.replicas)]
 
 
 def _vllm(settings: Settings, arg: str) -> list[Engine]:
-    from services.gateway.vllm_pool import VllmEngine
+    from services.gateway.engines.vllm_pool import VllmEngine
 
     if not settings.vllm_urls:
         raise UnknownEngine("engine 'vllm' needs at least one server URL in the gateway's vllm_urls setting")
@@ -41,7 +41,7 @@ def _vllm(settings: Settings, arg: str) -> list[Engine]:
 
 
 def _scripted(settings: Settings, arg: str) -> list[Engine]:
-    from services.gateway.scripted import ScriptedEngine
+    from services.gateway.engines.scripted import ScriptedEngine
 
     if not arg:
         raise UnknownEngine("engine 'scripted' needs a script: 'scripted:PATH'")

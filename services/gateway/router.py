@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from services.gateway.engine import Chunk, Engine, GenerateInput
+from services.gateway.engines.base import Chunk, Engine, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from services.gateway.engine import Sampling
+from services.gateway.engines.base import Sampling
 
 
 def sampling_logprobs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:

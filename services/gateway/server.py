@@ -14,7 +14,7 @@ import numpy as np
 from harnessrl.arrays import make_tokens, unpack_i32
 from harnessrl.rpc import RunningServer, start_server
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc, records_pb2
-from services.gateway.engine import F32, I32, Sampling
+from services.gateway.engines.base import F32, I32, Sampling
 from services.gateway.registry import create_engines
 from services.gateway.service import GatewayService, Output
 from services.gateway.settings import Settings

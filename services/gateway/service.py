@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from harnessrl import metrics
 from harnessrl.errors import AlreadyExists
-from services.gateway.engine import Chunk, Engine, EngineInfo, GenerateInput, Sampling
+from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput, Sampling
 from services.gateway.errors import (
     ContextLengthExceeded,
     EngineFailed,

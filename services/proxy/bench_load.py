@@ -152,7 +152,7 @@ def services(tmp: Path, gateway_lines: str, proxy_lines: str = "") -> Iterator[t
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for noun in ("gateway", "capture", "proxy"):
-            cmd = [sys.executable, "-m", "harnessrl", noun, "serve", "-c", str(config)]
+            cmd = [sys.executable, "-m", "stack.cli", noun, "serve", "-c", str(config)]
             log = (tmp / f"{noun}.log").open("w")
             procs[noun] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         asyncio.run(check_health(f"127.0.0.1:{ports['gateway']}", wait_s=60))

@@ -19,8 +19,8 @@ from services.proxy.capture.records import append_request
 from services.proxy.capture.state import Part, TrialCapture
 from services.proxy.capture.writer import CaptureClient, TrialWriter
 from services.proxy.chat.model import ChatModel
-from services.proxy.engine import EngineClient, EnginePool
 from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialNotFound, WrongTrial, failure_kind
+from services.proxy.gateway_client import EngineClient, EnginePool
 from services.proxy.responses.store import ResponseStore
 from services.proxy.settings import Settings
 

@@ -27,8 +27,8 @@ from services.proxy.chat.conversation import Conversation
 from services.proxy.chat.render import SampledIds
 from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.chat.toolchoice import ToolForcing
-from services.proxy.engine import EngineContextOverflow
 from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
+from services.proxy.gateway_client import EngineContextOverflow
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from harnessrl.errors import Unavailable
 from harnessrl.rpc import RunningServer, connect
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
 from services.trainer import checkpoint
-from services.trainer.engine import CpuTrainer
+from services.trainer.cpu_trainer import CpuTrainer
 from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
 from services.trainer.server import create_server
 from services.trainer.service import TrainerService

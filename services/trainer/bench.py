@@ -103,7 +103,7 @@ def _child(tokens: int, samples: int, checkpointing: bool) -> None:
     """Times a warm training step (the second) on ``samples`` random-token samples of ``tokens`` tokens."""
     from harnessrl import arrays
     from harnessrl.v1 import records_pb2
-    from services.trainer.engine import CpuTrainer
+    from services.trainer.cpu_trainer import CpuTrainer
     from services.trainer.settings import Settings
 
     optim = {"gradient_checkpointing": checkpointing, "token_budget": tokens, "lr": 1e-6}

@@ -43,7 +43,7 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2
 from services.trainer import checkpoint
 from services.trainer.admission import Admission
-from services.trainer.engine import CpuTrainer, StepResult
+from services.trainer.cpu_trainer import CpuTrainer, StepResult
 from services.trainer.service import TrainerService
 from services.trainer.settings import Settings
 

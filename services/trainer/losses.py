@@ -13,7 +13,7 @@ rewrite, invariant 3), each a separate forward pass with its own prompt. So
 rows here are trajectories, not segments: ``RowLayout`` packs the policy
 tokens (mask 1) of every segment of a trajectory, in order, into one row, and
 only then calls verl. The forward passes stay per segment (see
-``services/trainer/engine.py``, which also makes the row-coupled loss exact
+``services/trainer/cpu_trainer.py``, which also makes the row-coupled loss exact
 under micro-batching). The same packing makes ``seq-mean-*`` aggregation
 average over trajectories, as GRPO's "per response" mean intends.
 """

@@ -25,7 +25,7 @@ from harnessrl.errors import InvalidArgument, NotFound, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.trainer import agreement, forward
-from services.trainer.engine import load_model
+from services.trainer.cpu_trainer import load_model
 from services.trainer.samples import Sample, StepCounters, build_sample
 
 PAGE_SIZE = 200

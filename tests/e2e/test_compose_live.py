@@ -153,7 +153,7 @@ def test_compose_stack_runs_a_step_traced_across_every_service(stack: Stack) -> 
     # The run on the host dials the stack over mTLS too (HARNESSRL_TLS_*: the CA, a client certificate).
     env = {**os.environ, **stack.client_env()}
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(config)], capture_output=True, text=True, timeout=900, env=env
+        [sys.executable, "-m", "stack.cli", "run", str(config)], capture_output=True, text=True, timeout=900, env=env
     )
     timings["run_s"] = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:] + stack.logs()

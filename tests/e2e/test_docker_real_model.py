@@ -35,7 +35,7 @@ def test_mini_swe_agent_with_the_real_model_in_a_container(tmp_path: Path, docke
     }
     shutil.copytree(TASK, tmp_path / "pool" / TASK.name)
     report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "harnessrl", "tasks", "filter", str(tmp_path / "pool"), "--engine", "local"]
+    cmd = [sys.executable, "-m", "stack.cli", "tasks", "filter", str(tmp_path / "pool"), "--engine", "local"]
     cmd += ["--harness", "mini-swe-agent", "-o", "config=compact", "--max-turns", "3", "--k", "1"]
     cmd += ["--keep", "0-1", "--out", str(tmp_path / "kept"), "--report", str(report)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
 from harnessrl.paths import tools_dir
+from stack.cli.main import app
 from stack.conformance import CLAUDE_TOOLS, COLUMNS, SCENARIOS, Outcome, Scenario, done_file, run_scenario
 from stack.conformance_drivers import DRIVERS, ClaudeCode, Target
 from tests.integration.proxy.stack import MODEL, Stack, check_faithful, script

@@ -34,7 +34,7 @@ def test_quickstart_one_step(tmp_path: Path) -> None:
     config = tmp_path / "quickstart.toml"
     config.write_text(tomli_w.dumps(data))
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(config)], capture_output=True, text=True, timeout=1800
+        [sys.executable, "-m", "stack.cli", "run", str(config)], capture_output=True, text=True, timeout=1800
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = tmp_path / "runs" / "qs"

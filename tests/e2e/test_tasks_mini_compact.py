@@ -33,7 +33,7 @@ def test_compact_config_solves_through_the_real_harness(tmp_path: Path) -> None:
     script = tmp_path / "policy.json"
     script.write_text(json.dumps({"context_window": 8192, "threads": {"*": REPLIES}}))
     report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "harnessrl", "tasks", "filter", str(tmp_path / "pool")]
+    cmd = [sys.executable, "-m", "stack.cli", "tasks", "filter", str(tmp_path / "pool")]
     cmd += ["--harness", "mini-swe-agent", "-o", "config=compact", "--engine", f"scripted:{script}"]
     cmd += ["--k", "2", "--keep", "2-2", "--out", str(tmp_path / "kept"), "--report", str(report)]
     env = {

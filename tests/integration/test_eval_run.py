@@ -41,7 +41,7 @@ def eval_pool(root: Path) -> Path:
 
 
 def harnessrl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harnessrl", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "stack.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_eval_of_the_base_model_then_of_a_trained_checkpoint(tmp_path: Path) -> None:

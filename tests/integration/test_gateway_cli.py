@@ -25,7 +25,7 @@ SCRIPT = {"context_window": 1000, "threads": {"main": [{"content": "Hello."}]}}
 
 def serve(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "gateway", "serve", *args],
+        [sys.executable, "-m", "stack.cli", "gateway", "serve", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -71,7 +71,7 @@ def test_serve_scripted_engine_from_the_cli(tmp_path: Path) -> None:
 def test_bad_engine_fails_fast_with_one_clear_line(engine: str, message: str) -> None:
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "gateway", "serve", "--engine", engine, "--port", str(port)],
+        [sys.executable, "-m", "stack.cli", "gateway", "serve", "--engine", engine, "--port", str(port)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -85,7 +85,7 @@ def test_malformed_script_names_file_and_field(tmp_path: Path) -> None:
     script = tmp_path / "bad.json"
     script.write_text(json.dumps({"threads": {"main": [{"content": 1}]}}))
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "gateway", "serve", "--engine", f"scripted:{script}", "--port", "0"],
+        [sys.executable, "-m", "stack.cli", "gateway", "serve", "--engine", f"scripted:{script}", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -21,8 +21,8 @@ from harnessrl.arrays import pack_i32, unpack_f32, unpack_i32
 from harnessrl.rpc import connect
 from harnessrl.v1 import gateway_pb2 as pb
 from harnessrl.v1 import gateway_pb2_grpc
-from services.gateway.engine import Sampling
-from services.gateway.local import LocalEngine
+from services.gateway.engines.base import Sampling
+from services.gateway.engines.local import LocalEngine
 from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
 from tests.test_gateway_support import teacher_forced

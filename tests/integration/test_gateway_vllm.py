@@ -23,7 +23,7 @@ from harnessrl.localservers import free_port
 from harnessrl.rpc import connect
 from harnessrl.v1 import gateway_pb2 as pb
 from harnessrl.v1 import gateway_pb2_grpc
-from services.gateway.engine import Sampling
+from services.gateway.engines.base import Sampling
 from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
 from stack.vllm_server import VllmServer, vllm_python

@@ -23,10 +23,10 @@ from fastapi.responses import StreamingResponse
 
 from harnessrl import tls
 from harnessrl.errors import ConfigError
-from services.gateway.engine import GenerateInput, Sampling
+from services.gateway.engines.base import GenerateInput, Sampling
+from services.gateway.engines.vllm_pool import VllmEngine
 from services.gateway.errors import EngineUnavailable
 from services.gateway.settings import Settings
-from services.gateway.vllm_pool import VllmEngine
 from tests.tls_support import Pki, make_pki
 
 MODEL = "replica-model"

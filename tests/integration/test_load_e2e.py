@@ -45,7 +45,7 @@ async def test_sandboxed_trials_lose_no_record() -> None:
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harnessrl", "bench", "e2e", *args],
+        [sys.executable, "-m", "stack.cli", "bench", "e2e", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -40,7 +40,7 @@ def test_a_good_config_passes_and_task_checks_are_cached(tmp_path: Path, model: 
     config = write_config(tmp_path, model, make_pool(tmp_path, ("gamma",)))
     make_task(tmp_path / "pool", "delta", instruction=f"Write hello to hello.txt ({tmp_path.name}).")
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "preflight", str(config)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = ("harness", "model", "chat template", "group size", "disk", "bubblewrap", "tasks", "engine", "sandbox")
@@ -51,7 +51,7 @@ def test_a_good_config_passes_and_task_checks_are_cached(tmp_path: Path, model: 
     for task in cfg.run.train_tasks[0].iterdir():
         assert (preflight.cache_dir() / f"{preflight.task_digest(task)}.json").exists()
     again = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "preflight", str(config)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )
     assert again.returncode == 0 and "validated (cached)" in again.stdout
 
@@ -62,7 +62,7 @@ def test_broken_tasks_are_rejected_by_name(tmp_path: Path, model: Path) -> None:
     always = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
     make_task(tmp_path / "pool", "free-reward", test_sh=always, instruction=f"free {tmp_path.name}")
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "preflight", str(config)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 2, proc.stdout
     line = next(x for x in proc.stdout.splitlines() if "task pool" in x)
@@ -75,7 +75,7 @@ def test_broken_tasks_are_rejected_by_name(tmp_path: Path, model: Path) -> None:
 def test_a_sandbox_backend_that_cannot_run_a_trial(tmp_path: Path, model: Path) -> None:
     config = write_config(tmp_path, model, make_pool(tmp_path), extra='\n[sandbox.local]\nbwrap = "/bin/false"\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "preflight", str(config)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 2, proc.stdout
     line = next(x for x in proc.stdout.splitlines() if " sandbox " in x)
@@ -87,7 +87,7 @@ def test_a_sandbox_backend_that_cannot_run_a_trial(tmp_path: Path, model: Path) 
 def test_run_refuses_to_start_on_a_failed_preflight(tmp_path: Path, model: Path) -> None:
     config = write_config(tmp_path, model, make_pool(tmp_path), run={"group_size": 1})
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(config)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stack.cli", "run", str(config)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 2
     assert "group size: G = 1 < min_valid_per_group 2" in proc.stderr
@@ -164,7 +164,7 @@ def test_unreachable_redis_and_s3(tmp_path: Path, model: Path) -> None:
     assert not got["redis"].ok and f"start Redis at 127.0.0.1:{port}" in got["redis"].fix
     assert not got["s3"].ok and "start the S3 server" in got["s3"].fix
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(config)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stack.cli", "run", str(config)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "redis:" in proc.stderr and not (tmp_path / "runs").exists()
 

@@ -82,7 +82,7 @@ def test_every_trajectory_record_agrees_with_its_segments(tmp_path: Path) -> Non
     # One token per chunk: the stop string ends a reply before the engine's last chunk (and its usage).
     (tmp_path / "script.json").write_text(json.dumps({**SCRIPT, "chunk_tokens": 1}))
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(config)],
+        [sys.executable, "-m", "stack.cli", "run", str(config)],
         capture_output=True,
         text=True,
         timeout=600,

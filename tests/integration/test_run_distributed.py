@@ -74,7 +74,7 @@ async def test_run_against_separately_deployed_services(tmp_path: Path, remote: 
     config = Path(remote["config"])
     point_at(config, remote)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "harnessrl", "run", str(config),
+        sys.executable, "-m", "stack.cli", "run", str(config),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), 300)

@@ -27,7 +27,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def harnessrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harnessrl", *args], capture_output=True, text=True, timeout=timeout, env=os.environ
+        [sys.executable, "-m", "stack.cli", *args], capture_output=True, text=True, timeout=timeout, env=os.environ
     )
 
 
@@ -84,7 +84,7 @@ def test_dashboard_serves_the_live_run(tmp_path: Path, model: Path) -> None:
     config = write_config(tmp_path, model, make_pool(tmp_path), run={"steps": 1, "dashboard": True})
     (tmp_path / "agent.sh").write_text(AGENT + "\nsleep 4\n")  # the run lasts while the test looks
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "run", str(config)],
+        [sys.executable, "-m", "stack.cli", "run", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

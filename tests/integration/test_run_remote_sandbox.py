@@ -90,7 +90,7 @@ async def test_a_run_trains_through_the_remote_sandbox(tmp_path: Path, stack: di
     assert isinstance(config, Path)
     point_at(config, stack)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "harnessrl", "run", str(config),
+        sys.executable, "-m", "stack.cli", "run", str(config),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), 300)

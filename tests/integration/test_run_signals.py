@@ -39,7 +39,7 @@ def test_sigint_stops_the_run_and_leaves_nothing_running(tmp_path: Path) -> None
     config = write_config(tmp_path, model, make_pool(tmp_path), run={"steps": 3})
     (tmp_path / "agent.sh").write_text(AGENT + "\nsleep 300\n")  # every trial hangs after its model calls
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "run", str(config)],
+        [sys.executable, "-m", "stack.cli", "run", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

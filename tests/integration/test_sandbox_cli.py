@@ -30,7 +30,7 @@ def cli(tmp: Path, *args: str, timeout: int = 180) -> subprocess.CompletedProces
         "HARNESSRL_SANDBOX_ARTIFACTS_DIR": str(tmp / "artifacts"),
         "HARNESSRL_RUNS_DIR": str(tmp / "runs"),  # where trial run keeps each trial
     }
-    cmd = [sys.executable, "-m", "harnessrl", *args]
+    cmd = [sys.executable, "-m", "stack.cli", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from harnessrl.cli.main import app
 from harnessrl.errors import InvalidArgument
 from harnessrl.localservers import free_port
 from services.sandbox.conformance import CHECKS, TargetError, run_conformance
 from services.sandbox.server import create_sandbox_server
+from stack.cli.main import app
 from tests.sandbox_remote_support import ROOT, executor, remote_front
 from tests.sandbox_support import settings_for
 
@@ -117,7 +117,7 @@ async def test_a_sandbox_that_wants_a_token(tmp_path: Path) -> None:
 
 
 def conformance_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "harnessrl", "sandbox", "conformance", *args]
+    cmd = [sys.executable, "-m", "stack.cli", "sandbox", "conformance", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

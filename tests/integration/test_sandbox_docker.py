@@ -252,7 +252,7 @@ async def test_engine_restart_mid_exec_is_a_lost_sandbox(tmp_path: Path) -> None
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "harnessrl", "sandbox", "base-images", *args]
+    cmd = [sys.executable, "-m", "stack.cli", "sandbox", "base-images", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
 
 

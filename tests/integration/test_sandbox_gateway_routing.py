@@ -20,7 +20,7 @@ import pytest
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import records_pb2, sandbox_pb2, sandbox_pb2_grpc
-from services.gateway.scripted import read_generation_log
+from services.gateway.engines.scripted import read_generation_log
 from services.gateway.server import create_server as create_gateway
 from services.gateway.settings import Settings as GatewaySettings
 from services.sandbox.server import create_sandbox_server
@@ -139,7 +139,7 @@ async def test_a_malformed_gateway_target_is_refused_at_submit_and_at_registrati
 
 
 async def test_the_pool_closes_a_named_gateways_channel_when_idle(tmp_path: Path) -> None:
-    from services.proxy.engine import EnginePool
+    from services.proxy.gateway_client import EnginePool
 
     pool = EnginePool("127.0.0.1:1", None, 5.0, tracing=False, idle_s=0.05)
     try:

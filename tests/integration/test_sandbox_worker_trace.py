@@ -59,7 +59,7 @@ def _worker(tmp: Path, redis_url: str, endpoint: str) -> subprocess.Popen[bytes]
         "HARNESSRL_SANDBOX_ARTIFACTS_DIR": str(tmp / "artifacts"),
         "HARNESSRL_SANDBOX_OTLP_ENDPOINT": endpoint,
     }
-    cmd = [sys.executable, "-m", "harnessrl", "sandbox", "worker", "--queue-url", redis_url, "--name", "w1"]
+    cmd = [sys.executable, "-m", "stack.cli", "sandbox", "worker", "--queue-url", redis_url, "--name", "w1"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

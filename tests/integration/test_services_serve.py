@@ -28,7 +28,7 @@ HTTP_SERVICES = ["proxy", "dashboard"]
 
 def start(noun: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", noun, "serve", "--port", str(port), *extra],
+        [sys.executable, "-m", "stack.cli", noun, "serve", "--port", str(port), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "HARNESSRL_SKIP_WARMUP": "1"},
@@ -79,7 +79,7 @@ def test_bad_config_names_field_and_file_and_starts_nothing(noun: str, tmp_path:
     config.write_text(f"[{section}]\nno_such_setting = 1\n")
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", noun, "serve", "-c", str(config), "--port", str(port)],
+        [sys.executable, "-m", "stack.cli", noun, "serve", "-c", str(config), "--port", str(port)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -76,7 +76,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def _filter(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "harnessrl", "tasks", "filter", *args]
+    cmd = [sys.executable, "-m", "stack.cli", "tasks", "filter", *args]
     return subprocess.run(cmd, cwd=ROOT, env=_env(tmp), capture_output=True, text=True, timeout=600)
 
 

@@ -193,7 +193,7 @@ def test_cli_convert_and_its_errors(tmp_path: Path) -> None:
     records = _jsonl(tmp_path / "r.jsonl", record)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "harnessrl", "tasks", "convert", *args]
+        cmd = [sys.executable, "-m", "stack.cli", "tasks", "convert", *args]
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     ok = cli("--records", str(records), "--repos", str(tmp_path / "repos"), "--out", str(tmp_path / "out"))

@@ -14,7 +14,7 @@ import torch
 
 from harnessrl import paths
 from harnessrl.localservers import free_port
-from services.trainer.engine import load_model
+from services.trainer.cpu_trainer import load_model
 from tests.trainer_fakes import FakeCaptureStore, sample, serve
 from tests.trainer_support import segment, trajectory
 
@@ -39,7 +39,7 @@ def captured_run(store: FakeCaptureStore, perturb: float = 0.0, temperature: flo
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harnessrl", "train", "agreement", *args],
+        [sys.executable, "-m", "stack.cli", "train", "agreement", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -52,7 +52,7 @@ async def status_when(port: int, predicate, timeout_s: float = 600) -> trainer_p
 
 def start(config: Path, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "train", "serve", "-c", str(config), "--port", str(port)],
+        [sys.executable, "-m", "stack.cli", "train", "serve", "-c", str(config), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ},

@@ -26,7 +26,7 @@ from harnessrl.v1 import (
 )
 from services.capture_store.server import create_server as create_capture
 from services.capture_store.settings import Settings as CaptureSettings
-from services.trainer.engine import StepResult
+from services.trainer.cpu_trainer import StepResult
 from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
 from services.trainer.server import create_server as create_trainer_server
 from services.trainer.service import TrainerService
@@ -262,7 +262,7 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
         optim={"lr": 1e-5, "gradient_checkpointing": False, "token_budget": 512},
         rollout={"groups_per_step": 1, "max_staleness": 1, "max_steps": 2, "wait_timeout_s": 600},
     )
-    from services.trainer.engine import CpuTrainer
+    from services.trainer.cpu_trainer import CpuTrainer
 
     trainer = CpuTrainer(settings)
     service = TrainerService(RUN)

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from harnessrl import paths
 from harnessrl.v1 import records_pb2
-from services.trainer.engine import CpuTrainer
+from services.trainer.cpu_trainer import CpuTrainer
 from services.trainer.settings import Settings
 from tests.trainer_support import segment, trajectory
 

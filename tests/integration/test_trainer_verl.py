@@ -25,7 +25,7 @@ from harnessrl.v1 import (
     gateway_pb2,
     gateway_pb2_grpc,
 )
-from services.gateway.scripted import read_generation_log
+from services.gateway.engines.scripted import read_generation_log
 from stack import verl_agent_loop as val
 from tests.trainer_support import TR, segment, trajectory
 from tests.verl_support import AGENT_LOOPS, STACK_VERL, FakeServerManager, agent_loop, verl_batch, verl_worker

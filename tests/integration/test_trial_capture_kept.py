@@ -48,7 +48,7 @@ def env_for(tmp: Path) -> dict[str, str]:
 
 
 def cli(tmp: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "harnessrl", *args]
+    cmd = [sys.executable, "-m", "stack.cli", *args]
     return subprocess.run(cmd, cwd=tmp, env=env_for(tmp), capture_output=True, text=True, timeout=timeout)
 
 
@@ -104,7 +104,7 @@ def test_a_trial_keeps_its_capture_and_is_found_by_its_id(tmp_path: Path) -> Non
     assert out.returncode == 2 and "no run under" in out.stderr and "Traceback" not in out.stderr
 
     dashboard = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "dashboard", "serve", "--port", "0"],
+        [sys.executable, "-m", "stack.cli", "dashboard", "serve", "--port", "0"],
         cwd=tmp_path,
         env=env_for(tmp_path),
         stderr=subprocess.PIPE,

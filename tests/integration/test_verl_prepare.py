@@ -18,9 +18,9 @@ from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
 from harnessrl import paths
-from harnessrl.cli.main import main
 from harnessrl.errors import ConfigError
 from stack import verl_prepare
+from stack.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"

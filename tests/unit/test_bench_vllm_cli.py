@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
+from stack.cli.main import app
 
 
 def plain(text: str) -> str:

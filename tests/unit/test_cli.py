@@ -5,7 +5,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
+from stack.cli.main import app
 
 NOUNS = ["proxy", "gateway", "sandbox", "trial", "capture", "train", "dashboard", "tasks", "bench"]
 
@@ -26,7 +26,7 @@ def test_capture_agreement_is_the_trainers_agreement_command(tmp_path) -> None:
     out = tmp_path / "report.json"
     args = ["capture", "agreement", "--run", "r1", "--model", str(tmp_path / "nope"), "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", *args, "--capture", "127.0.0.1:1"],
+        [sys.executable, "-m", "stack.cli", *args, "--capture", "127.0.0.1:1"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
 from harnessrl.config import ServiceSettings, load_section
+from stack.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
 from harnessrl.errors import ConfigError
+from stack.cli.main import app
 from stack.conformance import COLUMNS, Report, render_markdown, render_text, resolve_harnesses, run_cell, run_matrix
 from stack.conformance_drivers import DRIVERS
 from stack.conformance_stack import Unfaithful, check_faithful

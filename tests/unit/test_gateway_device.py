@@ -13,8 +13,8 @@ import torch
 from pydantic import ValidationError
 
 from harnessrl.errors import ConfigError
-from services.gateway.engine import GenerateInput, Sampling
-from services.gateway.local import LocalEngine, merge_chunks
+from services.gateway.engines.base import GenerateInput, Sampling
+from services.gateway.engines.local import LocalEngine, merge_chunks
 from services.gateway.settings import Settings
 from services.trainer import tinymoe
 from tests.test_gateway_support import teacher_forced

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from harnessrl.errors import InvalidArgument
-from services.gateway.engine import Chunk, GenerateInput, Sampling
-from services.gateway.local import LocalEngine
+from services.gateway.engines.base import Chunk, GenerateInput, Sampling
+from services.gateway.engines.local import LocalEngine
 from services.gateway.settings import Settings
 from tests.test_gateway_support import teacher_forced, tiny_llama
 

@@ -14,8 +14,8 @@ from harnessrl.arrays import pack_i32, unpack_i32, unpack_routes
 from harnessrl.rpc import connect
 from harnessrl.v1 import gateway_pb2 as pb
 from harnessrl.v1 import gateway_pb2_grpc
-from services.gateway.engine import GenerateInput, Sampling
-from services.gateway.local import LocalEngine
+from services.gateway.engines.base import GenerateInput, Sampling
+from services.gateway.engines.local import LocalEngine
 from services.gateway.routes import RouteRecorder
 from services.gateway.server import create_server
 from services.gateway.settings import Settings

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Mapping
 import numpy as np
 import pytest
 
-from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput, Sampling
+from services.gateway.engines.base import F32, I32, Chunk, Engine, EngineInfo, GenerateInput, Sampling
 from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.router import EJECTED, HEALTHY, Router
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from services.gateway.engine import Sampling
+from services.gateway.engines.base import Sampling
 from services.gateway.sampling import make_generator, sample, sampling_logprobs
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])

@@ -13,9 +13,8 @@ import pytest
 
 from harnessrl import paths
 from harnessrl.errors import ConfigError
-from services.gateway.engine import Chunk, GenerateInput, Sampling
-from services.gateway.errors import ScriptExhausted
-from services.gateway.scripted import (
+from services.gateway.engines.base import Chunk, GenerateInput, Sampling
+from services.gateway.engines.scripted import (
     ScriptedEngine,
     ScriptEntry,
     ToolCall,
@@ -24,6 +23,7 @@ from services.gateway.scripted import (
     render_entry,
     scripted_logprobs,
 )
+from services.gateway.errors import ScriptExhausted
 
 MODEL = paths.default_model_dir()
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from services.gateway.engine import EngineInfo
+from services.gateway.engines.base import EngineInfo
 from services.gateway.errors import EngineUnavailable
 from services.gateway.router import EJECTED, HEALTHY
 from services.gateway.service import GatewayService
@@ -97,7 +97,7 @@ async def test_pause_and_update_skip_ejected_replicas() -> None:
 async def test_no_healthy_replica_is_unavailable_before_validation() -> None:
     import numpy as np
 
-    from services.gateway.engine import Sampling
+    from services.gateway.engines.base import Sampling
 
     service, engines = await make_service()
     try:

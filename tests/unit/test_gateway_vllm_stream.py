@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from services.gateway.engine import Chunk
+from services.gateway.engines.base import Chunk
+from services.gateway.engines.vllm_pool import _sse_batches, merge_chunks
 from services.gateway.errors import EngineFailed
-from services.gateway.vllm_pool import _sse_batches, merge_chunks
 
 
 def event(ids: list[int], lps: list[float], finish: str | None = None) -> bytes:

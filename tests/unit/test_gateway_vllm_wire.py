@@ -9,9 +9,9 @@ import io
 import numpy as np
 import pytest
 
-from services.gateway.engine import GenerateInput, Sampling
+from services.gateway.engines.base import GenerateInput, Sampling
+from services.gateway.engines.vllm_pool import completion_body, decode_routes, parse_top_logprobs
 from services.gateway.errors import EngineFailed
-from services.gateway.vllm_pool import completion_body, decode_routes, parse_top_logprobs
 
 
 def npy_b64(array: np.ndarray) -> str:

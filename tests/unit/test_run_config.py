@@ -141,7 +141,7 @@ def test_pool_expand_tasks_pools_and_families(tmp_path: Path, tasks: Path) -> No
 def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path, tasks: Path, command: str) -> None:
     path = write(tmp_path, minimal(tasks, run="group_size = -1"))
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", command, str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stack.cli", command, str(path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
     assert "group_size" in proc.stderr and str(path) in proc.stderr
@@ -152,7 +152,7 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path, tasks: Path, 
 def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     path = write(tmp_path, '[run]\ntrain_tasks = ["no-such-pool"]\nruns_dir = "runs"\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stack.cli", "run", str(path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "no-such-pool does not exist" in proc.stderr
     assert not (tmp_path / "runs").exists()
@@ -177,7 +177,7 @@ def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: P
     make_task(heldout, "fresh", instruction="Something else entirely.")
     path = write(tmp_path, minimal(tasks, run=f'eval_tasks = ["{heldout}"]'))
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "run", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stack.cli", "run", str(path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "train and eval tasks overlap: instance" in proc.stderr
     assert "allow_overlap = true / --allow-overlap" in proc.stderr and not (tmp_path / "runs").exists()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
 from harnessrl.errors import InvalidArgument
 from services.sandbox.errors import TaskError
+from stack.cli.main import app
 from stack.disjoint import find_overlaps, task_dirs
 from tests.sandbox_support import make_task
 
@@ -136,7 +136,7 @@ def test_cli_lists_overlaps_and_exits_1(tmp_path: Path) -> None:
 
 def test_cli_bad_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "tasks", "disjoint", str(tmp_path / "nope"), "--eval", str(tmp_path)],
+        [sys.executable, "-m", "stack.cli", "tasks", "disjoint", str(tmp_path / "nope"), "--eval", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

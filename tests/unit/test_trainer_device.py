@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from harnessrl.errors import ConfigError
 from harnessrl.torchdevice import device_of, resolve_device, resolve_dtype
 from services.trainer import r3, tinymoe
-from services.trainer.engine import CpuTrainer, Group
+from services.trainer.cpu_trainer import CpuTrainer, Group
 from services.trainer.settings import Settings
 from tests.trainer_support import segment, trajectory
 

@@ -14,7 +14,7 @@ import torch
 from transformers import Qwen3MoeForCausalLM
 
 from services.trainer import r3, tinymoe
-from services.trainer.engine import CpuTrainer
+from services.trainer.cpu_trainer import CpuTrainer
 from services.trainer.settings import Settings
 from tests.trainer_support import segment, trajectory
 

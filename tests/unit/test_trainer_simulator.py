@@ -73,7 +73,7 @@ def test_deterministic_for_a_seed() -> None:
 
 def test_bench_async_prints_a_table() -> None:
     env = {**os.environ, "COLUMNS": "200"}
-    args = [sys.executable, "-m", "harnessrl", "bench", "async"]
+    args = [sys.executable, "-m", "stack.cli", "bench", "async"]
     proc = subprocess.run(
         [*args, "--steps", "6", "--tasks", "4", "--workers", "64"], capture_output=True, text=True, timeout=300, env=env
     )

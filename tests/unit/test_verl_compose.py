@@ -1,5 +1,5 @@
 """docker-compose.yml's GPU profile starts vLLM the way the gateway's vLLM engine
-needs it: the flags and environment are read from services/gateway/vllm_pool.py's
+needs it: the flags and environment are read from services/gateway/engines/vllm_pool.py's
 constants, so the two cannot drift apart."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.gateway import vllm_pool
+from services.gateway.engines import vllm_pool
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 

@@ -20,7 +20,7 @@ from harnessrl.localservers import free_port
 from harnessrl.paths import default_model_dir
 from services.capture_store.server import create_server as create_store
 from services.capture_store.settings import Settings as StoreSettings
-from services.gateway.scripted import read_generation_log
+from services.gateway.engines.scripted import read_generation_log
 from services.gateway.server import create_server as create_gateway
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.server import RunningProxy

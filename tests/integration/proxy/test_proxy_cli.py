@@ -16,7 +16,7 @@ from harnessrl.localservers import free_port
 
 
 def harnessrl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harnessrl", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "stack.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_preflight_passes_for_the_default_model_and_names_a_mismatch() -> None:
@@ -34,7 +34,7 @@ def test_serve_from_config_on_tcp_and_unix_socket(tmp_path: Path) -> None:
     config = tmp_path / "proxy.toml"
     config.write_text(f'[proxy]\nport = {port}\nadmin_token = "adm"\nuds_path = "{sock}"\ntool_parser = "hermes"\n')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl", "proxy", "serve", "-c", str(config)],
+        [sys.executable, "-m", "stack.cli", "proxy", "serve", "-c", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=os.environ.copy(),

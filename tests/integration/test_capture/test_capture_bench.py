@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from harnessrl.cli.main import app
 from services.capture_store.bench import BenchConfig, run, table_rows
+from stack.cli.main import app
 
 
 def test_bench_runs_small_and_reports_every_metric() -> None:

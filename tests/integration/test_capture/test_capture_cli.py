@@ -18,12 +18,12 @@ import pytest
 from typer.testing import CliRunner
 
 from harnessrl import arrays
-from harnessrl.cli.main import app
 from harnessrl.config import load_section
 from harnessrl.errors import HarnessError
 from harnessrl.localservers import RedisServer, S3Server
 from services.capture_store.auth import run_token
 from services.capture_store.settings import Settings
+from stack.cli.main import app
 from tests.integration.test_capture.conftest import SERVICE_TOKEN, _StoreCtx, append_request, finalize_request
 
 
@@ -34,7 +34,7 @@ async def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harnessrl", "capture", *args],
+        [sys.executable, "-m", "stack.cli", "capture", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -165,7 +165,7 @@ async def test_outage_past_the_retry_budget_is_unavailable_and_leaves_nothing(
 
 def _serve(store_dir: Path, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HARNESSRL_CAPTURE_STORE_AUTH_TOKEN": SERVICE_TOKEN}
-    cmd = [sys.executable, "-m", "harnessrl", "capture", "serve", "--port", str(port), "--store-dir", str(store_dir)]
+    cmd = [sys.executable, "-m", "stack.cli", "capture", "serve", "--port", str(port), "--store-dir", str(store_dir)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -20,7 +20,7 @@ from tests.integration.test_dashboard.recorder import RUN_ID
 
 def cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harnessrl", "dashboard", *args], capture_output=True, text=True, timeout=120, **kw
+        [sys.executable, "-m", "stack.cli", "dashboard", *args], capture_output=True, text=True, timeout=120, **kw
     )  # type: ignore[call-overload]
 
 

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from harnessrl import logs
-from harnessrl.cli.common import ConfigOption, HostOption, PortOption
 from harnessrl.config import load_section
+from stack.cli.common import ConfigOption, HostOption, PortOption
 
 app = typer.Typer(help="The token-faithful proxy (HTTP).", no_args_is_help=True)
 

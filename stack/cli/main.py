@@ -6,7 +6,8 @@ import sys
 
 import typer
 
-from harnessrl.cli import (
+from harnessrl.errors import HarnessError
+from stack.cli import (
     bench,
     capture,
     conformance,
@@ -20,7 +21,6 @@ from harnessrl.cli import (
     trial,
     verl,
 )
-from harnessrl.errors import HarnessError
 
 app = typer.Typer(
     name="harnessrl",

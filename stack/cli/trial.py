@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from harnessrl import paths
-from harnessrl.cli.common import ConfigOption
+from stack.cli.common import ConfigOption
 
 app = typer.Typer(help="Run single trials end to end.", no_args_is_help=True)
 

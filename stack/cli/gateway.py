@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from harnessrl.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
+from stack.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
 
 app = typer.Typer(help="Rollout gateway: serve token-id generation over engines.", no_args_is_help=True)
 

@@ -22,8 +22,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from harnessrl.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
 from harnessrl.errors import InvalidArgument
+from stack.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
 
 app = typer.Typer(help="Capture store: serve, export and inspect captured trajectories.", no_args_is_help=True)
 T = TypeVar("T")
@@ -274,7 +274,7 @@ def _check_out(out: Path) -> None:
 # `harnessrl capture agreement` is the name users look for when a run looks
 # wrong; the command itself lives with the trainer, whose forward pass it uses.
 def _register_agreement() -> None:
-    from harnessrl.cli.train import agreement
+    from stack.cli.train import agreement
 
     app.command("agreement", help="Recompute train/inference agreement for a captured run (= train agreement).")(
         agreement

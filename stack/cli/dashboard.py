@@ -12,8 +12,8 @@ import typer
 import uvicorn
 
 from harnessrl import logs, tls
-from harnessrl.cli.common import ConfigOption, HostOption, PortOption, _Server
 from harnessrl.config import load_section
+from stack.cli.common import ConfigOption, HostOption, PortOption, _Server
 
 app = typer.Typer(help="The dashboard (HTTP): live runs, trajectories, static exports.", no_args_is_help=True)
 

@@ -41,7 +41,7 @@ from harnessrl import paths
 from harnessrl.errors import ConfigError
 from harnessrl.torchdevice import device_of, resolve_device, resolve_dtype
 from services.gateway import modelfiles
-from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.engines.base import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.kvcache import BatchCache, PrefixStore
 from services.gateway.routes import RouteRecorder

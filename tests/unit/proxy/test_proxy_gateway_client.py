@@ -7,8 +7,8 @@ import pytest
 
 from harnessrl.localservers import free_port
 from harnessrl.v1 import gateway_pb2
-from services.proxy.engine import CLOSED, EngineClient
 from services.proxy.errors import EngineUnavailable
+from services.proxy.gateway_client import CLOSED, EngineClient
 
 
 async def test_a_closed_channel_is_an_unavailable_engine(caplog: pytest.LogCaptureFixture) -> None:
@@ -19,6 +19,6 @@ async def test_a_closed_channel_is_an_unavailable_engine(caplog: pytest.LogCaptu
             pass
     with pytest.raises(EngineUnavailable, match=CLOSED):
         await client.health()
-    caplog.set_level("INFO", logger="services.proxy.engine")
+    caplog.set_level("INFO", logger="services.proxy.gateway_client")
     await client.abort("r1")  # logged, not raised
     assert "abort skipped" in caplog.text

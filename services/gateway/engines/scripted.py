@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harnessrl.config import format_validation_error
 from harnessrl.errors import ConfigError
 from services.gateway import modelfiles
-from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.engines.base import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import ScriptExhausted
 
 

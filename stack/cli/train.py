@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from harnessrl.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
+from stack.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
 
 app = typer.Typer(help="Trainer: serve status/metrics and run training.", no_args_is_help=True)
 

@@ -48,7 +48,7 @@ import orjson
 from harnessrl import tls
 from harnessrl.errors import ConfigError, InvalidArgument
 from services.gateway import modelfiles
-from services.gateway.engine import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.engines.base import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import ContextLengthExceeded, EngineFailed, EngineUnavailable
 from services.gateway.settings import Settings
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from harnessrl.cli.common import ConfigOption
+from stack.cli.common import ConfigOption
 
 app = typer.Typer(
     help="Harbor-format tasks and pools: validate, check disjointness, filter by difficulty.", no_args_is_help=True

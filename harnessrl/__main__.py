@@ -1,3 +1,0 @@
-from harnessrl.cli.main import main
-
-main()

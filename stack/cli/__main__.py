@@ -1,0 +1,3 @@
+from stack.cli.main import main
+
+main()
