@@ -1,13 +1,17 @@
-"""Builders of captured records for the trainer's tests (capture format, real bytes)."""
+"""Builders of captured records for the trainer's tests (capture format, real bytes),
+and the real capture store to hold them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from harnessrl import arrays
-from harnessrl.v1 import records_pb2
+from harnessrl.rpc import connect
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 
 TR = records_pb2.TerminationReason
 
@@ -66,3 +70,53 @@ def trajectory(
         segments=list(segments),
         finalized=True,
     )
+
+
+@contextlib.asynccontextmanager
+async def capture_store(store_dir: Path) -> AsyncIterator[str]:
+    """The real capture store (embedded backend, no fsync) on 127.0.0.1; yields host:port."""
+    from services.capture_store.server import create_server
+    from services.capture_store.settings import Settings
+
+    server = await create_server(Settings(store_dir=store_dir, fsync=False, shutdown_grace_s=0.2))
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        await server.stop(0.2)
+
+
+async def store_trajectory(target: str, traj: records_pb2.Trajectory) -> capture_pb2.FinalizeTrajectoryResponse:
+    """Writes ``traj`` the way the proxy and the sandbox do: each segment as one closed
+    part (AppendSegment), then the outcome (FinalizeTrajectory)."""
+    async with connect(target) as channel:
+        stub = capture_pb2_grpc.CaptureStoreStub(channel)
+        for seg in traj.segments:
+            key = records_pb2.SegmentKey(
+                run_id=traj.run_id, trial_id=traj.trial_id, thread=seg.key.thread, segment_index=seg.key.segment_index
+            )
+            await stub.AppendSegment(
+                capture_pb2.AppendSegmentRequest(
+                    key=key,
+                    part_index=0,
+                    thread_kind=seg.thread_kind,
+                    trainable=seg.trainable,
+                    prompt_ids=seg.prompt_ids,
+                    tokens=seg.response,
+                    finish_reason="stop",
+                    close=True,
+                    task_id=traj.task_id,
+                    group_id=traj.group_id,
+                )
+            )
+        return await stub.FinalizeTrajectory(
+            capture_pb2.FinalizeTrajectoryRequest(
+                run_id=traj.run_id,
+                trial_id=traj.trial_id,
+                task_id=traj.task_id,
+                group_id=traj.group_id,
+                group_size=traj.group_size,
+                reward=traj.reward,
+                has_reward=traj.has_reward,
+                termination_reason=traj.termination_reason,
+            )
+        )

@@ -1,4 +1,5 @@
-"""``harnessrl train agreement``: a captured run, read over gRPC, against real weights."""
+"""``harnessrl train agreement``: a captured run in the real capture store, read over
+gRPC, against real weights."""
 
 from __future__ import annotations
 
@@ -7,21 +8,46 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from harnessrl import paths
 from harnessrl.localservers import free_port
 from services.trainer.cpu_trainer import load_model
-from tests.trainer_fakes import FakeCaptureStore, sample, serve
-from tests.trainer_support import segment, trajectory
+from tests.trainer_support import capture_store, segment, store_trajectory, trajectory
 
 pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
 
 
-def captured_run(store: FakeCaptureStore, perturb: float = 0.0, temperature: float = 1.0) -> None:
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module, prompt: Sequence[int], n: int, generator: torch.Generator, temperature: float = 1.0
+) -> tuple[list[int], list[float]]:
+    """Samples ``n`` tokens from ``model`` after ``prompt``; returns ids and their logprobs
+    under the sampling distribution (what an engine records)."""
+    ids = list(prompt)
+    out_ids, out_lps = [], []
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float() / temperature
+        logp = torch.log_softmax(logits, -1)
+        tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
+        out_ids.append(tok)
+        out_lps.append(float(logp[tok]))
+        ids.append(tok)
+    return out_ids, out_lps
+
+
+def served(method: str) -> float:
+    """How many ``method`` calls the capture store in this process has answered OK."""
+    labels = {"service": "capture_store", "method": f"/harnessrl.v1.CaptureStore/{method}", "code": "OK"}
+    return REGISTRY.get_sample_value("harnessrl_requests_total", labels) or 0.0
+
+
+async def captured_run(target: str, perturb: float = 0.0, temperature: float = 1.0) -> None:
     """Two trajectories sampled by the real model, one with two segments; ``perturb`` shifts recorded logprobs."""
     model = load_model(paths.default_model_dir(), gradient_checkpointing=False).eval()
     gen = torch.Generator().manual_seed(0)
@@ -33,8 +59,9 @@ def captured_run(store: FakeCaptureStore, perturb: float = 0.0, temperature: flo
             ids, lps = sample(model, prompt, 5, gen, temperature)
             lps = [lp - perturb * (j % 5 == 0) for j, lp in enumerate(lps)]
             segs.append(segment(prompt, ids, [1] * 5, lps, [3] * 5, index=k))
-        trajs.append(trajectory(f"t{i}", "g0", float(i), segs, run_id="r1"))
-    store.add_group("r1", "g0", trajs)
+        trajs.append(trajectory(f"t{i}", "g0", float(i), segs, run_id="r1", group_size=2))
+    for traj in trajs:
+        await store_trajectory(target, traj)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -48,10 +75,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_agreement_command_reports_near_perfect_agreement_for_same_weights(tmp_path: Path) -> None:
-    store = FakeCaptureStore()
-    captured_run(store)
     out = tmp_path / "report.json"
-    async with serve(store) as target:
+    async with capture_store(tmp_path / "store") as target:
+        await captured_run(target)
+        reads = served("GetTrajectory")
         proc = await asyncio.to_thread(
             run_cli, "--run", "r1", "--model", str(paths.default_model_dir()), "--out", str(out), "--capture", target
         )
@@ -64,18 +91,17 @@ async def test_agreement_command_reports_near_perfect_agreement_for_same_weights
     assert overall["agreement/ess"] > 0.999
     assert set(report["by_policy_version"]) == {"3"}
     assert report["alerts"] == []
-    assert store.requests["GetTrajectory"] == 2
+    assert served("GetTrajectory") - reads == 2
     assert "pearson" in proc.stdout
 
 
 async def test_a_tempered_run_agrees_only_at_its_own_temperature(tmp_path: Path) -> None:
     """Tokens sampled at T = 0.6 carry the tempered distribution's logprobs: the
     trainer matches them when it divides its logits by the same T, not at T = 1."""
-    store = FakeCaptureStore()
-    captured_run(store, temperature=0.6)
     from services.trainer import offline
 
-    async with serve(store) as target:
+    async with capture_store(tmp_path / "store") as target:
+        await captured_run(target, temperature=0.6)
         same = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "a.json", temperature=0.6)
         plain = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "b.json")
     assert same["overall"]["agreement/max_abs_diff"] < 1e-3 and same["alerts"] == []
@@ -83,11 +109,10 @@ async def test_a_tempered_run_agrees_only_at_its_own_temperature(tmp_path: Path)
 
 
 async def test_agreement_flags_a_mismatch(tmp_path: Path) -> None:
-    store = FakeCaptureStore()
-    captured_run(store, perturb=6.0)
     from services.trainer import offline
 
-    async with serve(store) as target:
+    async with capture_store(tmp_path / "store") as target:
+        await captured_run(target, perturb=6.0)
         data = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "r.json")
     assert data["overall"]["agreement/max_abs_diff"] > 5.9
     assert data["alerts"]
@@ -108,9 +133,8 @@ def test_agreement_bad_input_is_a_clear_error_and_writes_nothing(tmp_path: Path)
 
 
 async def test_agreement_unknown_run_is_not_found(tmp_path: Path) -> None:
-    store = FakeCaptureStore()
     out = tmp_path / "report.json"
-    async with serve(store) as target:
+    async with capture_store(tmp_path / "store") as target:
         proc = await asyncio.to_thread(
             run_cli, "--run", "nope", "--model", str(paths.default_model_dir()), "--out", str(out), "--capture", target
         )

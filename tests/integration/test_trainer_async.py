@@ -4,10 +4,12 @@ partial rollout, the real gateway with the local engine and the real trainer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -16,21 +18,18 @@ from harnessrl import arrays, paths
 from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import (
-    capture_pb2,
-    capture_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
     records_pb2,
     trainer_pb2,
     trainer_pb2_grpc,
 )
-from services.capture_store.server import create_server as create_capture
-from services.capture_store.settings import Settings as CaptureSettings
 from services.trainer.cpu_trainer import StepResult
 from services.trainer.loop import GatewaySync, ReadyGroupSource, TrainingLoop
 from services.trainer.server import create_server as create_trainer_server
 from services.trainer.service import TrainerService
 from services.trainer.settings import Settings
+from tests.trainer_support import capture_store, segment, store_trajectory, trajectory
 
 RUN = "run-async"
 T = TypeVar("T")
@@ -38,11 +37,8 @@ T = TypeVar("T")
 
 @pytest.fixture
 async def capture(tmp_path: Path) -> AsyncIterator[str]:
-    server = await create_capture(CaptureSettings(store_dir=tmp_path / "store", fsync=False, shutdown_grace_s=0.2))
-    try:
-        yield f"127.0.0.1:{server.port}"
-    finally:
-        await server.stop(0.2)
+    async with capture_store(tmp_path / "store") as target:
+        yield target
 
 
 async def put_trial(
@@ -57,35 +53,8 @@ async def put_trial(
     reward: float,
 ) -> None:
     """What the proxy and the sandbox write for one trial: one segment, then the outcome."""
-    async with connect(target) as channel:
-        stub = capture_pb2_grpc.CaptureStoreStub(channel)
-        n = len(ids)
-        await stub.AppendSegment(
-            capture_pb2.AppendSegmentRequest(
-                key=records_pb2.SegmentKey(run_id=RUN, trial_id=trial, thread="main", segment_index=0),
-                part_index=0,
-                thread_kind="main",
-                trainable=True,
-                prompt_ids=arrays.pack_i32(prompt),
-                tokens=arrays.make_tokens(ids, [1] * n, logprobs, versions),
-                finish_reason="stop",
-                close=True,
-                task_id=f"task-{group}",
-                group_id=group,
-            )
-        )
-        await stub.FinalizeTrajectory(
-            capture_pb2.FinalizeTrajectoryRequest(
-                run_id=RUN,
-                trial_id=trial,
-                task_id=f"task-{group}",
-                group_id=group,
-                group_size=size,
-                reward=reward,
-                has_reward=True,
-                termination_reason=records_pb2.TERMINATION_REASON_COMPLETED,
-            )
-        )
+    seg = segment(prompt, ids, [1] * len(ids), logprobs, versions)
+    await store_trajectory(target, trajectory(trial, group, reward, [seg], run_id=RUN, group_size=size))
 
 
 async def put_group(target: str, group: str, version: int, rewards: Sequence[float]) -> None:
@@ -129,6 +98,19 @@ class ScriptedTrainer:
         return directory
 
 
+@contextlib.asynccontextmanager
+async def serve_gateway(servicer: gateway_pb2_grpc.RolloutGatewayServicer) -> AsyncIterator[str]:
+    """A recording gateway on 127.0.0.1:<free port>: the loop's calls in order, nothing generated."""
+    server = grpc.aio.server()
+    gateway_pb2_grpc.add_RolloutGatewayServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
 class RecordingGateway(gateway_pb2_grpc.RolloutGatewayServicer):
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
@@ -147,8 +129,6 @@ class RecordingGateway(gateway_pb2_grpc.RolloutGatewayServicer):
 
 
 async def test_loop_drops_stale_groups_acks_after_training_and_syncs(capture: str, tmp_path: Path) -> None:
-    from tests.trainer_fakes import serve
-
     settings = Settings(
         run_id=RUN,
         output_dir=tmp_path / "out",
@@ -159,7 +139,7 @@ async def test_loop_drops_stale_groups_acks_after_training_and_syncs(capture: st
     service = TrainerService(RUN)
     await put_group(capture, "a", 0, [1, 0])
     await put_group(capture, "b", 0, [0, 1])
-    async with serve(gateway) as gateway_target:
+    async with serve_gateway(gateway) as gateway_target:
         source = ReadyGroupSource(capture, RUN, "trainer")
         await source.start()
         sync = GatewaySync(gateway_target, partial_rollout=True, pause_timeout_s=5)

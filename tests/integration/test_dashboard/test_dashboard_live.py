@@ -5,69 +5,43 @@ server started here (never the internet)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from prometheus_client import REGISTRY
 
-from harnessrl.config import ServiceSettings
 from harnessrl.localservers import free_port
-from harnessrl.rpc import start_server
-from harnessrl.v1 import trainer_pb2, trainer_pb2_grpc
+from services.trainer.server import create_server as create_trainer_server
+from services.trainer.service import TrainerService
+from services.trainer.settings import Settings as TrainerSettings
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard, serve
 from tests.integration.test_dashboard.recorder import RUN_ID
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class TrainerFake(trainer_pb2_grpc.TrainerServicer):
-    """Serves the Trainer contract from a list of step records (the trainer's own
-    server is on its branch; this stands in for it behind the same proto)."""
-
-    def __init__(self, steps: list[dict[str, Any]]) -> None:
-        self.steps = steps
-        self.calls: list[str] = []
-
-    async def Status(self, request: Any, context: Any) -> trainer_pb2.TrainerStatus:
-        self.calls.append("Status")
-        return trainer_pb2.TrainerStatus(
-            run_id=RUN_ID,
-            step=self.steps[-1]["step"],
-            policy_version=7,
-            state="training",
-            groups_pending=5,
-            trainer_idle_fraction=0.25,
-            alerts=["importance weights degenerate: ESS 0.100 < 0.5"],
-        )
-
-    async def Metrics(self, request: Any, context: Any) -> trainer_pb2.MetricsResponse:
-        self.calls.append("Metrics")
-        return trainer_pb2.MetricsResponse(
-            steps=[
-                trainer_pb2.StepMetrics(step=s["step"], wall_time=s["wall_time"], values=s["values"])
-                for s in self.steps
-                if s["step"] > request.since_step
-            ]
-        )
+def served(method: str) -> float:
+    """How many ``method`` calls the trainer server in this process has answered OK."""
+    labels = {"service": "trainer", "method": f"/harnessrl.v1.Trainer/{method}", "code": "OK"}
+    return REGISTRY.get_sample_value("harnessrl_requests_total", labels) or 0.0
 
 
 @pytest.fixture
-async def trainer() -> AsyncIterator[tuple[str, TrainerFake]]:
-    fake = TrainerFake([{"step": 1, "wall_time": 1.0, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}])
-
-    def register(server: grpc.aio.Server) -> Iterable[str]:
-        trainer_pb2_grpc.add_TrainerServicer_to_server(fake, server)
-        return ["harnessrl.v1.Trainer"]
-
-    # Not "trainer": the RPC contract counts the real services only.
-    running = await start_server(ServiceSettings(port=0), "trainer_fake", register)
+async def trainer() -> AsyncIterator[tuple[str, TrainerService]]:
+    """The trainer's real server over a service the test writes to, as the loop would."""
+    service = TrainerService(RUN_ID)
+    service.set_state("training", groups_pending=5)
+    service.record_step(
+        1, 7, {"reward/mean": 0.25, "agreement/pearson": 0.5}, ["importance weights degenerate: ESS 0.100 < 0.5"]
+    )
+    running = await create_trainer_server(TrainerSettings(port=0, run_id=RUN_ID), service)
     try:
-        yield f"127.0.0.1:{running.port}", fake
+        yield f"127.0.0.1:{running.port}", service
     finally:
         await running.stop(0)
 
@@ -78,8 +52,10 @@ def make_live(root: Path, trainer_target: str) -> None:
     path.write_text(json.dumps(info))
 
 
-async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tuple[str, TrainerFake]) -> None:
-    target, fake = trainer
+async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tuple[str, TrainerService]) -> None:
+    target, service = trainer
+    wall_time = service.metrics(0).steps[0].wall_time
+    calls = {m: served(m) for m in ("Status", "Metrics")}
     make_live(runs_root, target)
     async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         overview = (await c.get(f"/api/runs/{RUN_ID}")).json()
@@ -88,9 +64,9 @@ async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tu
     assert overview["status"]["policy_version"] == 7
     # the trainer's metrics, not metrics.jsonl (which has steps 1-3 with other values)
     assert summary["metrics"] == [
-        {"step": 1, "wall_time": 1.0, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}
+        {"step": 1, "wall_time": wall_time, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}
     ]
-    assert {"Status", "Metrics"} <= set(fake.calls)
+    assert all(served(m) > n for m, n in calls.items()), calls
     assert any(a["kind"] == "trainer" and "ESS" in a["message"] for a in summary["alerts"])
     assert any(a["kind"] == "agreement_drop" and a["step"] == 1 for a in summary["alerts"])
 
