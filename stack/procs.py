@@ -47,6 +47,7 @@ class ServiceProcess:
     grpc_service: str = ""
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    cpus: set[int] | None = None  # pinned to these CPUs from its first instruction (benches)
 
     @property
     def target(self) -> str:
@@ -59,6 +60,7 @@ class ServiceProcess:
     def spawn(self) -> None:
         if self.alive:
             raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid if self.proc else '?'})")
+        cpus = self.cpus
         with self.log.open("ab") as out:
             out.write(f"\n=== start {self.starts + 1} of {self.name} at {time.time():.3f}\n".encode())
             out.flush()
@@ -68,6 +70,7 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,  # a Ctrl-C of the test does not hit it first
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
         self.starts += 1
 

@@ -132,12 +132,29 @@ class RunConfig:
 
     def resolved_toml(self) -> str:
         """The config as it runs (defaults filled, secrets masked): ``<run>/config.toml``."""
-        out: dict[str, Any] = {"run": _plain(self.run.model_dump(mode="json")) | {"run_id": self.run_id}}
+        out: dict[str, Any] = {"run": settings_table(self.run) | {"run_id": self.run_id}}
         for name in ("gateway", "proxy", "sandbox", "capture_store", "trainer", "dashboard"):
             settings = getattr(self, name)
             if settings is not None:
-                out[name] = _plain(settings.model_dump(mode="json"))
+                out[name] = settings_table(settings)
         return tomli_w.dumps(out)
+
+
+def settings_table(settings: BaseModel, *, reveal: bool = False) -> dict[str, Any]:
+    """Settings as a TOML table, defaults filled; secrets masked unless ``reveal``
+    (a config file written for the processes a bench starts)."""
+    table: dict[str, Any] = settings.model_dump(mode="json")
+    if reveal:
+        _reveal(settings, table)
+    return dict(_plain(table))
+
+
+def _reveal(settings: BaseModel, table: dict[str, Any]) -> None:
+    for name, value in settings:
+        if isinstance(value, SecretStr):
+            table[name] = value.get_secret_value()
+        elif isinstance(value, BaseModel):
+            _reveal(value, table[name])
 
 
 def _plain(value: Any) -> Any:
