@@ -38,7 +38,8 @@ import numpy as np
 
 from harnessrl.arrays import I32
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
-from services.proxy.bench_load import ADMIN, cpu_seconds, services
+from stack.bench_proxy import ADMIN, proxy_stack
+from stack.benchstack import cpu_seconds
 from stack.vllm_server import VllmServer
 
 PATHS = ("direct", "gateway", "full")
@@ -105,20 +106,6 @@ class Row:
 
     def cpu_ms_per_token(self) -> float:
         return self.cpu_ms_per_turn() * len(self.stats.calls) / max(1, self.tokens)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process and its descendants alive now (vLLM's engine core is a child)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += cpu_seconds(p)
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
 
 
 class Clients:
@@ -250,10 +237,10 @@ def stack(tmp: Path, vllm_url: str | None = None) -> Iterator[tuple[str, int | N
         if server is not None:
             server.wait_ready()
         url = server.url if server is not None else vllm_url
-        gateway = f'engine = "vllm"\nvllm_urls = ["{url}"]\nmodel_path = "{model}"\n'
+        gateway = {"engine": "vllm", "vllm_urls": [url], "model_path": model}
         # Greedy as the request asks (the proxy forces temperature 1 by default): every path samples the same.
-        with services(tmp, gateway, "temperature = 0.0\n") as (ports, pids):
-            yield str(url), server.proc.pid if server is not None else None, ports, pids
+        with proxy_stack(tmp, gateway, temperature=0.0) as up:
+            yield str(url), server.proc.pid if server is not None else None, up.ports, up.pids
     finally:
         if server is not None:
             server.stop()
@@ -294,12 +281,12 @@ def measure(
         stats = {p: PathStats() for p in PATHS}
         for r in range(rounds):
             for path in PATHS[r % 3 :] + PATHS[: r % 3]:
-                before = {n: tree_cpu_seconds(pid) for n, pid in procs.items()}
+                before = {n: cpu_seconds(pid, tree=True) for n, pid in procs.items()}
                 t0 = time.perf_counter()
                 stats[path].calls += clients.conversation(path, shape)
                 stats[path].seconds += time.perf_counter() - t0
                 for n, pid in procs.items():
-                    stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + tree_cpu_seconds(pid) - before[n]
+                    stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + cpu_seconds(pid, tree=True) - before[n]
             progress(f"{shape.name} stream={shape.stream}: round {r + 1}/{rounds}")
         rows += [Row(shape, p, stats[p], stats["direct"]) for p in PATHS]
     return rows

@@ -20,7 +20,6 @@ Choices and measured figures: stack/RELIABILITY.md.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import tempfile
@@ -35,16 +34,18 @@ import numpy as np
 
 from harnessrl.captured import list_trajectories
 from harnessrl.errors import InvalidArgument
-from harnessrl.localservers import RedisServer, S3Server, free_port
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
-from services.proxy.bench_load import REPLY, TOOLS
-from stack.procs import ProcessStack
+from services.capture_store.settings import Settings as CaptureSettings
+from services.gateway.settings import Settings as GatewaySettings
+from services.proxy.settings import Settings as ProxySettings
+from stack.bench_proxy import TOOLS, scripted
+from stack.benchstack import BenchStack, Http
 
 ADMIN = "load-admin"
 RUN = "load"
-# The same scripted turn and tool list as the proxy's own load bench.
+# The same scripted turn and tool list as the proxy's own load bench (bench_proxy).
 SYSTEM = "You are a coding agent working in a repository. " * 20
 
 
@@ -108,70 +109,30 @@ class LoadResult:
         return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else float("nan")
 
 
-class _Http:
-    """A minimal HTTP/1.1 keep-alive client: the load generator shares the cores
-    with what it measures, so it must cost little."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: dict[str, Any] | None, token: str) -> tuple[int, Any]:
-        data = json.dumps(body or {}).encode()
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Length: {len(data)}\r\n\r\n"
-        ).encode()
-        for _ in range(2):  # a keep-alive connection the server closed: reopen once
-            if self.writer is None:
-                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-            assert self.reader is not None
-            self.writer.write(head + data)
-            status_line = await self.reader.readline()
-            if status_line:
-                break
-            self.close()
-        else:
-            raise ConnectionError(f"{path}: the proxy closed the connection")
-        length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        payload = await self.reader.readexactly(length)
-        return int(status_line.split()[1]), json.loads(payload) if payload else None
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
-
 async def _one_trial(
     proxy_port: int, store: capture_pb2_grpc.CaptureStoreStub, cfg: LoadConfig, tag: str, index: int
 ) -> TrialResult:
     """Register, ``turns`` model calls, close, finalize: one trial as a worker and a harness run it."""
     group = index // cfg.group_size
     result = TrialResult(f"{tag}-{index}")
-    http = _Http(proxy_port)
+    http = Http(proxy_port)
     try:
         spec = {"trial_id": result.trial_id, "run_id": RUN, "task_id": f"task-{group}", "group_id": f"{tag}-g{group}"}
-        status, created = await http.post("/admin/trials", spec, ADMIN)
+        status, created = await http.post_json("/admin/trials", spec, ADMIN)
         if status != 201:
             raise RuntimeError(f"register: {status} {created}")
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
         for _ in range(cfg.turns):
             body = {"model": cfg.model_dir.name, "messages": messages, "tools": TOOLS}
             started = time.perf_counter()
-            status, reply = await http.post(f"{created['base_path']}/chat/completions", body, created["token"])
+            status, reply = await http.post_json(f"{created['base_path']}/chat/completions", body, created["token"])
             if status != 200:
                 raise RuntimeError(f"turn {result.acked_turns}: {status} {str(reply)[:200]}")
             result.latencies_s.append(time.perf_counter() - started)
             result.acked_turns += 1
             message = reply["choices"][0]["message"]
             messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt"}]
-        status, summary = await http.post(f"/admin/trials/{result.trial_id}/close", None, ADMIN)
+        status, summary = await http.post_json(f"/admin/trials/{result.trial_id}/close", None, ADMIN)
         if status != 200:
             raise RuntimeError(f"close: {status} {summary}")
     except Exception as e:  # noqa: BLE001 - counted and reported, the trial still finalizes
@@ -243,43 +204,16 @@ async def measure(
     )
 
 
-def write_services_config(root: Path, cfg: LoadConfig, ports: dict[str, int], exits: AsyncExitStack) -> Path:
-    """The config of gateway, capture store and proxy (starting Redis and S3 when distributed)."""
-    script = root / "script.json"
-    script.write_text(json.dumps({"context_window": 1_000_000, "threads": {"main": [REPLY], "*": [REPLY]}}))
-    store = f'store_dir = "{root / "capture"}"\n'
-    if cfg.distributed:
-        (root / "redis").mkdir()
-        (root / "s3").mkdir()
-        redis = RedisServer(dir=root / "redis").start()
-        exits.callback(redis.stop)
-        s3 = S3Server(dir=root / "s3").start()
-        exits.callback(s3.stop)
-        store = (
-            f'backend = "distributed"\nredis_url = "{redis.url}"\ns3_endpoint = "{s3.endpoint}"\n'
-            f's3_bucket = "load"\ns3_create_bucket = true\ns3_access_key = "{s3.access_key}"\n'
-            f's3_secret_key = "{s3.secret_key}"\n'
-        )
-    config = root / "load.toml"
-    config.write_text(
-        f'[gateway]\nengine = "scripted:{script}"\nmodel_path = "{cfg.model_dir}"\n\n'
-        f"[capture_store]\n{store}\n"
-        f'[proxy]\ngateway_target = "127.0.0.1:{ports["gateway"]}"\ncapture_target = "127.0.0.1:{ports["capture"]}"\n'
-        f'admin_token = "{ADMIN}"\nmodel_dir = "{cfg.model_dir}"\nmax_trials = 100000\n'
+def bench_stack(root: Path, cfg: LoadConfig, **more: Any) -> BenchStack:
+    """Gateway (scripted engine), capture store (Redis + S3 when distributed) and proxy; ``more``: the sandbox."""
+    return BenchStack(
+        root,
+        gateway=GatewaySettings.model_validate(scripted(root) | {"model_path": cfg.model_dir}),
+        capture=CaptureSettings.model_validate({}),
+        proxy=ProxySettings.model_validate({"admin_token": ADMIN, "model_dir": cfg.model_dir, "max_trials": 100_000}),
+        distributed=cfg.distributed,
+        **more,
     )
-    return config
-
-
-async def _start_services(root: Path, cfg: LoadConfig, exits: AsyncExitStack) -> tuple[int, int]:
-    """Gateway, capture store and proxy processes; returns (proxy port, capture port)."""
-    ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
-    config = write_services_config(root, cfg, ports, exits)
-    procs = ProcessStack(root, config, {**os.environ, "HARNESSRL_SKIP_WARMUP": "1"})
-    for noun in ("gateway", "capture", "proxy"):
-        procs.add_server(noun, noun, ports[noun])
-    exits.callback(procs.stop_all)
-    await procs.start(timeout_s=180)
-    return ports["proxy"], ports["capture"]
 
 
 async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: None) -> list[LoadResult]:
@@ -292,14 +226,15 @@ async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: 
                 from stack.loadtest_sandbox import run_sandboxed
 
                 return await run_sandboxed(Path(tmp), cfg, exits, progress)
-            proxy_port, capture_port = await _start_services(Path(tmp), cfg, exits)
-            channel = connect(f"127.0.0.1:{capture_port}", tracing=False)
+            up = await bench_stack(Path(tmp), cfg).start()
+            exits.callback(up.stop)
+            proxy_port = up.ports["proxy"]
+            channel = connect(up.target("capture"), tracing=False)
             exits.push_async_callback(channel.close)
             store = capture_pb2_grpc.CaptureStoreStub(channel)
-            warm = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir)
-            await measure(proxy_port, store, warm, "warm-up", "warm")
-            progress("baseline: one trial at a time")
             base = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir)
+            await measure(proxy_port, store, base, "warm-up", "warm")
+            progress("baseline: one trial at a time")
             baseline = await measure(proxy_port, store, base, "baseline (sequential)", "base")
             progress(f"{cfg.trials} trials, {cfg.concurrency or cfg.trials} in flight")
             loaded = await measure(proxy_port, store, cfg, f"{cfg.trials} concurrent", "load")

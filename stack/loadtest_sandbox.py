@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,11 +24,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import services.sandbox
-from harnessrl.localservers import RedisServer, free_port
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
-from stack.loadtest import ADMIN, RUN, LoadConfig, LoadResult, _captured_turns, write_services_config
-from stack.procs import ProcessStack
+from services.sandbox.settings import Settings as SandboxSettings
+from stack.loadtest import RUN, LoadConfig, LoadResult, _captured_turns, bench_stack
 
 TASK = Path(services.sandbox.__file__).parent / "examples" / "hello"
 PER_WORKER = 256  # the sandbox service's bound on one worker's concurrency
@@ -58,29 +56,15 @@ echo hello > hello.txt
 
 async def _start(root: Path, cfg: LoadConfig, exits: AsyncExitStack) -> tuple[dict[str, int], int]:
     """Gateway, capture store, proxy, sandbox service and its workers; returns the ports and worker count."""
-    ports = {name: free_port() for name in ("gateway", "capture", "proxy", "sandbox")}
-    (root / "redis-queue").mkdir()
-    queue = RedisServer(dir=root / "redis-queue").start()
-    exits.callback(queue.stop)
     in_flight = cfg.concurrency or cfg.trials
     workers = math.ceil(in_flight / PER_WORKER)
-    config = write_services_config(root, cfg, ports, exits)
-    with config.open("a") as f:
-        f.write(
-            f'\n[sandbox]\nqueue_url = "{queue.url}"\nconcurrency = {math.ceil(in_flight / workers)}\n'
-            f'proxy_url = "http://127.0.0.1:{ports["proxy"]}"\nproxy_admin_token = "{ADMIN}"\n'
-            f'capture_target = "127.0.0.1:{ports["capture"]}"\nwork_dir = "{root / "trials"}"\n'
-            f'cache_dir = "{root / "cache"}"\nartifacts_dir = "{root / "artifacts"}"\n'
-            "default_agent_timeout_s = 1800\nlease_s = 120\n"
-        )
-    procs = ProcessStack(root, config, {**os.environ, "HARNESSRL_SKIP_WARMUP": "1"})
-    for noun in ("gateway", "capture", "proxy", "sandbox"):
-        procs.add_server(noun, noun, ports[noun])
-    for i in range(workers):
-        procs.add(f"worker-{i}", ["sandbox", "worker", "-c", str(config), "--name", f"load-{i}"])
-    exits.callback(procs.stop_all)
-    await procs.start(timeout_s=180)
-    return ports, workers
+    dirs = {"work_dir": root / "trials", "cache_dir": root / "cache", "artifacts_dir": root / "artifacts"}
+    sandbox = SandboxSettings.model_validate(
+        {"concurrency": math.ceil(in_flight / workers), "default_agent_timeout_s": 1800, "lease_s": 120} | dirs
+    )
+    up = await bench_stack(root, cfg, sandbox=sandbox, workers=workers).start()
+    exits.callback(up.stop)
+    return up.ports, workers
 
 
 async def measure_sandboxed(ports: dict[str, int], root: Path, cfg: LoadConfig, label: str, tag: str) -> LoadResult:

@@ -2,24 +2,20 @@
 concurrent writers over gRPC, and read-back time of a 200k-token trajectory,
 side by side with a naive JSONL-per-token baseline measured in the same run.
 
-The store under test is a real server subprocess (``harnessrl capture
-serve``) pinned to one core; the load generator runs in this process on
-another core. The distributed backend runs against real Redis and SeaweedFS
-servers started here (they float on the remaining cores).
+Here: what runs in one process (the store in-process for bytes per token, the
+baseline, the workloads, the tables). The store under test over gRPC is a real
+server process (``harnessrl capture serve``) pinned to one core, the load
+generator on another; the distributed backend runs against real Redis and
+SeaweedFS servers. Those are started by ``stack/bench_capture.py``, which also
+drives the whole bench: a service starts no other process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl import arrays
-from harnessrl.localservers import RedisServer, S3Server, free_port
-from harnessrl.rpc import check_health, connect
+from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store import bench_data as data
 from services.capture_store.server import open_backend
@@ -130,67 +125,28 @@ async def _store_and_close(settings: Settings, trials: list[list[capture_pb2.App
     await service.close()
 
 
-def measure_distributed_storage(corpus: data.Corpus, cfg: BenchConfig, env: dict[str, str], res: Results) -> None:
-    import boto3
+def measure_distributed_storage(corpus: data.Corpus, cfg: BenchConfig, store: Settings, s3: Any, res: Results) -> None:
+    """Bytes per token of the distributed backend ``store`` names; ``s3``: a boto3 client of its S3."""
     import redis
-    from botocore.config import Config
 
-    r = redis.Redis.from_url(env["HARNESSRL_CAPTURE_STORE_REDIS_URL"])
+    assert store.redis_url
+    r = redis.Redis.from_url(store.redis_url)
     before = int(r.info("memory")["used_memory"])
     trials = _dataset(corpus, cfg, data.Shape())
     tokens = sum(data.tokens_of(q) for t in trials for q in t)
-    settings = _distributed_settings(env)
-    asyncio.run(_store_and_close(settings, trials))
+    asyncio.run(_store_and_close(store, trials))
     after = int(r.info("memory")["used_memory"])
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        aws_access_key_id=env["HARNESSRL_CAPTURE_STORE_S3_ACCESS_KEY"],
-        aws_secret_access_key=env["HARNESSRL_CAPTURE_STORE_S3_SECRET_KEY"],
-        region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"}),
-    )
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket, Prefix="harnessrl/runs/bench/")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=store.s3_bucket, Prefix="harnessrl/runs/bench/")
     blobs = sum(o["Size"] for page in pages for o in page.get("Contents", []))
     res.put("bytes/token: ids+mask+logprobs+versions", "distributed", blobs / tokens)
     res.put("bytes/token: index (SQLite / Redis)", "distributed", (after - before) / tokens)
     r.close()
 
 
-def _distributed_settings(env: dict[str, str]) -> Settings:
-    prefix = "HARNESSRL_CAPTURE_STORE_"
-    fields = {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
-    fields.pop("auth_token", None)
-    return Settings.model_validate(fields)
+# --- throughput and read-back over gRPC (the server: stack/bench_capture.py) ---
 
 
-# --- throughput and read-back over gRPC -----------------------------------
-
-
-@contextmanager
-def serve(backend: str, work: Path, env: dict[str, str], pin: bool) -> Iterator[tuple[str, int]]:
-    """A real ``harnessrl capture serve`` subprocess, pinned to CPU 0; yields (target, pid)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "stack.cli", "capture", "serve", "--port", str(port)]
-    if backend == "embedded":
-        cmd += ["--store-dir", str(work / "served")]
-    full_env = {**os.environ, **env, "HARNESSRL_CAPTURE_STORE_AUTH_TOKEN": TOKEN}
-    preexec: Callable[[], None] | None = (lambda: os.sched_setaffinity(0, {0})) if pin else None
-    proc = subprocess.Popen(cmd, env=full_env, preexec_fn=preexec, stderr=subprocess.DEVNULL)
-    try:
-        asyncio.run(check_health(f"127.0.0.1:{port}", "harnessrl.v1.CaptureStore", wait_s=60))
-        yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _workload(corpus: data.Corpus, cfg: BenchConfig) -> list[list[capture_pb2.AppendSegmentRequest]]:
+def workload(corpus: data.Corpus, cfg: BenchConfig) -> list[list[capture_pb2.AppendSegmentRequest]]:
     rng = np.random.default_rng(cfg.seed + 1)
     per_writer = cfg.tokens // cfg.writers
     out = []
@@ -206,7 +162,7 @@ def _workload(corpus: data.Corpus, cfg: BenchConfig) -> list[list[capture_pb2.Ap
     return out
 
 
-async def _append_all(target: str, work: list[list[capture_pb2.AppendSegmentRequest]]) -> float:
+async def append_all(target: str, work: list[list[capture_pb2.AppendSegmentRequest]]) -> float:
     async with connect(target, TOKEN) as channel:
         stub = capture_pb2_grpc.CaptureStoreStub(channel)
 
@@ -219,7 +175,7 @@ async def _append_all(target: str, work: list[list[capture_pb2.AppendSegmentRequ
         return time.perf_counter() - start
 
 
-async def _readback(target: str, reqs: list[capture_pb2.AppendSegmentRequest]) -> tuple[float, float]:
+async def readback(target: str, reqs: list[capture_pb2.AppendSegmentRequest]) -> tuple[float, float]:
     """Median GetTrajectory time (ms, numpy arrays included) of an open segment,
     then of the same trajectory once finalized (and compacted where the backend does)."""
     async with connect(target, TOKEN) as channel:
@@ -252,7 +208,7 @@ async def _readback(target: str, reqs: list[capture_pb2.AppendSegmentRequest]) -
         return open_ms, await median_ms()
 
 
-def _long_trajectory(corpus: data.Corpus, cfg: BenchConfig) -> list[capture_pb2.AppendSegmentRequest]:
+def long_trajectory(corpus: data.Corpus, cfg: BenchConfig) -> list[capture_pb2.AppendSegmentRequest]:
     rng = np.random.default_rng(cfg.seed + 2)
     shape = data.Shape(context=(1500, 2100), sampled=(100, 400))
     turns = cfg.readback_tokens // 2000 + 2
@@ -266,29 +222,8 @@ def _long_trajectory(corpus: data.Corpus, cfg: BenchConfig) -> list[capture_pb2.
     return reqs
 
 
-def measure_serving(
-    backend: str, corpus: data.Corpus, cfg: BenchConfig, work: Path, env: dict[str, str], res: Results
-) -> None:
-    load = _workload(corpus, cfg)
-    tokens = sum(data.tokens_of(r) for w in load for r in w)
-    parts = sum(len(w) for w in load)
-    segments = sum(1 for w in load for r in w if r.close)
-    with serve(backend, work, env, cfg.pin) as (target, pid):
-        cpu0 = _cpu_seconds(pid)
-        elapsed = asyncio.run(_append_all(target, load))
-        cpu = _cpu_seconds(pid) - cpu0
-        open_ms, final_ms = asyncio.run(_readback(target, _long_trajectory(corpus, cfg)))
-    res.put("append: tokens/s (64 writers, gRPC)", backend, tokens / elapsed)
-    res.put("append: tokens per server CPU-second", backend, tokens / cpu)
-    res.put("append: parts/s", backend, parts / elapsed)
-    res.put("append: segments/s", backend, segments / elapsed)
-    res.put("read-back 200k-token trajectory (ms)", backend, open_ms)
-    res.put("read-back 200k, finalized/compacted (ms)", backend, final_ms)
-    res.notes.append(f"{backend}: {tokens:,} tokens in {parts:,} parts / {segments} segments, {elapsed:.1f}s wall")
-
-
 def measure_baseline(corpus: data.Corpus, cfg: BenchConfig, work: Path, res: Results) -> None:
-    load = _workload(corpus, cfg)
+    load = workload(corpus, cfg)
     path = work / "baseline.jsonl"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     tokens, start = 0, time.perf_counter()
@@ -300,7 +235,7 @@ def measure_baseline(corpus: data.Corpus, cfg: BenchConfig, work: Path, res: Res
             if tokens >= cfg.baseline_tokens:
                 break
         elapsed = time.perf_counter() - start
-        for req in _long_trajectory(corpus, cfg):
+        for req in long_trajectory(corpus, cfg):
             data.jsonl_append(fd, req)
     finally:
         os.close(fd)
@@ -312,62 +247,6 @@ def measure_baseline(corpus: data.Corpus, cfg: BenchConfig, work: Path, res: Res
         times.append(time.perf_counter() - t0)
     res.put("read-back 200k-token trajectory (ms)", "JSONL baseline", statistics.median(times) * 1000)
     res.notes.append(f"JSONL baseline: one writer, one fsync per part, first {tokens:,} tokens of the same load")
-
-
-# --- driver ---------------------------------------------------------------
-
-
-@contextmanager
-def distributed_env(work: Path) -> Iterator[dict[str, str]]:
-    """Real Redis (appendonly) and SeaweedFS servers, as settings environment variables."""
-    for sub in ("redis", "s3"):
-        (work / sub).mkdir(parents=True, exist_ok=True)
-    with RedisServer(appendonly=True, dir=work / "redis") as redis_server, S3Server(dir=work / "s3") as s3:
-        bucket = f"bench-{os.getpid()}"
-        s3.client().create_bucket(Bucket=bucket)
-        import redis
-
-        with redis.Redis.from_url(redis_server.url) as client:  # durable before the reply, like production
-            client.config_set("appendfsync", "always")
-        yield {
-            "HARNESSRL_CAPTURE_STORE_BACKEND": "distributed",
-            "HARNESSRL_CAPTURE_STORE_REDIS_URL": redis_server.url,
-            "HARNESSRL_CAPTURE_STORE_S3_ENDPOINT": s3.endpoint,
-            "HARNESSRL_CAPTURE_STORE_S3_BUCKET": bucket,
-            "HARNESSRL_CAPTURE_STORE_S3_ACCESS_KEY": s3.access_key,
-            "HARNESSRL_CAPTURE_STORE_S3_SECRET_KEY": s3.secret_key,
-        }
-
-
-def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _: None) -> Results:
-    res = Results()
-    work = Path(tempfile.mkdtemp(prefix="hrl-bench-capture-"))
-    original = os.sched_getaffinity(0)
-    pin = cfg.pin and len(original) >= 2
-    cfg.pin = pin
-    try:
-        progress("tokenizing the corpus")
-        corpus = data.load_corpus()
-        res.corpus = corpus.source
-        progress("measuring bytes per token")
-        measure_storage(corpus, cfg, work, res)
-        progress("JSONL baseline")
-        measure_baseline(corpus, cfg, work, res)
-        if pin:
-            os.sched_setaffinity(0, {1})  # the load generator stays off the server's core
-        if "embedded" in cfg.backends:
-            progress("embedded: appends and read-back over gRPC")
-            measure_serving("embedded", corpus, cfg, work / "embedded", {}, res)
-        if "distributed" in cfg.backends:
-            with distributed_env(work) as env:
-                progress("distributed: appends and read-back over gRPC")
-                measure_serving("distributed", corpus, cfg, work / "distributed", env, res)
-                measure_distributed_storage(corpus, cfg, env, res)
-        res.notes.append(f"server pinned to one core: {pin}; machine has {os.cpu_count()} cores (shared)")
-    finally:
-        os.sched_setaffinity(0, original)
-        shutil.rmtree(work, ignore_errors=True)
-    return res
 
 
 def table_rows(res: Results) -> list[list[Any]]:

@@ -6,11 +6,11 @@ per second one proxy process serves, each against a baseline in the same run.
    tokenize only the new messages, commit the capture), side by side with a
    naive proxy that re-renders and re-tokenizes the whole conversation every
    turn, in CPU time of the thread. Targets: <= 1 ms median, 200k/1k <= 1.5.
-2. Throughput at 1, 64 and 384 concurrent sessions: multi-turn tool loops
-   over HTTP through a proxy process (gateway with the scripted engine and the
-   capture store in their own processes), versus the same sessions calling the
-   same scripted engine's Generate directly. Targets: >= 500 turns/s, <= 10%
-   loss at 384 sessions.
+2. Throughput at 1, 64 and 384 concurrent sessions (in ``stack/bench_proxy.py``:
+   it starts processes): multi-turn tool loops over HTTP through a proxy process
+   (gateway with the scripted engine and the capture store in their own
+   processes), versus the same sessions calling the same scripted engine's
+   Generate directly. Targets: >= 500 turns/s, <= 10% loss at 384 sessions.
 """
 
 from __future__ import annotations
@@ -175,11 +175,11 @@ def measure_overhead(model: ChatModel, sizes: tuple[int, ...], turns: int) -> li
     return rows
 
 
-def run(quick: bool = False) -> tuple[list[OverheadRow], list[Any]]:
-    """Both halves of the benchmark (``quick``: fewer turns, for a smoke run)."""
+def run_overhead(quick: bool = False) -> tuple[list[OverheadRow], np.ndarray]:
+    """The overhead half (``quick``: fewer turns, for a smoke run) and the prompt ids
+    of the throughput half (``stack.bench_proxy``, which starts the processes)."""
     from harnessrl.config import load_section
     from services.proxy.app import load_model
-    from services.proxy.bench_load import measure_load
     from services.proxy.settings import Settings
 
     model = load_model(load_section(Settings, None, "proxy"))
@@ -189,9 +189,7 @@ def run(quick: bool = False) -> tuple[list[OverheadRow], list[Any]]:
         {"role": "user", "content": "Fix it."},
     ]
     text = model.template.render(prompt_msgs, _TOOLS_JSON, add_generation_prompt=True)
-    prompt = np.asarray(model.tokenizer.encode(text), I32)
-    load = measure_load((1, 64, 384), 400 if quick else 1536, prompt, stream_levels=(1, 64))
-    return overhead, load
+    return overhead, np.asarray(model.tokenizer.encode(text), I32)
 
 
 def print_tables(overhead: list[OverheadRow], load: list[Any]) -> None:

@@ -31,7 +31,8 @@ def sandbox(
 @app.command()
 def proxy(quick: bool = typer.Option(False, help="Fewer turns: a smoke run, not a measurement.")) -> None:
     """Per-turn proxy overhead vs naive re-tokenization; throughput through the proxy vs straight to the engine."""
-    from services.proxy.bench import print_tables, run
+    from services.proxy.bench import print_tables
+    from stack.bench_proxy import run
 
     print_tables(*run(quick))
 
@@ -68,7 +69,8 @@ def capture(
     pin: Annotated[bool, typer.Option(help="Pin the server to one core, the load to another.")] = True,
 ) -> None:
     """Capture store: bytes/token, append throughput, 200k-token read-back vs JSONL per token."""
-    from services.capture_store.bench import BenchConfig, print_results, run
+    from services.capture_store.bench import BenchConfig, print_results
+    from stack.bench_capture import run
 
     chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
     if not chosen or set(chosen) - {"embedded", "distributed"}:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from services.capture_store.bench import BenchConfig, run, table_rows
+from services.capture_store.bench import BenchConfig, table_rows
+from stack.bench_capture import run
 from stack.cli.main import app
 
 

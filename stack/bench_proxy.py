@@ -1,23 +1,18 @@
-"""Throughput half of ``harnessrl bench proxy``: concurrent multi-turn sessions
-through a proxy process versus straight to the same scripted engine.
+"""Throughput half of ``harnessrl bench proxy`` (the overhead half, in-process, is
+``services/proxy/bench.py``): concurrent multi-turn sessions through a proxy
+process versus straight to the same scripted engine.
 
-Every service runs in its own process, as deployed (``harnessrl gateway serve``
-with the scripted engine, ``harnessrl capture serve``, ``harnessrl proxy
-serve``); the load comes from this process over plain HTTP/1.1 keep-alive
-connections (one per session) and, for the baseline, gRPC to the gateway."""
+Every service runs in its own process, as deployed (``stack.benchstack``); the
+load comes from this process over plain HTTP/1.1 keep-alive connections (one per
+session) and, for the baseline, gRPC to the gateway. It starts services, so it
+lives in the composition root, beside the other benches that do."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +20,13 @@ from typing import Any
 import numpy as np
 
 from harnessrl.arrays import I32
-from harnessrl.localservers import free_port
-from harnessrl.rpc import check_health, connect
+from harnessrl.rpc import connect
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
+from services.capture_store.settings import Settings as CaptureSettings
+from services.gateway.settings import Settings as GatewaySettings
+from services.proxy.bench import OverheadRow, run_overhead
+from services.proxy.settings import Settings as ProxySettings
+from stack.benchstack import BenchStack, Http, cpu_seconds
 
 ADMIN = "bench-admin"
 REPLY = {"content": "Checking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
@@ -72,122 +71,30 @@ class LoadRow:
         return 1.0 - self.proxy_turns_per_s / self.direct_turns_per_s
 
 
-class _Http:
-    """A minimal HTTP/1.1 keep-alive client: a load generator must cost less
-    than what it measures."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes, token: str) -> tuple[int, bytes]:
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        for _ in range(2):  # a connection idle past the server's keep-alive is closed: reopen once
-            if self.writer is None:
-                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-            assert self.reader is not None
-            self.writer.write(head.encode() + body)
-            status_line = await self.reader.readline()
-            if status_line:
-                break
-            self.close()
-        else:
-            raise ConnectionError(f"{path}: the server closed the connection")
-        length, chunked = 0, False
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-            elif name.lower() == "transfer-encoding":
-                chunked = "chunked" in value.lower()
-        if length or not chunked:
-            return int(status_line.split()[1]), await self.reader.readexactly(length)
-        parts = []  # Transfer-Encoding: chunked (a streamed response)
-        while size := int((await self.reader.readline()).split(b";")[0], 16):
-            parts.append(await self.reader.readexactly(size))
-            await self.reader.readline()
-        await self.reader.readline()
-        return int(status_line.split()[1]), b"".join(parts)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def _services(tmp: Path, reply: dict[str, Any] = REPLY, chunk_tokens: int = 0) -> Iterator[tuple[int, int, int]]:
-    """Starts gateway (scripted engine), capture store and proxy; yields (proxy port, gateway port, proxy pid)."""
-    script = tmp / "script.json"
+def scripted(root: Path, reply: dict[str, Any] = REPLY, chunk_tokens: int = 0) -> dict[str, Any]:
+    """Gateway settings of the scripted engine, every thread answered with ``reply``."""
+    script = root / "script.json"
     threads = {"main": [reply], "*": [reply]}
     script.write_text(json.dumps({"context_window": 1_000_000, "chunk_tokens": chunk_tokens, "threads": threads}))
-    with services(tmp, f'engine = "scripted:{script}"\n') as (ports, pids):
-        yield ports["proxy"], ports["gateway"], pids["proxy"]
+    return {"engine": f"scripted:{script}"}
 
 
-@contextmanager
-def services(tmp: Path, gateway_lines: str, proxy_lines: str = "") -> Iterator[tuple[dict[str, int], dict[str, int]]]:
-    """Starts gateway (its engine given by ``gateway_lines``, TOML of the [gateway] section),
-    capture store and proxy (more of its settings in ``proxy_lines``) as separate processes;
-    yields their ports and PIDs by noun."""
-    ports = {name: free_port() for name in ("gateway", "capture", "proxy")}
-    config = tmp / "bench.toml"
-    config.write_text(
-        f"[gateway]\nport = {ports['gateway']}\n{gateway_lines}\n"
-        f'[capture_store]\nport = {ports["capture"]}\nstore_dir = "{tmp / "capture"}"\nauth_token = "c"\n\n'
-        f'[proxy]\nport = {ports["proxy"]}\ngateway_target = "127.0.0.1:{ports["gateway"]}"\n'
-        f'capture_target = "127.0.0.1:{ports["capture"]}"\ncapture_token = "c"\nadmin_token = "{ADMIN}"\n'
-        f"max_trials = 100000\n{proxy_lines}"
+def proxy_stack(root: Path, gateway: dict[str, Any], **proxy: Any) -> BenchStack:
+    """Gateway (its settings: ``gateway``), capture store and proxy (more of its settings:
+    ``proxy``), each its own process; the proxy's admin API takes ADMIN."""
+    return BenchStack(
+        root,
+        gateway=GatewaySettings.model_validate(gateway),
+        capture=CaptureSettings.model_validate({"auth_token": "c"}),
+        proxy=ProxySettings.model_validate({"admin_token": ADMIN, "max_trials": 100_000} | proxy),
     )
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for noun in ("gateway", "capture", "proxy"):
-            cmd = [sys.executable, "-m", "stack.cli", noun, "serve", "-c", str(config)]
-            log = (tmp / f"{noun}.log").open("w")
-            procs[noun] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-        asyncio.run(check_health(f"127.0.0.1:{ports['gateway']}", wait_s=60))
-        asyncio.run(check_health(f"127.0.0.1:{ports['capture']}", wait_s=60))
-        asyncio.run(_wait_http(ports["proxy"]))
-        yield ports, {noun: p.pid for noun, p in procs.items()}
-    finally:
-        for p in reversed(procs.values()):
-            p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
-async def _wait_http(port: int) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
-async def _admin(http: _Http, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    status, data = await http.post(path, json.dumps(body).encode(), ADMIN)
+async def _admin(http: Http, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, data = await http.post_json(path, body, ADMIN)
     if status not in (200, 201):
-        raise RuntimeError(f"admin {path}: {status} {data[:300]!r}")
-    result: dict[str, Any] = json.loads(data)
-    return result
+        raise RuntimeError(f"admin {path}: {status} {str(data)[:300]}")
+    return dict(data)
 
 
 def _streamed_message(data: bytes) -> dict[str, Any]:
@@ -210,7 +117,7 @@ def _streamed_message(data: bytes) -> dict[str, Any]:
 
 
 async def _proxy_session(port: int, trial: str, token: str, turns: int, stream: bool = False) -> None:
-    http = _Http(port)
+    http = Http(port)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
     try:
         for _ in range(turns):
@@ -228,7 +135,7 @@ async def _proxy_session(port: int, trial: str, token: str, turns: int, stream: 
 async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream: bool = False) -> float:
     """``sessions`` concurrent harnesses, each running trials of at most
     EPISODE turns until it has made ``turns`` calls."""
-    admin = _Http(port)
+    admin = Http(port)
     trials: list[list[tuple[str, str]]] = [[] for _ in range(sessions)]
     for i in range(sessions):
         for j in range(-(-turns // EPISODE)):
@@ -288,8 +195,9 @@ def measure_load(
         stream = mode == "stream"
         with (
             tempfile.TemporaryDirectory(prefix="hrl-bench-proxy-") as tmp,
-            _services(Path(tmp), reply, chunk) as (proxy, gateway, pid),
+            proxy_stack(Path(tmp), scripted(Path(tmp), reply, chunk)) as up,
         ):
+            proxy, gateway, pid = up.ports["proxy"], up.ports["gateway"], up.pids["proxy"]
             asyncio.run(_through_proxy(proxy, 4, 2, "warmup", stream))
             for n in at:
                 turns = max(4, total_turns // n)
@@ -299,3 +207,10 @@ def measure_load(
                 ms = 1000 * (cpu_seconds(pid) - cpu) / (n * turns)
                 rows.append(LoadRow(n, n * turns, through, direct, ms, mode))
     return rows
+
+
+def run(quick: bool = False) -> tuple[list[OverheadRow], list[LoadRow]]:
+    """Both halves of the benchmark (``quick``: fewer turns, for a smoke run)."""
+    overhead, prompt = run_overhead(quick)
+    load = measure_load((1, 64, 384), 400 if quick else 1536, prompt, stream_levels=(1, 64))
+    return overhead, load
