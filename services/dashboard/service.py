@@ -17,7 +17,7 @@ from typing import Any
 from harnessrl.errors import ConfigError, HarnessError, InvalidArgument, NotFound
 from harnessrl.logs import kv
 from harnessrl.v1 import records_pb2
-from services.dashboard import panels, rundir, trajectories
+from services.dashboard import heldout, panels, rundir, trajectories
 from services.dashboard.rundir import RunDir, StepRecord
 from services.dashboard.settings import Settings
 from services.dashboard.sources import CaptureOpener, Readers, TargetOpener
@@ -113,14 +113,19 @@ class DashboardService:
         state.problems += problems
 
     async def _gather_rows(self, state: RunState) -> None:
+        state.rows = await self._rows(state, state.run.run_id)
+
+    async def _rows(self, state: RunState, run_id: str) -> list[dict[str, Any]]:
+        """The listing rows of ``run_id``'s trajectories in the run's capture store."""
         run = state.run
         if run.info is None or run.info.capture is None:
-            return
+            return []
         try:
             reader = await self.readers.capture(await self.opener.target_for(run))
-            state.rows = [trajectories.row(t) for t in await reader.list_all(run.run_id)]
+            return [trajectories.row(t) for t in await reader.list_all(run_id)]
         except HarnessError as e:
             state.problems.append(f"capture store: {e}")
+            return []
 
     def _text(self, state: RunState) -> None:
         """The run's decoder and tool parser; what is unavailable becomes a problem."""
@@ -171,18 +176,32 @@ class DashboardService:
             group_size=info.group_size if info else None,
             alert_cfg=self.settings.alerts,
         )
+        summary["heldout"] = await self._heldout(state, threshold)
         summary["problems"] = state.run.problems + state.problems
         summary["status"] = state.status
         if state.status:
             summary["alerts"] += [{"kind": "trainer", "step": None, "message": a} for a in state.status["alerts"]]
         return summary
 
-    async def _digests_for(self, state: RunState) -> dict[str, dict[str, Any]]:
-        """Per-trajectory digests; finalized ones are cached (they no longer change)."""
-        run_id = state.run.run_id
+    async def _heldout(self, state: RunState, threshold: float) -> dict[int, dict[str, Any]]:
+        """Behaviour per evaluation step, from the evaluations' captured trajectories."""
+        if not state.eval_rows:
+            return {}
+        run_id = heldout.eval_run_id(state.run.run_id)
+        rows = await self._rows(state, run_id)
+        digests = await self._digests_for(state, run_id, rows)
+        return heldout.behaviour(rows, digests, state.eval_rows, threshold)
+
+    async def _digests_for(
+        self, state: RunState, run_id: str | None = None, rows: list[dict[str, Any]] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Per-trajectory digests (the run's own rows unless given); finalized ones are
+        cached (they no longer change)."""
+        run_id = run_id or state.run.run_id
+        rows = state.rows if rows is None else rows
         out: dict[str, dict[str, Any]] = {}
         todo = []
-        for r in state.rows:
+        for r in rows:
             cached = self._digests.get((run_id, r["trial_id"]))
             if cached is not None:
                 out[r["trial_id"]] = cached

@@ -33,6 +33,14 @@ STAGES = {
 }
 
 
+# A trial "submitted" when its agent ended the episode itself, read from the captured
+# tokens (never from the harness's logs): for a harness with a submit command, a
+# sampled reply of the main thread carries it; for the others, the main thread's
+# last reply is a final answer (no tool call, nothing malformed). A trial cut off by
+# a turn limit or a timeout mid-work did not submit.
+SUBMIT_MARKERS = {"mini-swe-agent": "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
+
+
 def reason_name(reason: int) -> str:
     if reason == records_pb2.TERMINATION_REASON_UNSPECIFIED:
         return "unspecified"
@@ -82,6 +90,7 @@ class Digest:
     calls: int = 0  # model calls (sampled runs); a segment's num_turns also counts a closing part
     main_calls: int = 0
     decoded: bool = False
+    submitted: bool | None = None  # None: no decoder, or no main-thread reply
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +100,7 @@ class Digest:
             "malformed": self.malformed,
             "sampled_tokens": self.sampled_tokens,
             "decoded": self.decoded,
+            "submitted": self.submitted,
         }
 
 
@@ -108,11 +118,14 @@ def _runs(mask: np.ndarray, value: int) -> list[tuple[int, int]]:
 
 
 def digest(traj: records_pb2.Trajectory, decoder: Decoder | None, parser: ToolParser) -> Digest:
-    """Tool calls by name and malformed calls, parsed from each sampled reply.
+    """Tool calls by name, malformed calls and the harness's submit, parsed from each
+    sampled reply.
 
     The proxy's own count (``malformed_tool_calls`` in the trajectory's metadata,
     when the sandbox recorded it) wins over the dashboard's parse."""
     d = Digest()
+    marker = SUBMIT_MARKERS.get(traj.harness)
+    marked, last_main = False, None
     for seg in traj.segments:
         for ids in sampled_runs(seg):
             d.sampled_tokens += len(ids)
@@ -120,10 +133,16 @@ def digest(traj: records_pb2.Trajectory, decoder: Decoder | None, parser: ToolPa
             d.main_calls += seg.thread_kind == "main"
             if decoder is None:
                 continue
-            parsed = parser.parse(decoder.text(ids).split(IM_END)[0])
+            text = decoder.text(ids).split(IM_END)[0]
+            parsed = parser.parse(text)
             d.tool_calls.update(c.name for c in parsed.calls)
             d.malformed += parsed.malformed
+            if seg.thread_kind == "main":
+                marked = marked or (marker is not None and marker in text)
+                last_main = not parsed.calls and not parsed.malformed
     d.decoded = decoder is not None
+    if d.decoded and last_main is not None:
+        d.submitted = marked if marker is not None else last_main
     recorded = traj.metadata.get("malformed_tool_calls")
     if recorded is not None and recorded.isdigit():
         d.malformed = int(recorded)

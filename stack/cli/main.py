@@ -14,6 +14,7 @@ from stack.cli import (
     dashboard,
     gateway,
     proxy,
+    report,
     run,
     sandbox,
     tasks,
@@ -43,6 +44,7 @@ app.command("run")(run.run)
 app.command("preflight")(run.preflight)
 app.command("eval")(run.evaluate)
 app.command("conformance")(conformance.conformance)
+app.command("report")(report.report)
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2
 from tests.sandbox_support import make_task, settings_for
 
 RUN_ID = "rec-1"
+EVAL_RUN_ID = f"{RUN_ID}-eval"
 G = 3
 
 AGENT = r"""set -e
@@ -119,6 +120,12 @@ PLAN: dict[int, dict[str, list[str]]] = {
     0: {"hello": ["explore", "malformed", "solve_hello"], "greet": ["explore", "explore", "malformed"]},
     1: {"hello": ["solve_hello", "solve_hello", "explore"], "greet": ["solve_greet", "explore", "malformed"]},
     2: {"hello": ["solve_hello", "broken", "broken"], "greet": ["solve_greet", "solve_greet", "broken"]},
+}
+# Held-out evaluations (run "rec-1-eval", as stack/evaluate.py writes them): k = 2 per
+# task before training (step 0) and after its last step (3), and their eval.jsonl rows.
+EVAL_PLAN: dict[int, dict[str, list[str]]] = {
+    0: {"hello": ["explore", "malformed"], "greet": ["explore", "malformed"]},
+    3: {"hello": ["solve_hello", "solve_hello"], "greet": ["solve_greet", "explore"]},
 }
 TITLE = [{"content": "Create the file"}]  # the side thread's reply (every other thread than main)
 GREET_TEST = """#!/bin/bash
@@ -213,33 +220,43 @@ async def record(root: Path) -> Recorded:
                 concurrency=6,
             )
             sandboxes[name] = await create_sandbox_server(settings)
+
+        def plan(run_id: str, prefix: str, step: int, groups: dict[str, list[str]]) -> list[tuple[int, Any]]:
+            specs = []
+            for task, behaviours in groups.items():
+                group_id = f"{prefix}{step}-{task}"
+                for i, behaviour in enumerate(behaviours):
+                    spec = sandbox_pb2.TrialSpec(
+                        trial_id=f"{group_id}-{i}",
+                        run_id=run_id,
+                        task_path=str(tasks[task]),
+                        task_id=task,
+                        group_id=group_id,
+                        group_size=len(behaviours),
+                        step=step,
+                        harness="shell",
+                        harness_options={"script": AGENT},
+                        model=default_model_dir().name,
+                        policy_version=step,
+                    )
+                    specs.append((sandboxes[behaviour].port, spec))
+            return specs
+
         try:
             for step, groups in PLAN.items():
-                specs = []
-                for task, behaviours in groups.items():
-                    group_id = f"s{step}-{task}"
-                    for i, behaviour in enumerate(behaviours):
-                        spec = sandbox_pb2.TrialSpec(
-                            trial_id=f"{group_id}-{i}",
-                            run_id=RUN_ID,
-                            task_path=str(tasks[task]),
-                            task_id=task,
-                            group_id=group_id,
-                            group_size=G,
-                            step=step,
-                            harness="shell",
-                            harness_options={"script": AGENT},
-                            model=default_model_dir().name,
-                            policy_version=step,
-                        )
-                        specs.append((sandboxes[behaviour].port, spec))
-                        trials.append(spec.trial_id)
+                specs = plan(RUN_ID, "s", step, groups)
+                trials += [spec.trial_id for _, spec in specs]
                 await _submit_step(step, specs)
                 metrics.append(await _step_metrics(target, step))
+            eval_rows = []
+            for step, groups in EVAL_PLAN.items():
+                await _submit_step(step, plan(EVAL_RUN_ID, "eval-s", step, groups))
+                eval_rows += await _eval_rows(target, step)
         finally:
             for sandbox in sandboxes.values():
                 await sandbox.stop(0)
     _write_run_files(run_dir, started, metrics)
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
     return Recorded(run_dir, trials, {n: work / f"{n}.engine.jsonl" for n in BEHAVIOURS})
 
 
@@ -263,6 +280,24 @@ async def _submit_step(step: int, specs: list[tuple[int, Any]]) -> None:
                     return
 
     await asyncio.gather(*(wait(port, spec.trial_id) for port, spec in specs))
+
+
+async def _eval_rows(target: str, step: int) -> list[dict[str, Any]]:
+    """eval.jsonl's rows of one evaluation, from the captured rewards (stack/evaluate.py's estimators)."""
+    from stack.evaluate import overall_row, pass_at, pass_hat
+
+    async with connect(target) as channel:
+        store = capture_pb2_grpc.CaptureStoreStub(channel)
+        listed = await store.ListTrajectories(capture_pb2.ListTrajectoriesRequest(run_id=EVAL_RUN_ID, step=step))
+    rows = []
+    for task in sorted({t.task_id for t in listed.trajectories}):
+        mine = [t for t in listed.trajectories if t.task_id == task]
+        valid = [t for t in mine if t.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED]
+        n, c = len(valid), sum(t.has_reward and t.reward >= 1 for t in valid)
+        row: dict[str, Any] = {"step": step, "task_id": task, "k": 2, "n": n, "successes": c}
+        row |= {"infra_failures": len(mine) - n, "pass@1": pass_at(n, c, 1), "pass^1": pass_hat(n, c, 1)}
+        rows.append(row | {"pass@2": pass_at(n, c, 2), "pass^2": pass_hat(n, c, 2)})
+    return [*rows, overall_row(step, 2, rows)]
 
 
 async def _step_metrics(target: str, step: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from stack.dashboard import EmbeddedCaptureOpener
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard
-from tests.integration.test_dashboard.recorder import BEHAVIOURS, PLAN, RUN_ID, Recorded
+from tests.integration.test_dashboard.recorder import BEHAVIOURS, EVAL_PLAN, PLAN, RUN_ID, Recorded
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -85,6 +85,31 @@ async def test_runs_overview_and_panels_match_the_capture_store(runs_root: Path)
     assert {("infra_spike", 2), ("turn_collapse", 2), ("agreement_drop", 3)} <= kinds
     assert not any(k == "infra_spike" and step != 2 for k, step in kinds)
     assert [m["step"] for m in s["metrics"]] == [1, 2, 3]
+
+
+async def test_heldout_behaviour_per_evaluation_step_comes_from_the_evaluations_captures(runs_root: Path) -> None:
+    """What the scripted policies did in the evaluations (run rec-1-eval), step by step:
+    derived here from the plan, read there from the captured tokens."""
+    async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+        held = (await c.get(f"/api/runs/{RUN_ID}/summary")).json()["heldout"]
+    assert sorted(held, key=int) == [str(s) for s in EVAL_PLAN]
+    for step, plan in EVAL_PLAN.items():
+        row = held[str(step)]
+        trials = [(task, b) for task, behaviours in plan.items() for b in behaviours]
+        replies = [BEHAVIOURS[b] for _, b in trials]
+        solved = {task: [float(b == f"solve_{task}") for t, b in trials if t == task] for task in plan}
+        malformed = sum("<tool_call>" in e["content"] and not e.get("tool_calls") for r in replies for e in r)
+        calls = sum(len(r) + 1 for r in replies)  # + the side thread's title call
+        ended = [not r[-1].get("tool_calls") and "<tool_call>" not in r[-1]["content"] for r in replies]
+        assert row["trials"] == len(trials) and row["infra"] == 0
+        assert row["success_rate"] == pytest.approx(sum(map(sum, solved.values())) / len(trials))
+        assert row["pass"]["pass@1"] == pytest.approx(sum(sum(v) / len(v) for v in solved.values()) / len(plan))
+        assert row["pass"]["pass^2"] == pytest.approx(sum(min(v) for v in solved.values()) / len(plan))
+        assert row["malformed_rate"] == pytest.approx(malformed / calls)
+        assert row["calls_per_trial"] == pytest.approx(sum(len(r) for r in replies) / len(trials))
+        assert row["submit_rate"] == pytest.approx(sum(ended) / len(trials))
+        assert row["response_tokens"] > 0 and row["termination"] == {"completed": len(trials)}
+    assert held["0"]["pass"]["pass@1"] < held["3"]["pass"]["pass@1"]
 
 
 async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: Path, recorded: Recorded) -> None:

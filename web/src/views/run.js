@@ -3,6 +3,7 @@ import { api, links, subscribe } from '../api.js';
 import { REASON_COLORS, bars, lines, stackedBars } from '../charts.js';
 import { empty, fmt, h, panel, pct, seconds, steps } from '../dom.js';
 import { analysisPanel } from './analysis.js';
+import { heldoutPanel } from './heldout.js';
 import { trajectoriesPanel } from './table.js';
 
 const INFRA = new Set(['verifier_timeout', 'env_setup_failed', 'verifier_error', 'engine_error', 'proxy_error', 'cancelled']);
@@ -393,6 +394,7 @@ export async function renderRun(view, runId) {
       agreementPanel(summary),
       h('div.pair', tasksPanel(summary, runId), failuresPanel(summary)),
       behaviourPanel(summary),
+      heldoutPanel(summary),
       asyncPanel(run, summary),
       trajectoriesPanel(runId, rows, links),
       await analysisPanel(runId, run),
