@@ -46,7 +46,7 @@ async function runPageChecks(where) {
   await page.waitForSelector('[data-panel="trajectories"] tbody tr');
   await chartsReady();
   const panels = await page.$$eval('section.panel', (s) => s.map((x) => x.dataset.panel));
-  for (const p of ['overview', 'termination', 'groups', 'agreement', 'tasks', 'failures', 'behaviour', 'async', 'trajectories', 'analysis']) {
+  for (const p of ['overview', 'termination', 'groups', 'agreement', 'tasks', 'failures', 'behaviour', 'heldout', 'async', 'trajectories', 'analysis']) {
     check(panels.includes(p), `${where}: panel ${p} is shown`);
   }
   const overview = await text('[data-panel="overview"]');
@@ -66,6 +66,10 @@ async function runPageChecks(where) {
   const beh = await series('behaviour');
   check(beh.includes('bash:3') && beh.includes('write_file:') && beh.includes('malformed:3') && beh.includes('mean turns:3'), `${where}: behaviour (${beh})`);
   check((await page.$$('[data-panel="behaviour"] [data-alert="turn_collapse"]')).length === 1, `${where}: turn collapse alert`);
+  const held = await page.$$eval('[data-panel="heldout"] tbody tr', (rows) => rows.map((r) => r.dataset.step));
+  check(held.join(',') === '0,3', `${where}: held-out behaviour per evaluation step (${held})`);
+  const heldText = await text('[data-panel="heldout"] tbody');
+  check((await series('heldout')).includes('pass@1:2') && heldText.includes('50%') && heldText.includes('completed 4'), `${where}: held-out pass@1, submit rate, termination (${heldText})`);
   check((await series('async')).includes('trajectories:'), `${where}: staleness distribution`);
   check((await page.$$('[data-panel="trajectories"] tbody tr')).length === 18, `${where}: 18 trajectories listed`);
   await page.selectOption('[data-filter="termination_reason"]', 'engine_error');
