@@ -14,7 +14,8 @@ import numpy as np
 from harnessrl.arrays import make_tokens, unpack_i32
 from harnessrl.rpc import RunningServer, start_server
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc, records_pb2
-from services.gateway.engines.base import F32, I32, Sampling
+from services.gateway.engines.base import F32, I32, Chunk, Sampling
+from services.gateway.errors import EngineFailed
 from services.gateway.registry import create_engines
 from services.gateway.service import GatewayService, Output
 from services.gateway.settings import Settings
@@ -35,13 +36,22 @@ def sampling_from_proto(msg: gateway_pb2.SamplingParams) -> Sampling:
     )
 
 
+def chunk_tokens(c: Chunk) -> records_pb2.TokenArrays:
+    """The chunk's arrays on the wire (every token sampled: mask 1). One message per
+    token on a streamed reply: bytes straight from the arrays, lengths checked."""
+    n = len(c)
+    ids = np.asarray(c.ids, I32).tobytes()
+    logprobs, versions = np.asarray(c.logprobs, F32).tobytes(), np.asarray(c.versions, I32).tobytes()
+    if len(logprobs) != 4 * n or len(versions) != 4 * n:
+        raise EngineFailed(f"the engine sent {n} ids, {len(logprobs) // 4} logprobs, {len(versions) // 4} versions")
+    if c.routed_experts is not None:
+        return make_tokens(c.ids, np.ones(n, np.uint8), c.logprobs, c.versions, c.routed_experts)
+    return records_pb2.TokenArrays(ids=ids, mask=b"\x01" * n, logprobs=logprobs, policy_versions=versions)
+
+
 def chunk_to_proto(out: Output) -> gateway_pb2.GenerateChunk:
     c = out.chunk
-    msg = gateway_pb2.GenerateChunk(
-        tokens=make_tokens(c.ids, np.ones(len(c), np.uint8), c.logprobs, c.versions, c.routed_experts),
-        finish_reason=c.finish_reason,
-        replica=out.replica,
-    )
+    msg = gateway_pb2.GenerateChunk(tokens=chunk_tokens(c), finish_reason=c.finish_reason, replica=out.replica)
     if c.top_ids is not None and c.top_logprobs is not None:
         msg.top_logprobs.CopyFrom(
             gateway_pb2.TopLogprobs(

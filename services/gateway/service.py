@@ -10,7 +10,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from harnessrl import metrics
 from harnessrl.errors import AlreadyExists
-from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput, Sampling
+from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput, Sampling, join_chunks
 from services.gateway.errors import (
     ContextLengthExceeded,
     EngineFailed,
@@ -33,6 +33,7 @@ from services.gateway.router import EJECTED, HEALTHY, Replica, Router
 from services.gateway.settings import Settings
 
 MAX_TOP_LOGPROBS = 20  # what OpenAI clients may ask for
+SAMPLED = metrics.TOKENS.labels("gateway", "sampled")  # counted per chunk: the labelled child looked up once
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,81 @@ def validate_sampling(sampling: Sampling, vocab_size: int) -> None:
     bad = [i for i in sampling.stop_token_ids if not 0 <= i < vocab_size]
     if bad:
         raise InvalidArgument(f"sampling.stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
+class _Coalescer:
+    """Holds a reply's chunks for ``stream_interval_ms`` (see ``_coalesced``)."""
+
+    def __init__(self, stream: AsyncIterator[tuple[Replica, Chunk]], interval: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stream, self.interval = stream, interval
+        self.held: list[tuple[Replica, Chunk]] = []
+        self.sent_at = -math.inf
+        self.ready = False  # what is held may go now (or the stream ended)
+        self.done = False
+        self.error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def wake(self) -> None:
+        self.ready = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def read(self) -> None:
+        try:
+            async for item in self.stream:
+                self.held.append(item)
+                if item[1].finish_reason or self.loop.time() - self.sent_at >= self.interval:
+                    self.wake()
+                elif self._timer is None:  # the first held token: the window's end sends it
+                    self._timer = self.loop.call_at(self.sent_at + self.interval, self.wake)
+        except Exception as e:  # noqa: BLE001 - raised to the caller after what was read
+            self.error = e
+        finally:
+            self.done = True
+            self.wake()
+
+    async def take(self) -> list[tuple[Replica, Chunk]]:
+        """The next group to send; [] once the stream ended (``error`` raised)."""
+        while not self.ready:
+            self._waiter = self.loop.create_future()
+            await self._waiter
+        self.ready = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        group, self.held = self.held, []
+        if group:
+            self.sent_at = self.loop.time()
+        elif self.error is not None:
+            raise self.error
+        elif not self.done:
+            return await self.take()
+        return group
+
+
+async def _coalesced(
+    stream: AsyncIterator[tuple[Replica, Chunk]], interval: float
+) -> AsyncGenerator[tuple[Replica, list[Chunk]], None]:
+    """The engine's chunks in groups to send as one message (``stream_interval_ms``).
+
+    A reader task takes chunks as the engine yields them; a chunk that arrives less
+    than ``interval`` after the last send is held, and what is held goes when the
+    window ends or with the finish. The first chunk and the finish are never held.
+    One wake-up per message, none per held token. ``interval`` 0: each chunk alone."""
+    if not interval:
+        async for replica, chunk in stream:
+            yield replica, [chunk]
+        return
+    coalescer = _Coalescer(stream, interval)
+    reader = coalescer.loop.create_task(coalescer.read())
+    try:
+        while group := await coalescer.take():
+            yield group[-1][0], [chunk for _, chunk in group]
+    finally:
+        reader.cancel()
+        await asyncio.wait((reader,))
 
 
 class GatewayService:
@@ -206,25 +282,37 @@ class GatewayService:
         try:
             await self._wait_unpaused(tracked)
             request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget)
-            async for out in self._stream(request, tracked):
-                yield out
+            async with contextlib.aclosing(self._stream(request, tracked)) as stream:
+                async for out in stream:
+                    yield out
         finally:
             del self._requests[request_id]
             metrics.QUEUE_DEPTH.labels("gateway", "requests").set(len(self._requests))
 
-    async def _stream(self, request: GenerateInput, tracked: _Tracked) -> AsyncIterator[Output]:
+    async def _stream(self, request: GenerateInput, tracked: _Tracked) -> AsyncGenerator[Output, None]:
         n_prompt = int(request.prompt_ids.shape[0])
         if tracked.aborted.is_set():
             yield Output(Chunk.empty("abort"), "", Usage(n_prompt, 0, 0))
             return
-        produced = 0
-        async with contextlib.aclosing(self.router.generate(request)) as stream:
-            async for replica, chunk in stream:
-                tracked.replica = replica.name
-                produced += len(chunk)
-                metrics.TOKENS.labels("gateway", "sampled").inc(len(chunk))
+        produced, last, name = 0, None, ""
+        interval = self.settings.stream_interval_ms / 1000
+        async with (
+            contextlib.aclosing(self.router.generate(request)) as chunks_in,
+            contextlib.aclosing(_coalesced(chunks_in, interval)) as stream,
+        ):
+            async for replica, chunks in stream:
+                if replica is not last:
+                    last, name = replica, replica.name
+                    tracked.replica = name
+                *before, chunk = join_chunks(chunks)
+                for one in before:  # chunks that could not be joined (routes or top logprobs on some), in order
+                    produced += len(one)
+                    yield Output(one, name, None)
+                n = len(chunk)
+                produced += n
+                SAMPLED.inc(sum(len(c) for c in chunks))
                 usage = Usage(n_prompt, produced, chunk.cached_prompt_tokens) if chunk.finish_reason else None
-                yield Output(chunk, replica.name, usage)
+                yield Output(chunk, name, usage)
                 if chunk.finish_reason:
                     return
         raise EngineFailed("the engine ended the reply without a finish reason")

@@ -44,6 +44,19 @@ class Settings(ServiceSettings):
         4096, ge=0, le=1_000_000, description="Requests allowed to wait while paused; beyond it, UNAVAILABLE at once."
     )
 
+    # Streaming to the proxy.
+    stream_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="Coalesce a reply's streamed tokens: tokens that arrive within this many ms of the last "
+        "message sent wait and go together when the window ends, or with the reply's end, in one message "
+        "(ids, logprobs and versions unchanged; versions are stamped when a token arrives). The first token "
+        "and the finish are never held, so TTFT and the reply's end are not delayed. Each message costs the "
+        "gateway and the proxy CPU (gRPC, one SSE event to a streaming harness); 0 sends every engine chunk "
+        "as it comes.",
+    )
+
     # Routing across replicas.
     max_attempts: int = Field(
         3, ge=1, le=16, description="Replicas tried for a request that fails before its first token."

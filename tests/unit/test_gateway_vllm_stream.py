@@ -1,18 +1,19 @@
 """The vLLM engine's stream reader: events that arrive in one network read become one
 chunk (ids, logprobs, versions concatenated in order), an event split across reads is
 joined, and a server's SSE error is an engine error. Against a real HTTP server on
-127.0.0.1 that writes vLLM's event lines in chosen pieces."""
+127.0.0.1 that writes vLLM's event lines in chosen pieces, read by the engine's own
+HTTP/1.1 client (``vllm_http``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-import httpx
 import numpy as np
 import pytest
 
 from services.gateway.engines.base import Chunk
+from services.gateway.engines.vllm_http import HttpPool
 from services.gateway.engines.vllm_pool import _sse_batches, merge_chunks
 from services.gateway.errors import EngineFailed
 
@@ -39,10 +40,12 @@ async def read_batches(pieces: list[bytes]) -> list[list[dict]]:
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
+    pool = HttpPool(f"http://127.0.0.1:{port}", {}, 10)
     try:
-        async with httpx.AsyncClient() as client, client.stream("GET", f"http://127.0.0.1:{port}/") as response:
-            return [batch async for batch in _sse_batches(response)]
+        response = await pool.stream_post("/v1/completions", {"stream": True})
+        return [batch async for batch in _sse_batches(response.aiter_bytes())]
     finally:
+        pool.close()
         server.close()
 
 

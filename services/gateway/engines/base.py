@@ -83,6 +83,33 @@ class Chunk:
         return cls(np.zeros(0, I32), np.zeros(0, F32), np.zeros(0, I32), None, finish_reason, cached_prompt_tokens)
 
 
+def join_chunks(chunks: list[Chunk]) -> list[Chunk]:
+    """Consecutive chunks of one reply as one (the last one's finish reason and cached
+    count): ids, logprobs, versions, routes and top logprobs concatenated in order,
+    unchanged. Chunks that carry routes or top logprobs on only some of them stay
+    apart, so each row keeps its token."""
+    if len(chunks) <= 1:
+        return chunks
+    routes = [c.routed_experts is not None for c in chunks]
+    tops = [c.top_ids is not None and c.top_logprobs is not None for c in chunks]
+    if (any(routes) and not all(routes)) or (any(tops) and not all(tops)):
+        return chunks
+    last = chunks[-1]
+    joined = Chunk(
+        np.concatenate([c.ids for c in chunks]),
+        np.concatenate([c.logprobs for c in chunks]),
+        np.concatenate([c.versions for c in chunks]),
+        finish_reason=last.finish_reason,
+        cached_prompt_tokens=last.cached_prompt_tokens,
+    )
+    if all(routes):
+        joined.routed_experts = np.concatenate([c.routed_experts for c in chunks if c.routed_experts is not None])
+    if all(tops):
+        joined.top_ids = np.concatenate([c.top_ids for c in chunks if c.top_ids is not None])
+        joined.top_logprobs = np.concatenate([c.top_logprobs for c in chunks if c.top_logprobs is not None])
+    return [joined]
+
+
 @dataclass
 class EngineInfo:
     """What an engine serves and how busy it is."""

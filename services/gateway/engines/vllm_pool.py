@@ -37,7 +37,7 @@ import io
 import json
 import logging
 import ssl
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ from harnessrl import tls
 from harnessrl.errors import ConfigError, InvalidArgument
 from services.gateway import modelfiles
 from services.gateway.engines.base import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.engines.vllm_http import HttpError, HttpPool, HttpStatus, Response
 from services.gateway.errors import ContextLengthExceeded, EngineFailed, EngineUnavailable
 from services.gateway.settings import Settings
 
@@ -175,9 +176,10 @@ class VllmEngine(Engine):
         self._paused = False
         self._context_window = settings.context_window or 0
         self._vocab = UNKNOWN_VOCAB
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # health, models, control, unstreamed replies
+        self._http: HttpPool | None = None  # streamed completions: one event per token (see vllm_http)
         self._tls: tls.TlsSettings | None = None  # how the client verifies an https replica (None: system CAs)
-        self._running: dict[str, httpx.Response | None] = {}
+        self._running: dict[str, Response | None] = {}
         self._aborted: set[str] = set()
 
     @property
@@ -192,13 +194,12 @@ class VllmEngine(Engine):
             headers["Authorization"] = f"Bearer {self.settings.vllm_api_key.get_secret_value()}"
         limits = httpx.Limits(max_connections=self.settings.vllm_max_concurrency + 8)
         self._tls = replica_tls(self.settings)
+        verify = replica_verify(self._tls, self.name)
+        timeout = self.settings.vllm_timeout_s
         self._client = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            limits=limits,
-            timeout=self.settings.vllm_timeout_s,
-            verify=replica_verify(self._tls, self.name),
+            base_url=self.url, headers=headers, limits=limits, timeout=timeout, verify=verify
         )
+        self._http = HttpPool(self.url, headers, timeout, verify)
         model_dir = self.settings.model_path
         if model_dir is not None and (model_dir / "config.json").exists():
             self._vocab = modelfiles.vocab_size(model_dir)
@@ -211,6 +212,8 @@ class VllmEngine(Engine):
     async def close(self) -> None:
         for request_id in list(self._running):
             await self.abort(request_id)
+        if self._http is not None:
+            self._http.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -241,7 +244,7 @@ class VllmEngine(Engine):
         says of it (a wrong CA, a client certificate the replica wants)."""
         said = str(e) or type(e).__name__
         url = httpx.URL(self.url)
-        if url.scheme != "https" or not isinstance(e, httpx.TransportError) or self._tls is None:
+        if url.scheme != "https" or not isinstance(e, httpx.TransportError | HttpError) or self._tls is None:
             return said
         why = await asyncio.to_thread(tls.probe, url.host, url.port or 443, self._tls)
         return f"{said} (TLS: {why})" if why else said
@@ -253,31 +256,35 @@ class VllmEngine(Engine):
             async for chunk in self._generate_once(request):
                 yield chunk
             return
+        if self._http is None:
+            raise EngineUnavailable(f"vLLM replica {self.name} is not started")
         rid = request.request_id
         self._running[rid] = None
         body = completion_body(self.served_model, request, stream=True)
         started = False
+        response: Response | None = None
         try:
-            async with self.client.stream("POST", "/v1/completions", json=body) as response:
-                if response.status_code >= 400:
-                    text = (await response.aread()).decode(errors="replace")
-                    if response.status_code < 500:
-                        raise _client_error(response.status_code, text)
-                    raise EngineUnavailable(f"vLLM server {self.url} answered {response.status_code}: {text[:500]}")
-                self._running[rid] = response
-                finish, cached = "", 0
-                async for events in _sse_batches(response):
-                    parsed: list[Chunk] = []
-                    for event in events:
-                        one, finish_now, cached_now = self._parse_event(event, request.sampling.top_logprobs)
-                        finish, cached = finish or finish_now, cached or cached_now
-                        if one is not None and len(one):
-                            parsed.append(one)
-                    for chunk in merge_chunks(parsed):
-                        started = True
-                        yield chunk
-                yield Chunk.empty(finish or "stop", cached)
-        except (httpx.HTTPError, httpx.StreamError) as e:
+            response = await self._http.stream_post("/v1/completions", body)
+            if rid in self._aborted:  # aborted while the request was on its way
+                raise HttpError("aborted")
+            self._running[rid] = response
+            finish, cached = "", 0
+            async for events in _sse_batches(response.aiter_bytes()):
+                parsed: list[Chunk] = []
+                for event in events:
+                    one, finish_now, cached_now = self._parse_event(event, request.sampling.top_logprobs)
+                    finish, cached = finish or finish_now, cached or cached_now
+                    if one is not None and len(one):
+                        parsed.append(one)
+                for chunk in merge_chunks(parsed):
+                    started = True
+                    yield chunk
+            yield Chunk.empty(finish or "stop", cached)
+        except HttpStatus as e:
+            if e.status < 500:
+                raise _client_error(e.status, e.text) from e
+            raise EngineUnavailable(f"vLLM server {self.url} answered {e.status}: {e.text[:500]}") from e
+        except HttpError as e:
             if rid in self._aborted:
                 yield Chunk.empty("abort")
             elif started:
@@ -287,25 +294,40 @@ class VllmEngine(Engine):
         finally:
             self._running.pop(rid, None)
             self._aborted.discard(rid)
+            if response is not None:
+                await response.aclose()  # a no-op once read to the end (back in the pool)
 
     def _parse_event(self, event: dict[str, Any], top: int = 0) -> tuple[Chunk | None, str, int]:
-        cached = int(((event.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        choices = event.get("choices") or []
+        usage = event.get("usage")
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0
+        choices = event.get("choices")
         if not choices:
             return None, "", cached
         choice = choices[0]
-        ids = np.asarray(choice.get("token_ids") or [], I32)
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(logprobs) != ids.shape[0]:
-            raise EngineFailed(f"vLLM sent {ids.shape[0]} token ids but {len(logprobs)} logprobs")
-        chunk = Chunk(ids, np.asarray(logprobs, F32), np.full(ids.shape[0], self._stamp_version, I32))
+        token_ids = choice.get("token_ids") or []
+        lp = choice.get("logprobs") or {}
+        logprobs = lp.get("token_logprobs") or []
+        n = len(token_ids)
+        if len(logprobs) != n:
+            raise EngineFailed(f"vLLM sent {n} token ids but {len(logprobs)} logprobs")
+        versions = self._one_version if n == 1 else np.full(n, self._stamp_version, I32)
+        chunk = Chunk(np.array(token_ids, I32), np.array(logprobs, F32), versions)
         if top:
-            chunk.top_ids, chunk.top_logprobs = parse_top_logprobs(choice.get("logprobs") or {}, ids.shape[0], top)
-        return (
-            chunk,
-            FINISH.get(choice.get("finish_reason") or "", "stop" if choice.get("finish_reason") else ""),
-            cached,
-        )
+            chunk.top_ids, chunk.top_logprobs = parse_top_logprobs(lp, n, top)
+        reason = choice.get("finish_reason")
+        return chunk, FINISH.get(reason, "stop") if reason else "", cached
+
+    @property
+    def _stamp_version(self) -> int:
+        return self._stamp
+
+    @_stamp_version.setter
+    def _stamp_version(self, version: int) -> None:
+        """Versions stamped on arriving tokens; a one-token event (most of a stream)
+        shares one read-only array instead of allocating its own."""
+        self._stamp = version
+        self._one_version = np.full(1, version, I32)
+        self._one_version.flags.writeable = False
 
     async def _generate_once(self, request: GenerateInput) -> AsyncGenerator[Chunk, None]:
         """Unstreamed: the only way vLLM returns routed experts."""
@@ -415,16 +437,19 @@ def merge_chunks(chunks: list[Chunk]) -> list[Chunk]:
     return [merged]
 
 
-async def _sse_batches(response: httpx.Response) -> AsyncGenerator[list[dict[str, Any]], None]:
+async def _sse_batches(body: AsyncIterator[bytes]) -> AsyncGenerator[list[dict[str, Any]], None]:
     """The stream's ``data:`` events, grouped by network read (per-token lines parsed as
-    bytes with orjson: httpx's text line decoder and json cost more per token)."""
+    bytes with orjson: a text line decoder and json cost more per token). What follows
+    ``[DONE]`` is read and ignored, so the connection can be reused."""
     tail = b""
-    async for data in response.aiter_bytes():
+    async for data in body:
         *lines, tail = (tail + data).split(b"\n")
         events, done = _sse_parse(lines)
         if events:
             yield events
         if done:
+            async for _ in body:
+                pass
             return
     events, _ = _sse_parse([tail])  # a last line without its newline
     if events:
