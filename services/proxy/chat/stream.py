@@ -5,6 +5,7 @@ end decides what the output was."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,6 +31,10 @@ class Final:
 
 def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
+    # Run per streamed token: most texts end in a character no marker's proper
+    # prefix holds, which rules out every suffix at once.
+    if not text or text[-1] not in _prefix_chars(markers):
+        return 0
     best = 0
     for marker in markers:
         for n in range(min(len(marker) - 1, len(text)), best, -1):
@@ -37,6 +42,12 @@ def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
                 best = n
                 break
     return best
+
+
+@functools.lru_cache(maxsize=64)
+def _prefix_chars(markers: tuple[str, ...]) -> frozenset[str]:
+    """The characters that can end a proper prefix of one of ``markers``."""
+    return frozenset(c for m in markers for c in m[:-1])
 
 
 class OutputStream:
