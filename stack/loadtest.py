@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,12 +233,29 @@ async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: 
             exits.push_async_callback(channel.close)
             store = capture_pb2_grpc.CaptureStoreStub(channel)
             base = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir)
-            await measure(proxy_port, store, base, "warm-up", "warm")
-            progress("baseline: one trial at a time")
-            baseline = await measure(proxy_port, store, base, "baseline (sequential)", "base")
-            progress(f"{cfg.trials} trials, {cfg.concurrency or cfg.trials} in flight")
-            loaded = await measure(proxy_port, store, cfg, f"{cfg.trials} concurrent", "load")
-            return [baseline, loaded]
+
+            async def one(c: LoadConfig, label: str, tag: str) -> LoadResult:
+                return await measure(proxy_port, store, c, label, tag)
+
+            load = (f"{cfg.trials} trials, {cfg.concurrency or cfg.trials} in flight", f"{cfg.trials} concurrent")
+            return await baseline_then_load(one, base, cfg, progress, "trial", load)
+
+
+async def baseline_then_load(
+    one: Callable[[LoadConfig, str, str], Awaitable[LoadResult]],
+    base: LoadConfig,
+    cfg: LoadConfig,
+    progress: Callable[[str], None],
+    what: str,
+    load: tuple[str, str],
+) -> list[LoadResult]:
+    """A warm-up, the baseline (``base``: one ``what`` at a time), then the load row;
+    ``load`` is (progress line, row label)."""
+    await one(base, "warm-up", "warm")
+    progress(f"baseline: one {what} at a time")
+    baseline = await one(base, "baseline (sequential)", "base")
+    progress(load[0])
+    return [baseline, await one(cfg, load[1], "load")]
 
 
 def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = False) -> None:

@@ -85,38 +85,22 @@ async def capture_store(store_dir: Path) -> AsyncIterator[str]:
         await server.stop(0.2)
 
 
+# What FinalizeTrajectory carries of a trajectory (the outcome the sandbox reports).
+OUTCOME = ("run_id", "trial_id", "task_id", "group_id", "group_size", "reward", "has_reward", "termination_reason")
+
+
 async def store_trajectory(target: str, traj: records_pb2.Trajectory) -> capture_pb2.FinalizeTrajectoryResponse:
     """Writes ``traj`` the way the proxy and the sandbox do: each segment as one closed
     part (AppendSegment), then the outcome (FinalizeTrajectory)."""
     async with connect(target) as channel:
         stub = capture_pb2_grpc.CaptureStoreStub(channel)
         for seg in traj.segments:
-            key = records_pb2.SegmentKey(
-                run_id=traj.run_id, trial_id=traj.trial_id, thread=seg.key.thread, segment_index=seg.key.segment_index
-            )
-            await stub.AppendSegment(
-                capture_pb2.AppendSegmentRequest(
-                    key=key,
-                    part_index=0,
-                    thread_kind=seg.thread_kind,
-                    trainable=seg.trainable,
-                    prompt_ids=seg.prompt_ids,
-                    tokens=seg.response,
-                    finish_reason="stop",
-                    close=True,
-                    task_id=traj.task_id,
-                    group_id=traj.group_id,
-                )
-            )
-        return await stub.FinalizeTrajectory(
-            capture_pb2.FinalizeTrajectoryRequest(
-                run_id=traj.run_id,
-                trial_id=traj.trial_id,
-                task_id=traj.task_id,
-                group_id=traj.group_id,
-                group_size=traj.group_size,
-                reward=traj.reward,
-                has_reward=traj.has_reward,
-                termination_reason=traj.termination_reason,
-            )
-        )
+            key = records_pb2.SegmentKey(run_id=traj.run_id, trial_id=traj.trial_id)
+            key.thread, key.segment_index = seg.key.thread, seg.key.segment_index
+            part = capture_pb2.AppendSegmentRequest(key=key, part_index=0, finish_reason="stop", close=True)
+            part.thread_kind, part.trainable, part.prompt_ids = seg.thread_kind, seg.trainable, seg.prompt_ids
+            part.tokens.CopyFrom(seg.response)
+            part.task_id, part.group_id = traj.task_id, traj.group_id
+            await stub.AppendSegment(part)
+        outcome = {name: getattr(traj, name) for name in OUTCOME}
+        return await stub.FinalizeTrajectory(capture_pb2.FinalizeTrajectoryRequest(**outcome))
