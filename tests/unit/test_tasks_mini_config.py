@@ -1,5 +1,6 @@
-"""The mini-swe-agent harness option ``config``: default mini.yaml, or the compact
-text-action config for small models; an unknown name is a setup error listing both."""
+"""The mini-swe-agent harness option ``config``: default mini.yaml, the compact
+text-action config for small models, or the short tool-calling one; an unknown name
+is a setup error listing them."""
 
 from __future__ import annotations
 
@@ -73,6 +74,18 @@ def test_compact_action_regex_takes_the_first_bash_block() -> None:
     assert actions("no code at all") == []
 
 
+def test_tools_config_keeps_mini_swe_agents_tool_calling_model_class(tmp_path: Path) -> None:
+    """Its own ``litellm`` class: the ``bash`` tool in every request, tool calls parsed by the proxy."""
+    ctx = _ctx(tmp_path, {"config": "tools"})
+    argv = get_harness("mini-swe-agent").prepare(ctx).argv
+    assert _config_arg(argv) == str(ctx.paths.runtime / "mini_tools.yaml") and "agent.step_limit=7" in argv
+    config = yaml.safe_load((ctx.runtime / "mini_tools.yaml").read_text())
+    assert config["model"]["model_class"] == "litellm" and "action_regex" not in config["model"]
+    assert "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in config["agent"]["system_template"]
+    assert config["agent"]["cost_limit"] == 0 and config["agent"]["max_consecutive_format_errors"] == 0
+    assert len(config["agent"]["system_template"] + config["agent"]["instance_template"]) < 800
+
+
 def test_unknown_config_is_a_setup_error_listing_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(EnvSetupError, match=r"unknown config 'tiny'; valid: \['compact', 'default'\]"):
+    with pytest.raises(EnvSetupError, match=r"unknown config 'tiny'; valid: \['compact', 'default', 'tools'\]"):
         get_harness("mini-swe-agent").prepare(_ctx(tmp_path, {"config": "tiny"}))

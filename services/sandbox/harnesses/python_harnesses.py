@@ -11,7 +11,11 @@ from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessA
 
 OPENHANDS_DRIVER = Path(__file__).with_name("openhands_driver.py")
 # mini-swe-agent configs by the harness option ``config`` (None: the package's own mini.yaml).
-MINI_CONFIGS: dict[str, Path | None] = {"default": None, "compact": Path(__file__).with_name("mini_compact.yaml")}
+MINI_CONFIGS: dict[str, Path | None] = {
+    "default": None,
+    "compact": Path(__file__).with_name("mini_compact.yaml"),
+    "tools": Path(__file__).with_name("mini_tools.yaml"),
+}
 
 
 def venv_mounts(venv: Path) -> list[Path]:
@@ -41,8 +45,9 @@ class MiniSweAgent(HarnessAdapter):
         return venv_mounts(self.venv)
 
     def _config(self, ctx: AgentContext) -> str:
-        """Option ``config``: ``default`` (mini-swe-agent's mini.yaml) or ``compact``
-        (``mini_compact.yaml``: short, text-based actions, for small models)."""
+        """Option ``config``: ``default`` (mini-swe-agent's mini.yaml), ``compact``
+        (``mini_compact.yaml``: short, text-based actions, for small models) or ``tools``
+        (``mini_tools.yaml``: its tool-calling model class and ``bash`` tool, short)."""
         choice = ctx.options.get("config", "default")
         if choice not in MINI_CONFIGS:
             raise EnvSetupError(f"harness mini-swe-agent: unknown config {choice!r}; valid: {sorted(MINI_CONFIGS)}")
