@@ -74,7 +74,12 @@ class OptimSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    lr: float = Field(1e-6, gt=0, le=1)
+    lr: float = Field(
+        1e-6,
+        ge=0,
+        le=1,
+        description="AdamW's learning rate; 0 is the evaluation-only control (every step runs, no weight moves).",
+    )
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)

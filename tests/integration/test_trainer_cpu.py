@@ -93,6 +93,21 @@ def test_cpu_trainer_improves_a_scripted_reward(tmp_path: Path) -> None:
     assert rewards[-1] > rewards[0], rewards
 
 
+def test_learning_rate_zero_is_the_control_every_step_runs_no_weight_moves(tmp_path: Path) -> None:
+    """lr 0 (the evaluation-only control of a learning run): the step computes its loss and
+    gradient and counts as an update, and every weight stays bit-identical."""
+    trainer = CpuTrainer(settings(tmp_path, lr=0.0))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.tensor([PROMPT]), use_cache=False).logits[0, -1]
+    result = trainer.train_step(
+        rollouts(trainer, torch.topk(logits, 2).indices.tolist(), torch.Generator().manual_seed(2), "z")
+    )
+    assert result.updated and result.policy_version == 1 and result.metrics["optim/lr"] == 0.0
+    assert result.metrics["optim/grad_norm"] > 0
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
 @pytest.mark.parametrize(("trained", "agrees"), [(0.5, True), (1.0, False)])
 def test_a_step_on_tempered_rollouts_agrees_at_the_rollout_temperature(
     tmp_path: Path, trained: float, agrees: bool
