@@ -90,13 +90,6 @@ def proxy_stack(root: Path, gateway: dict[str, Any], **proxy: Any) -> BenchStack
     )
 
 
-async def _admin(http: Http, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    status, data = await http.post_json(path, body, ADMIN)
-    if status not in (200, 201):
-        raise RuntimeError(f"admin {path}: {status} {str(data)[:300]}")
-    return dict(data)
-
-
 def _streamed_message(data: bytes) -> dict[str, Any]:
     """The assistant message an SDK assembles from a chat-completions event stream."""
     content: list[str] = []
@@ -140,7 +133,7 @@ async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream:
     for i in range(sessions):
         for j in range(-(-turns // EPISODE)):
             spec = {"trial_id": f"{tag}-{i}-{j}", "run_id": "bench", "task_id": "t", "group_id": tag}
-            trials[i].append((spec["trial_id"], (await _admin(admin, "/admin/trials", spec))["token"]))
+            trials[i].append((spec["trial_id"], (await admin.admin("/admin/trials", spec, ADMIN))["token"]))
 
     async def harness(i: int) -> None:
         left = turns
@@ -153,7 +146,7 @@ async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream:
     elapsed = time.perf_counter() - t0
     for per_session in trials:
         for trial, _ in per_session:
-            await _admin(admin, f"/admin/trials/{trial}/close", {})
+            await admin.admin(f"/admin/trials/{trial}/close", {}, ADMIN)
     admin.close()
     return sessions * turns / elapsed
 

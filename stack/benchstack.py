@@ -161,6 +161,13 @@ class Http:
         status, data = await self.post(path, json.dumps(body or {}).encode(), token)
         return status, json.loads(data) if data else None
 
+    async def admin(self, path: str, body: dict[str, Any] | None, token: str) -> Any:
+        """A call of the proxy's admin API; an answer other than 200/201 is an error naming it."""
+        status, data = await self.post_json(path, body, token)
+        if status not in (200, 201):
+            raise RuntimeError(f"admin {path}: {status} {str(data)[:300]}")
+        return data
+
     async def post(self, path: str, body: bytes, token: str) -> tuple[int, bytes]:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -26,7 +26,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,10 @@ class LoadResult:
         return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else float("nan")
 
 
+# One measured phase: (config, row label, trial-id tag) -> its row.
+Measure = Callable[[LoadConfig, str, str], Awaitable[LoadResult]]
+
+
 async def _one_trial(
     proxy_port: int, store: capture_pb2_grpc.CaptureStoreStub, cfg: LoadConfig, tag: str, index: int
 ) -> TrialResult:
@@ -118,9 +123,7 @@ async def _one_trial(
     http = Http(proxy_port)
     try:
         spec = {"trial_id": result.trial_id, "run_id": RUN, "task_id": f"task-{group}", "group_id": f"{tag}-g{group}"}
-        status, created = await http.post_json("/admin/trials", spec, ADMIN)
-        if status != 201:
-            raise RuntimeError(f"register: {status} {created}")
+        created = await http.admin("/admin/trials", spec, ADMIN)
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
         for _ in range(cfg.turns):
             body = {"model": cfg.model_dir.name, "messages": messages, "tools": TOOLS}
@@ -132,9 +135,7 @@ async def _one_trial(
             result.acked_turns += 1
             message = reply["choices"][0]["message"]
             messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt"}]
-        status, summary = await http.post_json(f"/admin/trials/{result.trial_id}/close", None, ADMIN)
-        if status != 200:
-            raise RuntimeError(f"close: {status} {summary}")
+        await http.admin(f"/admin/trials/{result.trial_id}/close", None, ADMIN)
     except Exception as e:  # noqa: BLE001 - counted and reported, the trial still finalizes
         result.error = f"{result.trial_id}: {type(e).__name__}: {e}"
     finally:
@@ -232,30 +233,25 @@ async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: 
             channel = connect(up.target("capture"), tracing=False)
             exits.push_async_callback(channel.close)
             store = capture_pb2_grpc.CaptureStoreStub(channel)
-            base = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir)
-
-            async def one(c: LoadConfig, label: str, tag: str) -> LoadResult:
-                return await measure(proxy_port, store, c, label, tag)
-
-            load = (f"{cfg.trials} trials, {cfg.concurrency or cfg.trials} in flight", f"{cfg.trials} concurrent")
-            return await baseline_then_load(one, base, cfg, progress, "trial", load)
+            flight = f"{cfg.trials} trials, {cfg.concurrency or cfg.trials} in flight"
+            one = partial(measure, proxy_port, store)
+            return await phases(
+                one, cfg, progress, ("baseline: one trial at a time", flight, f"{cfg.trials} concurrent")
+            )
 
 
-async def baseline_then_load(
-    one: Callable[[LoadConfig, str, str], Awaitable[LoadResult]],
-    base: LoadConfig,
-    cfg: LoadConfig,
-    progress: Callable[[str], None],
-    what: str,
-    load: tuple[str, str],
+async def phases(
+    measure_one: Measure, cfg: LoadConfig, progress: Callable[[str], None], lines: tuple[str, str, str]
 ) -> list[LoadResult]:
-    """A warm-up, the baseline (``base``: one ``what`` at a time), then the load row;
-    ``load`` is (progress line, row label)."""
-    await one(base, "warm-up", "warm")
-    progress(f"baseline: one {what} at a time")
-    baseline = await one(base, "baseline (sequential)", "base")
-    progress(load[0])
-    return [baseline, await one(cfg, load[1], "load")]
+    """A warm-up and the baseline (``group_size`` trials, one at a time), then the load row;
+    ``lines``: the baseline's progress line, the load's, and the load row's label."""
+    baseline_line, load_line, label = lines
+    base = replace(cfg, trials=cfg.group_size, concurrency=1)
+    await measure_one(base, "warm-up", "warm")
+    progress(baseline_line)
+    baseline = await measure_one(base, "baseline (sequential)", "base")
+    progress(load_line)
+    return [baseline, await measure_one(cfg, label, "load")]
 
 
 def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = False) -> None:

@@ -21,13 +21,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 
 import services.sandbox
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.settings import Settings as SandboxSettings
-from stack.loadtest import RUN, LoadConfig, LoadResult, _captured_turns, baseline_then_load, bench_stack
+from stack.loadtest import RUN, LoadConfig, LoadResult, _captured_turns, bench_stack, phases
 
 TASK = Path(services.sandbox.__file__).parent / "examples" / "hello"
 PER_WORKER = 256  # the sandbox service's bound on one worker's concurrency
@@ -147,10 +148,6 @@ def _latencies(root: Path, trial: str) -> list[float]:
 
 async def run_sandboxed(root: Path, cfg: LoadConfig, exits: AsyncExitStack, progress) -> list[LoadResult]:  # type: ignore[no-untyped-def]
     ports, workers = await _start(root, cfg, exits)
-    base = LoadConfig(cfg.group_size, cfg.turns, cfg.group_size, 1, cfg.distributed, cfg.model_dir, True)
-
-    async def one(c: LoadConfig, label: str, tag: str) -> LoadResult:
-        return await measure_sandboxed(ports, root, c, label, tag)
-
     flight = f"{cfg.trials} sandboxed trials, {cfg.concurrency or cfg.trials} in flight on {workers} worker(s)"
-    return await baseline_then_load(one, base, cfg, progress, "sandboxed trial", (flight, f"{cfg.trials} in sandboxes"))
+    lines = ("baseline: one sandboxed trial at a time", flight, f"{cfg.trials} in sandboxes")
+    return await phases(partial(measure_sandboxed, ports, root), cfg, progress, lines)
