@@ -18,7 +18,10 @@ from harnessrl.errors import ConfigError
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "templates"
 # Named overrides shipped with the proxy; a setting may also name a .jinja file.
-BUILTIN_TEMPLATES = {"hermes-chatml": BUILTIN_DIR / "hermes_chatml.jinja"}
+BUILTIN_TEMPLATES = {
+    "hermes-chatml": BUILTIN_DIR / "hermes_chatml.jinja",
+    "fenced-chatml": BUILTIN_DIR / "fenced_chatml.jinja",  # with tool parser "fenced"
+}
 
 
 def _raise(message: str) -> None:
@@ -35,6 +38,7 @@ def _tojson(
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters["fromjson"] = json.loads
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env

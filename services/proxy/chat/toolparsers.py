@@ -170,6 +170,40 @@ class JsonParser(ToolParser):
         return ParseResult("", [c for c in calls if c is not None])
 
 
+class FencedParser(ToolParser):
+    """A fenced code block whose language is an offered tool's name, for a tool with
+    one parameter (```bash\nls\n```), is a call of that tool with the block's body as
+    that parameter; the reply's content is the text before the first call (text after
+    the last one is dropped). Other fences are text. A tool's block opened and never
+    closed is malformed. For models that write fences but no call tags (template
+    ``fenced-chatml`` renders offered tools and past calls this way)."""
+
+    name = "fenced"
+    markers = ("```",)
+    _block = re.compile(r"```([A-Za-z0-9_.-]+)[ \t]*\n(.*?)\n?```", re.S)
+
+    def parse(self, text: str, tools: tuple[Tool, ...]) -> ParseResult:
+        params = {t.name: p for t in tools if (p := _single_param(t)) is not None}
+        calls, head = [], len(text)
+        for m in self._block.finditer(text):
+            if m.group(1) in params:
+                head = min(head, m.start())
+                calls.append(ParsedCall(m.group(1), {params[m.group(1)]: m.group(2)}))
+        if calls:
+            return ParseResult(text[:head].strip(), calls)
+        opened = any(re.search(rf"```{re.escape(n)}[ \t]*\n", text) for n in params)
+        return ParseResult(text.strip(), malformed=opened)
+
+
+def _single_param(tool: Tool) -> str | None:
+    """The one parameter a fenced block can carry: the only property, else the only required one."""
+    props = list(tool.parameters.get("properties", {}))
+    required = list(tool.parameters.get("required", []))
+    if len(props) == 1:
+        return str(props[0])
+    return str(required[0]) if len(required) == 1 else None
+
+
 def _json_call(body: str) -> ParsedCall | None:
     try:
         value = json.loads(body)
@@ -192,7 +226,7 @@ def _call_from_obj(value: Any) -> ParsedCall | None:
     return ParsedCall(value["name"], args)
 
 
-PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Qwen3CoderParser, JsonParser)}
+PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Qwen3CoderParser, JsonParser, FencedParser)}
 
 
 def get_parser(name: str) -> ToolParser:

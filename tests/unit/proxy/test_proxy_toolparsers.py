@@ -12,7 +12,14 @@ from harnessrl.errors import ConfigError
 from services.proxy.chat.conversation import Tool
 from services.proxy.chat.model import ChatModel
 from services.proxy.chat.stream import Delta, OutputStream, StopStrings
-from services.proxy.chat.toolparsers import PARSERS, HermesParser, JsonParser, Qwen3CoderParser, get_parser
+from services.proxy.chat.toolparsers import (
+    PARSERS,
+    FencedParser,
+    HermesParser,
+    JsonParser,
+    Qwen3CoderParser,
+    get_parser,
+)
 
 TOOLS = (
     Tool("bash", "", {"type": "object", "properties": {"command": {"type": "string"}}}),
@@ -79,7 +86,7 @@ def test_json_parser() -> None:
 
 
 def test_registry_by_name_and_import_path() -> None:
-    assert set(PARSERS) == {"hermes", "qwen3_coder", "json"}
+    assert set(PARSERS) == {"hermes", "qwen3_coder", "json", "fenced"}
     assert isinstance(get_parser("services.proxy.chat.toolparsers:JsonParser"), JsonParser)
     with pytest.raises(ConfigError, match="valid names"):
         get_parser("mystery")
@@ -156,6 +163,48 @@ def test_stop_strings_cut_at_the_first_stop_however_the_text_arrives(text: str, 
     if s.hit is None:
         out += s.flush()
     assert out == expected and (s.hit is not None) == bool(found)
+
+
+def test_fenced_blocks_naming_a_one_parameter_tool_are_its_calls() -> None:
+    text = "I will list them.\n```bash\nls -la\n```\n```python\nprint(1)\n```\n```bash \ncat a.txt\n```\nDone?"
+    r = FencedParser().parse(text, TOOLS)
+    assert r.content == "I will list them." and not r.malformed
+    assert [(c.name, c.arguments) for c in r.calls] == [
+        ("bash", {"command": "ls -la"}),
+        ("bash", {"command": "cat a.txt"}),
+    ]
+    # "edit" has two parameters: no fenced form; other languages and plain text stay text
+    for plain in ("```edit\n3\n```", "```python\nprint(1)\n```", "no code", "```\nls\n```"):
+        got = FencedParser().parse(plain, TOOLS)
+        assert got.calls == [] and got.content == plain and not got.malformed, plain
+    cut = FencedParser().parse("Sure.\n```bash\necho partial", TOOLS)  # opened, never closed
+    assert cut.calls == [] and cut.malformed and cut.content == "Sure.\n```bash\necho partial"
+    required = Tool("run", "", {"type": "object", "properties": {"cmd": {}, "cwd": {}}, "required": ["cmd"]})
+    assert FencedParser().parse("```run\nmake\n```", (required,)).calls[0].arguments == {"cmd": "make"}
+
+
+def test_fenced_template_and_parser_read_back_each_other_on_the_real_tokenizer() -> None:
+    """What the model writes is what the template renders back (so a turn extends the
+    segment), and the proxy's startup check passes for the pair."""
+    from harnessrl.paths import default_model_dir
+
+    model = ChatModel.load(default_model_dir(), [], "fenced-chatml", {}, "fenced", True)
+    bash = {
+        "type": "function",
+        "function": {"name": "bash", "description": "Run a command", "parameters": TOOLS[0].parameters},
+    }
+    reply = "Listing.\n```bash\nls -la\n```"
+    parsed = model.parser.parse(reply, TOOLS)
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls -la"}'}}
+    messages = [{"role": "user", "content": "go"}]
+    prompt = model.template.render(messages, [bash], add_generation_prompt=True)
+    assert "reply with a code block whose language is the tool's name" in prompt and "- bash: Run a command" in prompt
+    answered = [*messages, {"role": "assistant", "content": parsed.content, "tool_calls": [call]}]
+    full = model.template.render(answered, [bash], add_generation_prompt=False)
+    assert full == prompt + reply + "<|im_end|>\n"
+    assert model.template.render(messages, [], add_generation_prompt=True) == ChatModel.load(
+        default_model_dir(), [], "hermes-chatml", {}, "hermes", True
+    ).template.render(messages, [], add_generation_prompt=True)
 
 
 def test_preflight_refuses_a_template_that_does_not_render_incrementally(tmp_path) -> None:  # type: ignore[no-untyped-def]
