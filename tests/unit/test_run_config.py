@@ -158,7 +158,10 @@ def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("name", ["quickstart.toml", "distributed.toml", "heldout_curve.toml"])
+@pytest.mark.parametrize(
+    "name",
+    ["quickstart.toml", "distributed.toml", "heldout_curve.toml", "tools_curve.toml", "tools_curve_control.toml"],
+)
 def test_example_configs_validate(name: str) -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / name
     cfg = runconfig.load(path)
@@ -167,6 +170,10 @@ def test_example_configs_validate(name: str) -> None:
     if name != "distributed.toml":
         assert cfg.run.train_tasks == [path.parents[1] / "tasks" / "builtin" / "train"]
         assert cfg.gateway is not None and cfg.gateway.engine == "local" and cfg.capture_store is not None
+    if name.startswith("tools_curve"):
+        assert cfg.run.harness_options == {"config": "tools"} and cfg.proxy is not None
+        assert (cfg.proxy.chat_template, cfg.proxy.tool_parser) == ("fenced-chatml", "fenced")
+        assert cfg.trainer.optim.lr == (0.0 if "control" in name else 1e-5)
 
 
 def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: Path, tasks: Path) -> None:
