@@ -42,7 +42,7 @@ def test_serve_prints_a_login_url_and_stops_on_sigterm(runs_root: Path) -> None:
         [
             sys.executable,
             "-m",
-            "harnessrl",
+            "stack.cli",
             "dashboard",
             "serve",
             "--run",
