@@ -46,7 +46,11 @@ class Settings(ServiceSettings):
         default_factory=lambda: {"SmolLM2-135M-Instruct": "hermes-chatml"},
         description="Per-model template override (model folder name -> builtin or path), used by 'auto'.",
     )
-    tool_parser: str = Field("hermes", description="Tool-call parser: hermes, qwen3_coder, json, fenced (with the fenced-chatml template) or module:Class.")
+    tool_parser: str = Field(
+        "hermes",
+        description="Tool-call parser: hermes, qwen3_coder, json, fenced (with the fenced-chatml template) "
+        "or module:Class.",
+    )
     reasoning_parser: bool = Field(True, description="Split a leading <think>...</think> into reasoning/thinking.")
 
     temperature: float | None = Field(1.0, ge=0, le=5, description="Sampling temperature; None honours the request's.")
