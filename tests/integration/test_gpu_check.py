@@ -158,7 +158,8 @@ def test_a_device_this_host_lacks_is_refused(capsys: pytest.CaptureFixture[str])
 def test_engine_options_mirror_the_gateway_settings() -> None:
     """The check drives LocalEngine with a plain dataclass: every setting the engine
     reads must be there, under the gateway's name and with its default."""
-    source = (ROOT / "services" / "gateway" / "engines" / "local.py").read_text()
+    engines = ROOT / "services" / "gateway" / "engines"
+    source = (engines / "local.py").read_text() + (engines / "local_worker.py").read_text()
     read = set(re.findall(r"settings\.(\w+)", source))
     fields = {f.name: f for f in dataclasses.fields(EngineOptions)}
     assert read <= set(fields), read - set(fields)
