@@ -104,3 +104,13 @@ async def store_trajectory(target: str, traj: records_pb2.Trajectory) -> capture
             await stub.AppendSegment(part)
         outcome = {name: getattr(traj, name) for name in OUTCOME}
         return await stub.FinalizeTrajectory(capture_pb2.FinalizeTrajectoryRequest(**outcome))
+
+
+def served(service: str, method: str) -> float:
+    """How many ``method`` calls of ``service`` the servers in this process answered OK
+    (their own request metric: ``harnessrl_requests_total``)."""
+    from prometheus_client import REGISTRY
+
+    full = {"capture_store": "CaptureStore", "trainer": "Trainer"}[service]
+    labels = {"service": service, "method": f"/harnessrl.v1.{full}/{method}", "code": "OK"}
+    return REGISTRY.get_sample_value("harnessrl_requests_total", labels) or 0.0

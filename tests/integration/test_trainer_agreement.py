@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from prometheus_client import REGISTRY
 
 from harnessrl import paths
 from harnessrl.localservers import free_port
 from services.trainer.cpu_trainer import load_model
-from tests.trainer_support import capture_store, segment, store_trajectory, trajectory
+from tests.trainer_support import capture_store, segment, served, store_trajectory, trajectory
 
 pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
 
@@ -39,12 +38,6 @@ def sample(
         out_lps.append(float(logp[tok]))
         ids.append(tok)
     return out_ids, out_lps
-
-
-def served(method: str) -> float:
-    """How many ``method`` calls the capture store in this process has answered OK."""
-    labels = {"service": "capture_store", "method": f"/harnessrl.v1.CaptureStore/{method}", "code": "OK"}
-    return REGISTRY.get_sample_value("harnessrl_requests_total", labels) or 0.0
 
 
 async def captured_run(target: str, perturb: float = 0.0, temperature: float = 1.0) -> None:
@@ -78,7 +71,7 @@ async def test_agreement_command_reports_near_perfect_agreement_for_same_weights
     out = tmp_path / "report.json"
     async with capture_store(tmp_path / "store") as target:
         await captured_run(target)
-        reads = served("GetTrajectory")
+        reads = served("capture_store", "GetTrajectory")
         proc = await asyncio.to_thread(
             run_cli, "--run", "r1", "--model", str(paths.default_model_dir()), "--out", str(out), "--capture", target
         )
@@ -91,7 +84,7 @@ async def test_agreement_command_reports_near_perfect_agreement_for_same_weights
     assert overall["agreement/ess"] > 0.999
     assert set(report["by_policy_version"]) == {"3"}
     assert report["alerts"] == []
-    assert served("GetTrajectory") - reads == 2
+    assert served("capture_store", "GetTrajectory") - reads == 2
     assert "pearson" in proc.stdout
 
 

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from prometheus_client import REGISTRY
 
 from harnessrl.localservers import free_port
 from services.trainer.server import create_server as create_trainer_server
@@ -21,14 +20,9 @@ from services.trainer.service import TrainerService
 from services.trainer.settings import Settings as TrainerSettings
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard, serve
 from tests.integration.test_dashboard.recorder import RUN_ID
+from tests.trainer_support import served
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def served(method: str) -> float:
-    """How many ``method`` calls the trainer server in this process has answered OK."""
-    labels = {"service": "trainer", "method": f"/harnessrl.v1.Trainer/{method}", "code": "OK"}
-    return REGISTRY.get_sample_value("harnessrl_requests_total", labels) or 0.0
 
 
 @pytest.fixture
@@ -55,7 +49,7 @@ def make_live(root: Path, trainer_target: str) -> None:
 async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tuple[str, TrainerService]) -> None:
     target, service = trainer
     wall_time = service.metrics(0).steps[0].wall_time
-    calls = {m: served(m) for m in ("Status", "Metrics")}
+    calls = {m: served("trainer", m) for m in ("Status", "Metrics")}
     make_live(runs_root, target)
     async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         overview = (await c.get(f"/api/runs/{RUN_ID}")).json()
@@ -66,7 +60,7 @@ async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tu
     assert summary["metrics"] == [
         {"step": 1, "wall_time": wall_time, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}
     ]
-    assert all(served(m) > n for m, n in calls.items()), calls
+    assert all(served("trainer", m) > n for m, n in calls.items()), calls
     assert any(a["kind"] == "trainer" and "ESS" in a["message"] for a in summary["alerts"])
     assert any(a["kind"] == "agreement_drop" and a["step"] == 1 for a in summary["alerts"])
 
