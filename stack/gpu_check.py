@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token-budget", type=_positive, default=16384, help="padded tokens per micro-batch")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit-s", type=_positive, default=450, help="stop (and say so) past this")
+    p.add_argument("--time-limit-s", type=_seconds, default=450, help="stop (and say so) past this")
     args = p.parse_args(argv)
     if args.rows > 256:
         p.error(f"--rows {args.rows}: the local engine batches at most 256 sequences")
@@ -136,6 +136,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive number of seconds")
+    return value
+
+
 class Clock:
     """Wall time of the whole check, per phase, and the limit it must end within."""
 
@@ -152,7 +162,7 @@ class Clock:
 
     def check(self, what: str) -> None:
         if self.elapsed() > self.limit_s:
-            raise TimeoutError(f"time limit {self.limit_s:.0f} s passed before {what}")
+            raise TimeoutError(f"time limit {self.limit_s:g} s passed before {what}")
 
     def phase(self, name: str | None) -> None:
         """Ends the current phase (its seconds go to ``phases``) and starts ``name``."""
@@ -168,7 +178,7 @@ async def within(clock: Clock, what: str, work: Awaitable[T]) -> T:
     try:
         return await asyncio.wait_for(work, clock.remaining())
     except TimeoutError as e:
-        raise TimeoutError(f"time limit {clock.limit_s:.0f} s passed during {what}") from e
+        raise TimeoutError(f"time limit {clock.limit_s:g} s passed during {what}") from e
 
 
 async def sample(engine: LocalEngine, args: argparse.Namespace, vocab: int, rows: int) -> list[Sample]:
