@@ -191,13 +191,18 @@ class PeriodicEval:
     def maybe_start(self, step: int) -> None:
         if not self.every or not self.tasks or step % self.every or step in self.running:
             return
-        self.running[step] = asyncio.ensure_future(self._evaluate(step))
+        self.start(step)
 
-    async def _evaluate(self, step: int) -> None:
+    def start(self, step: int, checkpoint: str | None = None) -> asyncio.Task[None]:
+        """The evaluation at ``step``; its rows name ``checkpoint`` (default ``step-N``)."""
+        task = self.running[step] = asyncio.ensure_future(self._evaluate(step, checkpoint or f"step-{step}"))
+        return task
+
+    async def _evaluate(self, step: int, checkpoint: str) -> None:
         k = self.cfg.run.eval_k
         trials = await _run_trials(self.cfg, self.target, self.tasks, step, k, self.trial_ids)
         versions = await versions_seen(self.capture_target, self.cfg.token(), trials)
-        rows = eval_rows(self.cfg, step, k, self.tasks, trials.statuses, f"step-{step}", versions)
+        rows = eval_rows(self.cfg, step, k, self.tasks, trials.statuses, checkpoint, versions)
         self.run_dir.append_jsonl("eval.jsonl", rows)
 
     async def finish(self, *, wait: bool) -> None:

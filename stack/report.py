@@ -5,7 +5,7 @@ Each run is read the way the dashboard reads it (its run directory and its
 embedded or remote capture store): held-out pass@j / pass^j per evaluation step
 from ``eval.jsonl`` and the behaviour per evaluation step from the evaluations'
 captured trajectories (``services/dashboard/heldout.py``). Runs are grouped by
-their learning rate (``[trainer.optim] lr``; 0 is the evaluation-only control),
+their learning rate (``[trainer.optim] lr``; 0, or ``[run] evaluate_only``, is the control),
 and per group and evaluation step the report gives the mean, the standard
 deviation and the range over the group's runs (its seeds).
 
@@ -72,6 +72,8 @@ def read_run(path: Path) -> RunReport:
     summary = asyncio.run(_summary(path))
     cfg = rundir.open_run(path.parent, path.name).config()
     lr = float(cfg.get("trainer", {}).get("optim", {}).get("lr", OptimSettings.model_fields["lr"].default))
+    if cfg.get("run", {}).get("evaluate_only"):
+        lr = 0.0  # a control that only evaluates moves no weight, whatever its optimizer says
     seed = cfg.get("run", {}).get("seed")
     heldout = {int(s): row for s, row in summary["heldout"].items()}
     return RunReport(path, path.name, seed if isinstance(seed, int) else None, lr, heldout, summary["problems"])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import signal
@@ -115,6 +116,17 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     return outcome
 
 
+def _evaluated_steps(path: Path) -> set[int]:
+    """The steps whose overall row eval.jsonl holds (a torn last line is not one)."""
+    steps: set[int] = set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            row = json.loads(line)
+            if row["task_id"] == "*":
+                steps.add(int(row["step"]))
+    return steps
+
+
 def _say(console: Console, text: str) -> None:
     console.print(text, highlight=False, markup=False, soft_wrap=True)
 
@@ -138,7 +150,34 @@ async def _with_services(
 
         assert ends.sandbox_target is not None
         periodic = PeriodicEval(cfg, ends.sandbox_target, ends.capture_target, evaluation, run_dir)
+        if cfg.run.evaluate_only:
+            return await _control(cfg, periodic, console, stop)
         return await _train(cfg, ends, train, run_dir, console, stop, periodic)
+
+
+async def _control(cfg: RunConfig, periodic: Any, console: Console, stop: _Stop) -> Outcome:
+    """``[run] evaluate_only``: the control of a learning run. With no update the
+    policy at step N is the policy at step 0, so no training trial is run: the
+    evaluations at steps 0, eval_every, ... steps are made one after another with
+    the weights the gateway starts from, each row named ``base``; their spread is
+    what seed and sampling noise alone give. ``--resume`` skips the steps already evaluated."""
+    done = _evaluated_steps(periodic.run_dir.path / "eval.jsonl")
+    for step in (s for s in range(0, cfg.run.steps + 1, cfg.run.eval_every) if s not in done):
+        if stop.event.is_set():
+            _say(console, f"{stop.signal_name}: stopping the control before step {step}")
+            await periodic.finish(wait=False)
+            return Outcome("stopped", EXIT_STOPPED, step)
+        started = time.monotonic()
+        evaluation = periodic.start(step, checkpoint="base")
+        stopper = asyncio.ensure_future(stop.event.wait())
+        await asyncio.wait({evaluation, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not evaluation.done():
+            continue  # stopped: the next turn cancels the evaluation's trials
+        evaluation.result()
+        _say(console, f"control: evaluation at step {step} done in {time.monotonic() - started:.0f} s")
+    await periodic.finish(wait=True)
+    return Outcome("done", EXIT_DONE, cfg.run.steps)
 
 
 class _Stop:

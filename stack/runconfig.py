@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from harnessrl import paths
 from harnessrl.config import read_toml, validate
@@ -76,11 +76,20 @@ class RunSection(BaseModel):
     seed: int = Field(0, ge=0, description="Seed of the task choice per step.")
     eval_k: int = Field(4, ge=1, le=1024, description="Trials per eval task (pass@k, pass^k).")
     eval_every: int = Field(0, ge=0, description="Evaluate during the run at steps 0, N, 2N...; 0: never.")
+    evaluate_only: bool = Field(
+        False, description="The control of a learning run: only its evaluations, with the weights it starts from."
+    )
     min_free_disk_gb: float = Field(2.0, ge=0, description="Preflight: free space needed under the runs dir.")
     capture_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Connect to this capture store.")
     gateway_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Connect to this gateway.")
     sandbox_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Submit trials to this sandbox.")
     service_token: SecretStr | None = Field(None, description="Bearer token for the remote services.")
+
+    @model_validator(mode="after")
+    def _control_evaluates(self) -> RunSection:
+        if self.evaluate_only and not (self.eval_every and self.eval_tasks):
+            raise ValueError("evaluate_only needs eval_tasks and eval_every > 0: the evaluations are all it runs")
+        return self
 
     @field_validator("harness")
     @classmethod

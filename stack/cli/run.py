@@ -21,6 +21,8 @@ def run(
         bool, typer.Option("--allow-overlap", help="Run even when train and eval tasks overlap.")
     ] = False,
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="Override [run] steps.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="Override [run] seed.")] = None,
+    name: Annotated[str | None, typer.Option("--run-id", help="Override [run] run_id (a fresh run).")] = None,
     no_preflight: Annotated[bool, typer.Option("--no-preflight", help="Skip the preflight checks.")] = False,
 ) -> None:
     """Train end to end: preflight, services, trials through the real harness, trainer steps, run directory.
@@ -31,7 +33,10 @@ def run(
     from stack import runconfig
     from stack.run import EXIT_DONE, exit_now, run_blocking
 
-    overrides: dict[str, object] = {"steps": steps, "allow_overlap": True if allow_overlap else None}
+    if name is not None and resume is not None:
+        raise typer.BadParameter("--run-id names a fresh run; --resume the run to continue", param_hint="--run-id")
+    overrides: dict[str, object] = {"steps": steps, "seed": seed, "run_id": name}
+    overrides["allow_overlap"] = True if allow_overlap else None
     if no_preflight:
         overrides["preflight"] = False
     cfg = runconfig.load(config, run_id=resume, overrides=overrides)

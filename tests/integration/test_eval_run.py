@@ -103,3 +103,22 @@ def test_periodic_evaluation_during_a_run(tmp_path: Path) -> None:
     assert all(r["policy_versions"] and min(r["policy_versions"]) >= r["step"] for r in rows), rows
     read, problems = rundir.read_eval(rundir.open_run(tmp_path / "runs", "e2e"))
     assert problems == [] and panels.validation(read) == {0: 0.5, 1: 0.5, 2: 0.5}
+
+
+def test_the_control_of_a_run_only_evaluates_with_the_weights_it_starts_from(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "tiny")
+    run = {"steps": 4, "eval_tasks": [str(eval_pool(tmp_path))], "eval_k": 2, "eval_every": 2, "evaluate_only": True}
+    config = write_config(tmp_path, model, make_pool(tmp_path), run=run)
+    proc = harnessrl("run", str(config))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [f"control: evaluation at step {s} done" in proc.stdout for s in (0, 2, 4)] == [True] * 3
+    run_dir = tmp_path / "runs" / "e2e"
+    rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["task_id"] == "*"] == [0, 2, 4]
+    assert {r["checkpoint"] for r in rows} == {"base"} and all(r["policy_versions"] == [0] for r in rows)
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "done"
+    # Resumed, a finished control has nothing left to evaluate.
+    proc = harnessrl("run", str(config), "--resume", "e2e")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len((run_dir / "eval.jsonl").read_text().splitlines()) == len(rows)

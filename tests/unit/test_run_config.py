@@ -105,6 +105,7 @@ def test_distributed_addresses_connect_instead_of_starting(tmp_path: Path, tasks
         ('[run]\ntrain_tasks = ["x"]\n[gateway]\nengine = "vllm"\n', "'vllm' conflicts with the run's 'local'"),
         ('[run]\ntrain_tasks = ["x"]\ncapture_target = "h:1"\n[capture_store]\nfsync = false\n', "connects to a"),
         ('[run]\ntrain_tasks = ["x"]\n[eval]\nk = 3\n', "[eval] is not read"),
+        ('[run]\ntrain_tasks = ["x"]\nevaluate_only = true\neval_every = 5\n', "evaluate_only needs eval_tasks"),
         ("[rnu]\n", "unknown section(s) ['rnu']"),
         ("[run\n", "not valid TOML"),
         ("run = 3\n", "[run] must be a table"),
@@ -146,6 +147,25 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path, tasks: Path, 
     assert proc.returncode == 2, proc.stderr
     assert "group_size" in proc.stderr and str(path) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--seed", "-1"], "--seed"),
+        (["--run-id", "a/b"], "run_id: String should match pattern"),
+        (["--run-id", "fresh", "--resume", "old"], "--run-id names a fresh run"),
+    ],
+)
+def test_cli_bad_run_flags_exit_2_and_start_nothing(
+    tmp_path: Path, tasks: Path, flags: list[str], expected: str
+) -> None:
+    path = write(tmp_path, minimal(tasks))
+    proc = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "run", str(path), *flags], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
 
 
