@@ -150,12 +150,15 @@ class BenchStack:
 
 class Http:
     """A minimal HTTP/1.1 keep-alive client: the load generator shares the cores
-    with what it measures, so it must cost less than what it measures."""
+    with what it measures, so it must cost less than what it measures. One
+    connection, one request at a time: concurrent callers wait their turn (a
+    load generator wanting N in flight opens N clients)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self._turn = asyncio.Lock()
 
     async def post_json(self, path: str, body: dict[str, Any] | None, token: str) -> tuple[int, Any]:
         status, data = await self.post(path, json.dumps(body or {}).encode(), token)
@@ -169,6 +172,10 @@ class Http:
         return data
 
     async def post(self, path: str, body: bytes, token: str) -> tuple[int, bytes]:
+        async with self._turn:
+            return await self._post(path, body, token)
+
+    async def _post(self, path: str, body: bytes, token: str) -> tuple[int, bytes]:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n"

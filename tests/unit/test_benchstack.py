@@ -3,7 +3,9 @@ back from it, targets wired to the ports given out, secrets in the clear."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 from pathlib import Path
 
 from harnessrl.config import load_section
@@ -11,7 +13,7 @@ from services.capture_store.settings import Settings as CaptureSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
 from services.sandbox.settings import Settings as SandboxSettings
-from stack.benchstack import BenchStack, cpu_seconds
+from stack.benchstack import BenchStack, Http, cpu_seconds
 
 
 def test_config_wires_every_target_and_reads_back(tmp_path: Path) -> None:
@@ -48,3 +50,25 @@ def test_a_stack_of_one_service_has_no_targets(tmp_path: Path) -> None:
 def test_cpu_seconds_of_a_tree_includes_the_process() -> None:
     alone = cpu_seconds(os.getpid())
     assert cpu_seconds(os.getpid(), tree=True) >= alone > 0
+
+
+async def test_concurrent_requests_on_one_client_each_get_their_own_answer() -> None:
+    """One connection: a second caller waits for the first answer instead of
+    interleaving its request (which once read "server closed the connection")."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = int(re.search(rb"Content-Length: (\d+)", head)[1])  # type: ignore[index]
+            body = await reader.readexactly(length)
+            await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    client = Http(server.sockets[0].getsockname()[1])
+    try:
+        answers = await asyncio.gather(*(client.post_json("/echo", {"n": n}, "t") for n in range(5)))
+    finally:
+        client.close()
+        server.close()
+    assert answers == [(200, {"n": n}) for n in range(5)]
