@@ -173,6 +173,17 @@ def eval_rows(
     return [r | stamp for r in rows] + [overall_row(step, k, rows) | stamp]
 
 
+def evaluated_steps(path: Path) -> set[int]:
+    """The steps whose overall row eval.jsonl holds (a torn last line is not one)."""
+    steps: set[int] = set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            row = json.loads(line)
+            if row["task_id"] == "*":
+                steps.add(int(row["step"]))
+    return steps
+
+
 class PeriodicEval:
     """``[run] eval_every = N``: during a run, the eval tasks x k trials with the
     weights the gateway serves at steps 0, N, 2N... (through the same sandbox
@@ -187,9 +198,10 @@ class PeriodicEval:
         self.every = cfg.run.eval_every
         self.running: dict[int, asyncio.Task[None]] = {}
         self.trial_ids: list[str] = []
+        self.done = evaluated_steps(run_dir.path / "eval.jsonl")  # a resumed run does not redo them
 
     def maybe_start(self, step: int) -> None:
-        if not self.every or not self.tasks or step % self.every or step in self.running:
+        if not self.every or not self.tasks or step % self.every or step in self.running or step in self.done:
             return
         self.start(step)
 

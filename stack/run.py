@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import shutil
 import signal
@@ -116,17 +115,6 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     return outcome
 
 
-def _evaluated_steps(path: Path) -> set[int]:
-    """The steps whose overall row eval.jsonl holds (a torn last line is not one)."""
-    steps: set[int] = set()
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            row = json.loads(line)
-            if row["task_id"] == "*":
-                steps.add(int(row["step"]))
-    return steps
-
-
 def _say(console: Console, text: str) -> None:
     console.print(text, highlight=False, markup=False, soft_wrap=True)
 
@@ -161,8 +149,7 @@ async def _control(cfg: RunConfig, periodic: Any, console: Console, stop: _Stop)
     evaluations at steps 0, eval_every, ... steps are made one after another with
     the weights the gateway starts from, each row named ``base``; their spread is
     what seed and sampling noise alone give. ``--resume`` skips the steps already evaluated."""
-    done = _evaluated_steps(periodic.run_dir.path / "eval.jsonl")
-    for step in (s for s in range(0, cfg.run.steps + 1, cfg.run.eval_every) if s not in done):
+    for step in (s for s in range(0, cfg.run.steps + 1, cfg.run.eval_every) if s not in periodic.done):
         if stop.event.is_set():
             _say(console, f"{stop.signal_name}: stopping the control before step {step}")
             await periodic.finish(wait=False)

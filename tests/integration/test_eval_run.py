@@ -103,6 +103,11 @@ def test_periodic_evaluation_during_a_run(tmp_path: Path) -> None:
     assert all(r["policy_versions"] and min(r["policy_versions"]) >= r["step"] for r in rows), rows
     read, problems = rundir.read_eval(rundir.open_run(tmp_path / "runs", "e2e"))
     assert problems == [] and panels.validation(read) == {0: 0.5, 1: 0.5, 2: 0.5}
+    # Extended by a step: the step it resumes at was evaluated already and is not redone.
+    proc = harnessrl("run", str(config), "--resume", "e2e", "--steps", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows if r["task_id"] == "*") == [0, 1, 2, 3]
 
 
 def test_the_control_of_a_run_only_evaluates_with_the_weights_it_starts_from(tmp_path: Path) -> None:
