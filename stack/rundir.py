@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harnessrl.config import read_toml
 from harnessrl.errors import AlreadyExists, FailedPrecondition, NotFound
 from services.trainer.service import TrainerService
 from stack.runconfig import RunConfig
@@ -49,10 +50,23 @@ class RunDirectory:
             pid = info.get("pid")
             if info.get("status") == "running" and isinstance(pid, int) and _alive(pid) and pid != os.getpid():
                 raise FailedPrecondition(f"run {self.cfg.run_id!r} is still running (pid {pid})")
+            made = self._recorded_seed()
+            if made is not None and made != self.cfg.run.seed:
+                raise FailedPrecondition(
+                    f"run {self.cfg.run_id!r} was made with seed {made}, not {self.cfg.run.seed}: "
+                    f"resume it with --seed {made} (the seed decides the tasks of every step)"
+                )
         elif exists:
             raise AlreadyExists(f"run {self.cfg.run_id!r} exists at {self.path}; use --resume {self.cfg.run_id}")
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "config.toml").write_text(self.cfg.resolved_toml())
+
+    def _recorded_seed(self) -> int | None:
+        try:
+            seed = read_toml(self.path / "config.toml").get("run", {}).get("seed")
+        except Exception:  # noqa: BLE001 - an unreadable record is no seed to compare
+            return None
+        return seed if isinstance(seed, int) else None
 
     def write_info(self, status: str, **extra: Any) -> None:
         assert status in STATUSES

@@ -46,6 +46,11 @@ def test_run_two_steps_then_resume(tmp_path: Path, model: Path) -> None:
     rewards = {p.parent.name: json.loads(p.read_text())["reward"] for p in results}
     assert rewards == {"e2e-s00000-g0-0": 1.0, "e2e-s00000-g0-1": 0.0, "e2e-s00000-g1-0": 1.0, "e2e-s00000-g1-1": 0.0}
 
+    # Another seed would plan other tasks for the steps to come: refused, the run untouched.
+    proc = harnessrl("run", str(config), "--resume", "e2e", "--steps", "2", "--seed", "4")
+    assert proc.returncode == 2 and "was made with seed 1, not 4: resume it with --seed 1" in proc.stderr
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "done"
+
     proc = harnessrl("run", str(config), "--resume", "e2e", "--steps", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resumed from step-00000001 (step 1)" in proc.stdout and "step 2/2" in proc.stdout
