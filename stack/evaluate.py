@@ -173,15 +173,12 @@ def eval_rows(
     return [r | stamp for r in rows] + [overall_row(step, k, rows) | stamp]
 
 
-def evaluated_steps(path: Path) -> set[int]:
-    """The steps whose overall row eval.jsonl holds (a torn last line is not one)."""
-    steps: set[int] = set()
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            row = json.loads(line)
-            if row["task_id"] == "*":
-                steps.add(int(row["step"]))
-    return steps
+def evaluated_steps(run_dir: RunDirectory) -> set[int]:
+    """The steps whose overall row eval.jsonl holds, read as the dashboard reads them."""
+    from services.dashboard import heldout, rundir
+
+    rows, _ = rundir.read_eval(rundir.RunDir(run_dir.cfg.run_id, run_dir.path))
+    return set(heldout.pass_rows(rows))
 
 
 class PeriodicEval:
@@ -198,7 +195,7 @@ class PeriodicEval:
         self.every = cfg.run.eval_every
         self.running: dict[int, asyncio.Task[None]] = {}
         self.trial_ids: list[str] = []
-        self.done = evaluated_steps(run_dir.path / "eval.jsonl")  # a resumed run does not redo them
+        self.done = evaluated_steps(run_dir)  # a resumed run does not redo them
 
     def maybe_start(self, step: int) -> None:
         if not self.every or not self.tasks or step % self.every or step in self.running or step in self.done:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -45,6 +45,9 @@ from stack.launcher import SandboxLauncher, TrialTemplate
 from stack.progress import Progress, Snapshot
 from stack.runconfig import RunConfig
 from stack.rundir import RecordingTrainerService, RunDirectory
+
+if TYPE_CHECKING:
+    from stack.evaluate import PeriodicEval
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,7 @@ async def _with_services(
         return await _train(cfg, ends, train, run_dir, console, stop, periodic)
 
 
-async def _control(cfg: RunConfig, periodic: Any, console: Console, stop: _Stop) -> Outcome:
+async def _control(cfg: RunConfig, periodic: PeriodicEval, console: Console, stop: _Stop) -> Outcome:
     """``[run] evaluate_only``: the control of a learning run. With no update the
     policy at step N is the policy at step 0, so no training trial is run: the
     evaluations at steps 0, eval_every, ... steps are made one after another with

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.config import read_toml
-from harnessrl.errors import AlreadyExists, FailedPrecondition, NotFound
+from harnessrl.errors import AlreadyExists, ConfigError, FailedPrecondition, NotFound
 from services.trainer.service import TrainerService
 from stack.runconfig import RunConfig
 
@@ -64,7 +64,7 @@ class RunDirectory:
     def _recorded_seed(self) -> int | None:
         try:
             seed = read_toml(self.path / "config.toml").get("run", {}).get("seed")
-        except Exception:  # noqa: BLE001 - an unreadable record is no seed to compare
+        except ConfigError:  # a missing or unreadable record is no seed to compare
             return None
         return seed if isinstance(seed, int) else None
 
