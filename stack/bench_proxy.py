@@ -109,20 +109,22 @@ def _streamed_message(data: bytes) -> dict[str, Any]:
     return {"role": "assistant", "content": "".join(content), "tool_calls": [calls[i] for i in sorted(calls)]}
 
 
-async def _proxy_session(port: int, trial: str, token: str, turns: int, stream: bool = False) -> None:
-    http = Http(port)
+async def chat_turns(
+    http: Http, url: str, token: str, turns: int, stream: bool = False, latencies: list[float] | None = None
+) -> None:
+    """``turns`` chat completions at ``url`` as a harness makes them (a growing conversation
+    with TOOLS, one tool result per turn); each answered turn's latency goes to ``latencies``."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
-    try:
-        for _ in range(turns):
-            body = {"model": "SmolLM2-135M-Instruct", "messages": messages, "tools": TOOLS, "stream": stream}
-            status, data = await http.post(f"/trials/{trial}/v1/chat/completions", json.dumps(body).encode(), token)
-            if status != 200:
-                raise RuntimeError(f"turn failed: {status} {data[:300]!r}")
-            message = _streamed_message(data) if stream else json.loads(data)["choices"][0]["message"]
-            messages.append(message)
-            messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt\nb.txt"})
-    finally:
-        http.close()
+    for turn in range(turns):
+        body = {"model": "SmolLM2-135M-Instruct", "messages": messages, "tools": TOOLS, "stream": stream}
+        started = time.perf_counter()
+        status, data = await http.post(url, json.dumps(body).encode(), token)
+        if status != 200:
+            raise RuntimeError(f"turn {turn}: {status} {data[:300]!r}")
+        if latencies is not None:
+            latencies.append(time.perf_counter() - started)
+        message = _streamed_message(data) if stream else json.loads(data)["choices"][0]["message"]
+        messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt"}]
 
 
 async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream: bool = False) -> float:
@@ -136,10 +138,11 @@ async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream:
             trials[i].append((spec["trial_id"], (await admin.admin("/admin/trials", spec, ADMIN))["token"]))
 
     async def harness(i: int) -> None:
-        left = turns
+        http, left = Http(port), turns
         for trial, token in trials[i]:
-            await _proxy_session(port, trial, token, min(EPISODE, left), stream)
+            await chat_turns(http, f"/trials/{trial}/v1/chat/completions", token, min(EPISODE, left), stream)
             left -= EPISODE
+        http.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(harness(i) for i in range(sessions)))

@@ -22,7 +22,6 @@ process (vLLM: the whole process tree) before and after each path's calls.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ import httpx
 import numpy as np
 
 from harnessrl.arrays import I32
+from harnessrl.benchtable import load_average, print_table
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
 from stack.bench_proxy import ADMIN, proxy_stack
 from stack.benchstack import cpu_seconds
@@ -294,55 +294,39 @@ def measure(
 
 def print_report(rows: list[Row]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console(width=max(200, Console().width))
-    table = Table(title="harnessrl bench vllm-path: per call, paired against direct vLLM in the same rounds")
-    columns: tuple[str, ...] = (
-        "reply",
-        "stream",
-        "path",
-        "calls",
-        "tokens/call",
-        "p50 ms",
-        "×direct",
-        "overhead p50 / p90 ms",
-    )
-    columns += (
-        "TTFT p50 ms",
-        "TTFT overhead p50",
-        "CPU ms/turn proxy·gw·capture (raw)",
-        "ours net ms/turn",
-        "ours net ms/token",
-    )
-    columns += ("vLLM CPU ms/turn (raw)",)
-    for c in columns:
-        table.add_column(c, justify="left" if c in ("reply", "path") else "right")
+    columns: tuple[str, ...] = ("reply", "stream", "path", "calls", "tokens/call", "p50 ms", "×direct")
+    columns += ("overhead p50 / p90 ms",)
+    columns += ("TTFT p50 ms", "TTFT overhead p50", "CPU ms/turn proxy·gw·capture (raw)", "ours net ms/turn")
+    columns += ("ours net ms/token", "vLLM CPU ms/turn (raw)")
+    cells = []
     for r in rows:
         secs = [c.seconds for c in r.stats.calls]
         base = statistics.median(c.seconds for c in r.direct.calls)
         ttft = statistics.median(c.ttft_s for c in r.stats.calls)
         split = "·".join(f"{1000 * r.stats.cpu_s.get(n, 0) / len(secs):.1f}" for n in OURS)
-        table.add_row(
-            r.shape.name,
-            "yes" if r.shape.stream else "no",
-            r.path,
-            str(len(secs)),
-            f"{r.tokens / len(secs):.0f}",
-            f"{1000 * statistics.median(secs):.1f}",
-            f"{statistics.median(secs) / base:.3f}",
-            f"{r.overhead_ms(50):+.1f} / {r.overhead_ms(90):+.1f}",
-            f"{1000 * ttft:.1f}" if r.shape.stream else "-",
-            f"{r.overhead_ms(50, ttft=True):+.1f}" if r.shape.stream else "-",
-            split,
-            f"{r.cpu_ms_per_turn():.1f}",
-            f"{r.cpu_ms_per_token():.3f}",
-            f"{1000 * r.stats.cpu_s['vllm'] / len(secs):.0f}" if "vllm" in r.stats.cpu_s else "-",
+        cells.append(
+            (
+                r.shape.name,
+                "yes" if r.shape.stream else "no",
+                r.path,
+                len(secs),
+                f"{r.tokens / len(secs):.0f}",
+                f"{1000 * statistics.median(secs):.1f}",
+                f"{statistics.median(secs) / base:.3f}",
+                f"{r.overhead_ms(50):+.1f} / {r.overhead_ms(90):+.1f}",
+                f"{1000 * ttft:.1f}" if r.shape.stream else "-",
+                f"{r.overhead_ms(50, ttft=True):+.1f}" if r.shape.stream else "-",
+                split,
+                f"{r.cpu_ms_per_turn():.1f}",
+                f"{r.cpu_ms_per_token():.3f}",
+                f"{1000 * r.stats.cpu_s['vllm'] / len(secs):.0f}" if "vllm" in r.stats.cpu_s else "-",
+            )
         )
-    console.print(table)
-    console.print(
+    note = (
         "targets (full path): short p50 overhead <= 5 ms and <= 10 CPU-ms/turn; long <= 0.05 CPU-ms/token and "
         "streaming TTFT within 5 ms of direct. 'ours net' = proxy + gateway + capture store processes, net of "
-        "their idle rate measured during the direct calls; "
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."
+        f"their idle rate measured during the direct calls; {load_average()}."
     )
+    title = "harnessrl bench vllm-path: per call, paired against direct vLLM in the same rounds"
+    print_table(title, columns, cells, note, left=("reply", "path"), console=Console(width=max(200, Console().width)))

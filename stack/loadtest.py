@@ -20,7 +20,6 @@ Choices and measured figures: stack/RELIABILITY.md.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import tempfile
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from harnessrl.benchtable import load_average, print_table
 from harnessrl.captured import list_trajectories
 from harnessrl.errors import InvalidArgument
 from harnessrl.paths import default_model_dir
@@ -41,13 +41,11 @@ from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store.settings import Settings as CaptureSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
-from stack.bench_proxy import TOOLS, scripted
+from stack.bench_proxy import chat_turns, scripted
 from stack.benchstack import BenchStack, Http
 
 ADMIN = "load-admin"
 RUN = "load"
-# The same scripted turn and tool list as the proxy's own load bench (bench_proxy).
-SYSTEM = "You are a coding agent working in a repository. " * 20
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,7 @@ class LoadConfig:
 @dataclass
 class TrialResult:
     trial_id: str
-    acked_turns: int = 0
-    latencies_s: list[float] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)  # one per acknowledged turn
     error: str = ""
     group_ready: bool = False
 
@@ -124,17 +121,8 @@ async def _one_trial(
     try:
         spec = {"trial_id": result.trial_id, "run_id": RUN, "task_id": f"task-{group}", "group_id": f"{tag}-g{group}"}
         created = await http.admin("/admin/trials", spec, ADMIN)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix it."}]
-        for _ in range(cfg.turns):
-            body = {"model": cfg.model_dir.name, "messages": messages, "tools": TOOLS}
-            started = time.perf_counter()
-            status, reply = await http.post_json(f"{created['base_path']}/chat/completions", body, created["token"])
-            if status != 200:
-                raise RuntimeError(f"turn {result.acked_turns}: {status} {str(reply)[:200]}")
-            result.latencies_s.append(time.perf_counter() - started)
-            result.acked_turns += 1
-            message = reply["choices"][0]["message"]
-            messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "a.txt"}]
+        url = f"{created['base_path']}/chat/completions"
+        await chat_turns(http, url, created["token"], cfg.turns, latencies=result.latencies_s)
         await http.admin(f"/admin/trials/{result.trial_id}/close", None, ADMIN)
     except Exception as e:  # noqa: BLE001 - counted and reported, the trial still finalizes
         result.error = f"{result.trial_id}: {type(e).__name__}: {e}"
@@ -157,18 +145,6 @@ async def _one_trial(
     return result
 
 
-async def _captured_turns(store: capture_pb2_grpc.CaptureStoreStub, tag: str) -> tuple[dict[str, int], int]:
-    """Per trial of this row, the model calls the store holds; and how many are finalized."""
-    turns: dict[str, int] = {}
-    finalized = 0
-    req = capture_pb2.ListTrajectoriesRequest(run_id=RUN, page_size=1000)
-    async for traj in list_trajectories(store, req, page_timeout_s=120):
-        if traj.trial_id.startswith(f"{tag}-"):
-            turns[traj.trial_id] = sum(s.num_turns for s in traj.segments)
-            finalized += traj.finalized
-    return turns, finalized
-
-
 async def measure(
     proxy_port: int, store: capture_pb2_grpc.CaptureStoreStub, cfg: LoadConfig, label: str, tag: str
 ) -> LoadResult:
@@ -182,26 +158,56 @@ async def measure(
     started = time.perf_counter()
     results = await asyncio.gather(*(bounded(i) for i in range(cfg.trials)))
     seconds = time.perf_counter() - started
-    captured, finalized = await _captured_turns(store, tag)
+    answered = {r.trial_id: r.latencies_s for r in results}
     errors = [r.error for r in results if r.error]
-    errors += [
-        f"{r.trial_id}: {r.acked_turns} turns acknowledged, {captured.get(r.trial_id, 0)} captured"
-        for r in results
-        if captured.get(r.trial_id, 0) != r.acked_turns
+    ready = sum(r.group_ready for r in results)
+    return await tally(store, cfg, (label, tag), seconds, answered, errors, len(errors), ready)
+
+
+async def tally(
+    store: capture_pb2_grpc.CaptureStoreStub,
+    cfg: LoadConfig,
+    row: tuple[str, str],
+    seconds: float,
+    answered: dict[str, list[float]],
+    errors: list[str],
+    failed: int,
+    groups_ready: int | None = None,
+) -> LoadResult:
+    """A row's figures from what each trial was answered (its turns' latencies) and
+    what the store holds for the row's trials (``row``: its label and trial-id tag).
+    ``failed``: trials that failed (accounted for, not lost); ``groups_ready`` None:
+    the groups whose every trial the store holds."""
+    label, tag = row
+    captured: dict[str, int] = {}  # the row's trials in the store -> their model calls there
+    finalized = 0
+    listing = capture_pb2.ListTrajectoriesRequest(run_id=RUN, page_size=1000)
+    async for traj in list_trajectories(store, listing, page_timeout_s=120):
+        if traj.trial_id.startswith(f"{tag}-"):
+            captured[traj.trial_id] = sum(s.num_turns for s in traj.segments)
+            finalized += traj.finalized
+    if groups_ready is None:
+        trials = list(answered)
+        groups = [trials[i : i + cfg.group_size] for i in range(0, len(trials), cfg.group_size)]
+        groups_ready = sum(all(t in captured for t in group) for group in groups)
+    errors = errors + [
+        f"{t}: {len(lat)} turns acknowledged, {captured.get(t, 0)} captured"
+        for t, lat in answered.items()
+        if captured.get(t, 0) != len(lat)
     ]
     return LoadResult(
         label=label,
         trials=cfg.trials,
         concurrency=cfg.concurrency or cfg.trials,
         seconds=seconds,
-        latencies_s=[x for r in results for x in r.latencies_s],
-        acked_turns=sum(r.acked_turns for r in results),
-        captured_turns=sum(min(captured.get(r.trial_id, 0), r.acked_turns) for r in results),
+        latencies_s=[x for lat in answered.values() for x in lat],
+        acked_turns=sum(len(lat) for lat in answered.values()),
+        captured_turns=sum(min(captured.get(t, 0), len(lat)) for t, lat in answered.items()),
         finalized=finalized,
-        groups_ready=sum(r.group_ready for r in results),
+        groups_ready=groups_ready,
         groups=cfg.trials // cfg.group_size,
         errors=errors,
-        failed_trials=sum(bool(r.error) for r in results),
+        failed_trials=failed,
     )
 
 
@@ -256,37 +262,33 @@ async def phases(
 
 def print_report(rows: list[LoadResult], distributed: bool, sandbox: bool = False) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     backend = "distributed (Redis + S3)" if distributed else "embedded (SQLite + files)"
     where = "bubblewrap sandboxes (shell harness) -> " if sandbox else ""
-    table = Table(title=f"harnessrl bench e2e: {where}proxy + gateway (scripted) + capture store, {backend}")
+    title = f"harnessrl bench e2e: {where}proxy + gateway (scripted) + capture store, {backend}"
     columns = ("run", "trials", "in flight", "s", "trials/s", "turns/s", "p50 ms", "p99 ms", "failed", "lost records")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "run" else "right")
-    for r in rows:
-        table.add_row(
+    cells = [
+        (
             r.label,
-            str(r.trials),
-            str(r.concurrency),
+            r.trials,
+            r.concurrency,
             f"{r.seconds:.1f}",
             f"{r.trials_per_s:.2f}",
             f"{r.acked_turns / r.seconds:.1f}" if r.seconds else "-",
             f"{r.percentile_ms(50):.1f}",
             f"{r.percentile_ms(99):.1f}",
-            str(r.failed_trials),
-            str(r.lost_records),
+            r.failed_trials,
+            r.lost_records,
         )
-    console = Console(width=140)
-    console.print(table)
+        for r in rows
+    ]
     base, load = rows[0], rows[-1]
-    console.print(
+    summary = (
         f"throughput x{load.trials_per_s / base.trials_per_s:.1f} vs sequential; "
         f"p99 x{load.percentile_ms(99) / base.percentile_ms(99):.1f}; "
         f"{load.acked_turns} turns acknowledged, {load.captured_turns} captured; "
         f"{load.finalized}/{load.trials} trials finalized; {load.groups_ready}/{load.groups} groups ready; "
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+        f"{load_average(2)}"
     )
-    for r in rows:
-        for line in r.errors[:10]:
-            console.print(f"[red]{r.label}: {line}[/red]")
+    errors = [f"[red]{r.label}: {line}[/red]" for r in rows for line in r.errors[:10]]
+    print_table(title, columns, cells, summary, *errors, left=("run",), console=Console(width=140))

@@ -28,7 +28,7 @@ import services.sandbox
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.settings import Settings as SandboxSettings
-from stack.loadtest import RUN, LoadConfig, LoadResult, _captured_turns, bench_stack, phases
+from stack.loadtest import RUN, LoadConfig, LoadResult, bench_stack, phases, tally
 
 TASK = Path(services.sandbox.__file__).parent / "examples" / "hello"
 PER_WORKER = 256  # the sandbox service's bound on one worker's concurrency
@@ -86,31 +86,15 @@ async def measure_sandboxed(ports: dict[str, int], root: Path, cfg: LoadConfig, 
         statuses = await watcher
         seconds = time.perf_counter() - started
         watch.cancel()
-        captured, finalized = await _captured_turns(capture_pb2_grpc.CaptureStoreStub(cch), tag)
-    latencies = {t: _latencies(root, t) for t in ids}
-    errors = [f"{s.trial_id}: {s.termination_reason} {s.error[:200]}" for s in statuses.values() if s.error]
-    errors += [
-        f"{t}: {len(lat)} turns answered, {captured.get(t, 0)} captured"
-        for t, lat in latencies.items()
-        if captured.get(t, 0) != len(lat) or len(lat) != cfg.turns
-    ]
-    groups: dict[int, list[bool]] = {}
-    for i, t in enumerate(ids):
-        groups.setdefault(i // cfg.group_size, []).append(t in captured)
-    return LoadResult(
-        label=label,
-        trials=cfg.trials,
-        concurrency=cfg.concurrency or cfg.trials,
-        seconds=seconds,
-        latencies_s=[x for lat in latencies.values() for x in lat],
-        acked_turns=sum(len(lat) for lat in latencies.values()),
-        captured_turns=sum(min(captured.get(t, 0), len(lat)) for t, lat in latencies.items()),
-        finalized=finalized,
-        groups_ready=sum(all(v) for v in groups.values()),
-        groups=len(groups),
-        errors=errors,
-        failed_trials=sum(s.termination_reason != records_pb2.TERMINATION_REASON_COMPLETED for s in statuses.values()),
-    )
+        answered = {t: _latencies(root, t) for t in ids}
+        errors = [f"{s.trial_id}: {s.termination_reason} {s.error[:200]}" for s in statuses.values() if s.error]
+        errors += [
+            f"{t}: {len(lat)} of {cfg.turns} turns answered" for t, lat in answered.items() if len(lat) != cfg.turns
+        ]
+        completed = records_pb2.TERMINATION_REASON_COMPLETED
+        failed = sum(s.termination_reason != completed for s in statuses.values())
+        store = capture_pb2_grpc.CaptureStoreStub(cch)
+        return await tally(store, cfg, (label, tag), seconds, answered, errors, failed)
 
 
 def _spec(cfg: LoadConfig, tag: str, index: int, trial: str) -> sandbox_pb2.TrialSpec:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl import arrays
+from harnessrl.benchtable import print_table
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store import bench_data as data
@@ -275,16 +276,6 @@ def _fmt(value: float | None) -> str:
 
 
 def print_results(res: Results) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="harnessrl bench capture")
-    for name in ("metric", "embedded", "distributed", "JSONL baseline", "target"):
-        table.add_column(name, justify="left" if name == "metric" else "right")
-    for row in table_rows(res):
-        table.add_row(*row)
-    console = Console()
-    console.print(table)
-    console.print(f"token ids: {res.corpus}")
-    for note in res.notes:
-        console.print(f"- {note}")
+    columns = ("metric", "embedded", "distributed", "JSONL baseline", "target")
+    notes = [f"token ids: {res.corpus}", *(f"- {note}" for note in res.notes)]
+    print_table("harnessrl bench capture", columns, table_rows(res), *notes, left=("metric",))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl.arrays import F32, I32
+from harnessrl.benchtable import print_table
 from services.proxy.capture.state import OurTurn, Sampled, TrialCapture
 from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall, message_for_template
 from services.proxy.chat.model import ChatModel
@@ -193,59 +194,36 @@ def run_overhead(quick: bool = False) -> tuple[list[OverheadRow], np.ndarray]:
 
 
 def print_tables(overhead: list[OverheadRow], load: list[Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    t = Table(title="Per-turn proxy overhead (CPU ms) vs naive full re-tokenization")
-    for col in ("context tokens", "capture core median", "request median", "request p99", "naive median", "naive p99"):
-        t.add_column(col, justify="right")
-    for r in overhead:
-        t.add_row(
-            f"{r.context_tokens:,}",
-            f"{r.core_median_ms:.3f}",
-            f"{r.proxy_median_ms:.3f}",
-            f"{r.proxy_p99_ms:.3f}",
-            f"{r.naive_median_ms:.3f}",
-            f"{r.naive_p99_ms:.3f}",
-        )
-    console.print(t)
+    title = "Per-turn proxy overhead (CPU ms) vs naive full re-tokenization"
+    columns = ("context tokens", "capture core median", "request median", "request p99", "naive median", "naive p99")
+    times = ("core_median_ms", "proxy_median_ms", "proxy_p99_ms", "naive_median_ms", "naive_p99_ms")
+    cells = [(f"{r.context_tokens:,}", *(f"{getattr(r, t):.3f}" for t in times)) for r in overhead]
     ratio = overhead[-1].core_median_ms / overhead[0].core_median_ms
-    console.print(
+    note = (
         f"capture core: median {max(r.core_median_ms for r in overhead):.3f} ms at worst (target <= 1 ms), "
         f"200k/1k = {ratio:.2f} (target <= 1.5); 'request' adds parsing the harness's JSON, which is O(context)."
     )
-    lt = Table(title="Throughput (turns/s): through the proxy vs straight to the scripted engine")
-    for col in (
-        "mode",
-        "sessions",
-        "turns",
-        "through proxy",
-        "direct",
-        "loss",
-        "proxy CPU ms/turn",
-        "turns per proxy CPU-s",
-    ):
-        lt.add_column(col, justify="right")
-    for row in load:
-        lt.add_row(
-            row.mode,
-            str(row.sessions),
-            str(row.turns),
-            f"{row.proxy_turns_per_s:.0f}",
-            f"{row.direct_turns_per_s:.0f}",
-            f"{100 * row.loss:.0f}%",
-            f"{row.proxy_cpu_ms_per_turn:.2f}",
-            f"{1000 / row.proxy_cpu_ms_per_turn:.0f}",
-        )
-    console.print(lt)
+    console = print_table(title, columns, cells, note)
+    title = "Throughput (turns/s): through the proxy vs straight to the scripted engine"
+    load_columns: tuple[str, ...] = ("mode", "sessions", "turns", "through proxy", "direct", "loss")
+    load_columns += ("proxy CPU ms/turn", "turns per proxy CPU-s")
+    rates = ("proxy_turns_per_s", "direct_turns_per_s")
+
+    def cpu(r: Any) -> tuple[str, str]:
+        return f"{r.proxy_cpu_ms_per_turn:.2f}", f"{1000 / r.proxy_cpu_ms_per_turn:.0f}"
+
+    cells = [
+        (r.mode, r.sessions, r.turns, *(f"{getattr(r, x):.0f}" for x in rates), f"{100 * r.loss:.0f}%", *cpu(r))
+        for r in load
+    ]
     whole = [r for r in load if r.mode == "json"]
     best = max(r.proxy_turns_per_s for r in whole)
-    console.print(
+    note = (
         f"best {best:.0f} turns/s per proxy process (target >= 500); loss at 384 sessions "
         f"{100 * whole[-1].loss:.0f}% (target <= 10%). 'turns per proxy CPU-s' is the capacity of one proxy "
         "process given a whole core (all services and the load generator share this machine's cores). "
         "'stream' rows: SSE replies, the engine sending one token per chunk, so text and tool-call "
         "arguments are parsed and sent token by token (a longer tool call than the json rows')."
     )
-    console.print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    load_line = f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    print_table(title, load_columns, cells, note, load_line, console=console)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl.benchtable import print_table
 from services.sandbox.backends import create_backend
 from services.sandbox.lifecycle import TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
@@ -205,16 +206,9 @@ def _private_engine(stack: contextlib.ExitStack) -> str:
 
 
 def print_report(rows: list[OverheadRow], rates: list[ThroughputRow]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title="one small trial per backend (median, warm layer/image cache)")
-    for col in ("backend", "whole trial", "baseline (no sandbox)", "overhead", "setup + teardown", "setup / teardown"):
-        table.add_column(col, justify="right")
-    for row in rows:
+    def overhead_cells(row: OverheadRow) -> tuple[str, ...]:
         target = "<= 150 ms" if row.backend == "local" else "<= 500 ms"
-        table.add_row(
+        return (
             row.backend,
             f"{row.sandbox_ms:.1f} ms",
             f"{row.baseline_ms:.1f} ms",
@@ -222,12 +216,12 @@ def print_report(rows: list[OverheadRow], rates: list[ThroughputRow]) -> None:
             f"{row.setup_ms + row.teardown_ms:.1f} ms (target {target})",
             f"{row.setup_ms:.1f} / {row.teardown_ms:.1f} ms",
         )
-    console.print(table)
-    rate = Table(title="throughput (shell harness, queue + worker)")
-    for col in ("backend", "concurrency", "trials", "sandboxed trials/min", "baseline trials/min"):
-        rate.add_column(col, justify="right")
-    for r in rates:
-        rate.add_row(
-            r.backend, str(r.concurrency), str(r.trials), f"{r.sandbox_per_min:.0f}", f"{r.baseline_per_min:.0f}"
-        )
-    console.print(rate)
+
+    title = "one small trial per backend (median, warm layer/image cache)"
+    columns = ("backend", "whole trial", "baseline (no sandbox)", "overhead", "setup + teardown", "setup / teardown")
+    console = print_table(title, columns, map(overhead_cells, rows))
+    rate_columns = ("backend", "concurrency", "trials", "sandboxed trials/min", "baseline trials/min")
+    cells = [
+        (r.backend, r.concurrency, r.trials, f"{r.sandbox_per_min:.0f}", f"{r.baseline_per_min:.0f}") for r in rates
+    ]
+    print_table("throughput (shell harness, queue + worker)", rate_columns, cells, console=console)

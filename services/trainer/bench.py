@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from harnessrl.benchtable import print_table
 from services.trainer.simulator import SimConfig, SimResult, TrialDistribution, simulate
 
 # -- async (simulated) ------------------------------------------------------------------------
@@ -152,7 +153,6 @@ def _child(tokens: int, samples: int, checkpointing: bool) -> None:
 
 def print_async(base: SimConfig) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     cal = trial_calibration(base.trials)
@@ -165,22 +165,21 @@ def print_async(base: SimConfig) -> None:
     rows = async_table(base)
     baseline = rows[0][1].steady_steps_per_hour
     title = f"harnessrl bench async (simulated; steady state after {base.warmup_steps} of {base.steps} steps)"
-    table = Table(title=title)
     cols = ("mode", "partial rollout", "steps/hour", "vs sync", "trainer idle", "slots busy", "dropped", "staleness")
-    for col in cols:
-        table.add_column(col, justify="left" if col == "mode" else "right")
-    for name, r in rows:
-        table.add_row(
+    cells = [
+        (
             name,
             "on" if r.config.partial_rollout else "off",
             f"{r.steady_steps_per_hour:.2f}",
             f"{r.steady_steps_per_hour / baseline:.2f}x",
             f"{r.steady_idle_fraction:.0%}",
             f"{r.mean_slots_busy:.0%}",
-            str(r.dropped_groups),
+            r.dropped_groups,
             f"{r.mean_staleness:.2f} (max {r.max_staleness})",
         )
-    console.print(table)
+        for name, r in rows
+    ]
+    print_table(title, cols, cells, left=("mode",), console=console)
     k1 = rows[1][1]
     speedup, idle = k1.steady_steps_per_hour / baseline, k1.steady_idle_fraction
     bound_x, bound_idle = fluid_bound(base, 1)
@@ -195,42 +194,37 @@ def print_async(base: SimConfig) -> None:
 
 
 def _print_sensitivity(console: Any, base: SimConfig, baseline: float) -> None:
-    from rich.table import Table
-
-    table = Table(title="what reaches the targets: vs sync / trainer idle by train time (partial rollout on)")
-    for col in ("train s", "sync steps/h", "k=1", "k=2", "k=3"):
-        table.add_column(col, justify="right")
+    title = "what reaches the targets: vs sync / trainer idle by train time (partial rollout on)"
+    cells = []
     for row in sensitivity(base):
         sync = row[0].steady_steps_per_hour
-        cells = []
+        cells.append([f"{row[0].config.train_s:.0f}", f"{sync:.2f}"])
         for r in row[1:]:
             x, idle = r.steady_steps_per_hour / sync, r.steady_idle_fraction
             mark = " *" if x >= TARGET_SPEEDUP and idle <= TARGET_IDLE else ""
-            cells.append(f"{x:.2f}x / {idle:.0%}{mark}")
-        table.add_row(f"{row[0].config.train_s:.0f}", f"{sync:.2f}", *cells)
-    console.print(table)
-    console.print(f"* both targets met ({base.workers} rollout slots, weight sync {base.sync_s:.0f} s)")
+            cells[-1].append(f"{x:.2f}x / {idle:.0%}{mark}")
+    note = f"* both targets met ({base.workers} rollout slots, weight sync {base.sync_s:.0f} s)"
+    print_table(title, ("train s", "sync steps/h", "k=1", "k=2", "k=3"), cells, note, console=console)
 
 
 def print_trainer(samples: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     rows = [
         measure_trainer(1024, samples, checkpointing=False),
         measure_trainer(1024, samples, checkpointing=True),
         measure_trainer(4096, samples, checkpointing=True),
     ]
-    table = Table(title="harnessrl bench trainer (CPU, fp32, SmolLM2-135M, one warm step)")
-    for col in ("tokens/sample", "samples", "grad checkpointing", "seconds", "tokens/s", "peak RSS GiB"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            str(r.tokens_per_sample),
-            str(r.samples),
+
+    title = "harnessrl bench trainer (CPU, fp32, SmolLM2-135M, one warm step)"
+    columns = ("tokens/sample", "samples", "grad checkpointing", "seconds", "tokens/s", "peak RSS GiB")
+    cells = [
+        (
+            r.tokens_per_sample,
+            r.samples,
             "on" if r.checkpointing else "off",
             f"{r.seconds:.1f}",
             f"{r.tokens_per_s:.0f}",
             f"{r.peak_rss_gib:.2f}",
         )
-    Console().print(table)
+        for r in rows
+    ]
+    print_table(title, columns, cells)
