@@ -14,6 +14,9 @@ from harnessrl import paths
 from services.gateway.engines.base import Sampling
 from services.gateway.sampling import sampling_logprobs
 
+# ChatML: system / user "What is 2+2?" / assistant header, tokenized by the default model's tokenizer.
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198, 1, 4093, 198, 1780, 314, 216, 34, 28, 34, 47, 2, 198]
+PROMPT += [1, 520, 9531, 198]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 

@@ -25,41 +25,11 @@ from services.gateway.engines.base import Sampling
 from services.gateway.engines.local import LocalEngine
 from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
-from tests.test_gateway_support import teacher_forced
+from tests.test_gateway_support import PROMPT, teacher_forced
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.skipif(not (paths.default_model_dir() / "config.json").exists(), reason="run scripts/setup first"),
-]
-
-# ChatML: system / user "What is 2+2?" / assistant header, tokenized by the model's tokenizer.
-PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    2,
-    198,
-    1,
-    4093,
-    198,
-    1780,
-    314,
-    216,
-    34,
-    28,
-    34,
-    47,
-    2,
-    198,
-    1,
-    520,
-    9531,
-    198,
 ]
 
 

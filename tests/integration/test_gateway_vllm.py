@@ -27,38 +27,10 @@ from services.gateway.engines.base import Sampling
 from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
 from stack.vllm_server import VllmServer, vllm_python
-from tests.test_gateway_support import teacher_forced
+from tests.test_gateway_support import PROMPT, teacher_forced
 
 VLLM_PYTHON = vllm_python()
 MODEL = paths.default_model_dir()
-PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    2,
-    198,
-    1,
-    4093,
-    198,
-    1780,
-    314,
-    216,
-    34,
-    28,
-    34,
-    47,
-    2,
-    198,
-    1,
-    520,
-    9531,
-    198,
-]
 
 pytestmark = [
     pytest.mark.vllm,

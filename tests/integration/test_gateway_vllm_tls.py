@@ -7,17 +7,14 @@ certificate is a clear error naming the replica."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -27,6 +24,7 @@ from services.gateway.engines.base import GenerateInput, Sampling
 from services.gateway.engines.vllm_pool import VllmEngine
 from services.gateway.errors import EngineUnavailable
 from services.gateway.settings import Settings
+from tests.asgi_support import serve
 from tests.tls_support import Pki, make_pki
 
 MODEL = "replica-model"
@@ -67,23 +65,8 @@ def replica_app(seen: list[dict[str, Any]]) -> FastAPI:
 @contextlib.asynccontextmanager
 async def https_replica(pki: Pki, *, mtls: bool) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        replica_app(seen), log_level="warning", access_log=False, **tls.uvicorn_options(pki.server(mtls))
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            await task
-        await asyncio.sleep(0.02)
-    try:
-        yield f"https://127.0.0.1:{port}", seen
-    finally:
-        server.should_exit = True
-        await task
+    async with serve(replica_app(seen), **tls.uvicorn_options(pki.server(mtls))) as url:
+        yield url, seen
 
 
 def engine(url: str, client: tls.TlsSettings | None, name: str = "vllm-tls") -> VllmEngine:

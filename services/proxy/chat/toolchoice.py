@@ -44,6 +44,16 @@ class ToolChoice:
     parallel: bool = True
     param: str = "tool_choice"
 
+    @staticmethod
+    def of_string(value: object, parallel: bool) -> ToolChoice | None:
+        """The OpenAI protocols' string forms (absent or ``auto``, ``none``, ``required``);
+        None for any other value, which the protocol reads itself."""
+        if value is None or value == "auto":
+            return ToolChoice("auto", parallel=parallel)
+        if value in ("none", "required"):
+            return ToolChoice(value, parallel=parallel)  # type: ignore[arg-type]
+        return None
+
 
 @dataclass(frozen=True)
 class ToolForcing:

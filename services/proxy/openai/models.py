@@ -81,10 +81,8 @@ def tool_choice(req: ChatRequest) -> ToolChoice:
         refuse_structured_output(req.response_format, "response_format")
     parallel = req.parallel_tool_calls is not False
     value = req.tool_choice
-    if value is None or value == "auto":
-        return ToolChoice("auto", parallel=parallel)
-    if value in ("none", "required"):
-        return ToolChoice(value, parallel=parallel)  # type: ignore[arg-type]
+    if (plain := ToolChoice.of_string(value, parallel)) is not None:
+        return plain
     if isinstance(value, dict) and value.get("type") == "function":
         fn = value.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None

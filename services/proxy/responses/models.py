@@ -67,10 +67,8 @@ def tool_choice(req: ResponsesRequest) -> ToolChoice:
         refuse_structured_output(req.text["format"], "text.format")
     parallel = req.parallel_tool_calls is not False
     value = req.tool_choice
-    if value is None or value == "auto":
-        return ToolChoice("auto", parallel=parallel)
-    if value in ("none", "required"):
-        return ToolChoice(value, parallel=parallel)  # type: ignore[arg-type]
+    if (plain := ToolChoice.of_string(value, parallel)) is not None:
+        return plain
     if isinstance(value, dict):
         kind = value.get("type")
         if kind in ("function", "custom"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -14,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from harnessrl.paths import PROJECT_ROOT, default_model_dir
+from tests.asgi_support import serve
 from tests.integration.test_dashboard.recorder import RUN_ID, Recorded, record
 
 TOKEN = "dashboard-test-token"
@@ -58,26 +57,6 @@ def web_dist() -> Path:
 class Served:
     url: str
     app: FastAPI
-
-
-@contextlib.asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
-    """Serves an ASGI app on a free 127.0.0.1 port in this event loop."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            await task
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 def dashboard_settings(root: Path, **extra: Any) -> Any:
