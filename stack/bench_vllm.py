@@ -226,7 +226,9 @@ def shapes_for(
 
 
 @contextmanager
-def stack(tmp: Path, vllm_url: str | None = None) -> Iterator[tuple[str, int | None, dict[str, int], dict[str, int]]]:
+def stack(
+    tmp: Path, vllm_url: str | None = None, more: dict[str, Any] | None = None
+) -> Iterator[tuple[str, int | None, dict[str, int], dict[str, int]]]:
     """vLLM (started here unless ``vllm_url`` names a running one) and the services;
     yields vLLM's URL and PID (None when not ours), the services' ports and PIDs."""
     from harnessrl import paths
@@ -237,7 +239,7 @@ def stack(tmp: Path, vllm_url: str | None = None) -> Iterator[tuple[str, int | N
         if server is not None:
             server.wait_ready()
         url = server.url if server is not None else vllm_url
-        gateway = {"engine": "vllm", "vllm_urls": [url], "model_path": model}
+        gateway = {"engine": "vllm", "vllm_urls": [url], "model_path": model} | (more or {})
         # Greedy as the request asks (the proxy forces temperature 1 by default): every path samples the same.
         with proxy_stack(tmp, gateway, temperature=0.0) as up:
             yield str(url), server.proc.pid if server is not None else None, up.ports, up.pids
@@ -253,13 +255,15 @@ def run_bench(
     progress: Callable[[str], None] = lambda _: None,
     vllm_url: str | None = None,
     long_tokens: int = 1024,
+    gateway: dict[str, Any] | None = None,
 ) -> list[Row]:
+    """``gateway``: more of the gateway's settings (e.g. ``vllm_stream_interval``)."""
     from harnessrl.config import load_section
     from services.proxy.app import load_model
     from services.proxy.settings import Settings
 
     model = load_model(load_section(Settings, None, "proxy"))
-    with tempfile.TemporaryDirectory(prefix="hrl-bench-vllm-") as tmp, stack(Path(tmp), vllm_url) as up:
+    with tempfile.TemporaryDirectory(prefix="hrl-bench-vllm-") as tmp, stack(Path(tmp), vllm_url, gateway or {}) as up:
         url, vllm_pid, ports, pids = up
         progress("vLLM and the services are up")
         procs = {n: pids[n] for n in OURS} | ({"vllm": vllm_pid} if vllm_pid is not None else {})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harnessrl import paths
 from harnessrl.localservers import free_port
-from services.gateway.engines.vllm_pool import REQUIRED_SERVER_ENV, REQUIRED_SERVER_FLAGS
+from services.gateway.engines.vllm_pool import REQUIRED_SERVER_ENV, REQUIRED_SERVER_FLAGS, STREAM_INTERVAL_SERVER_FLAGS
 
 
 def vllm_python() -> Path:
@@ -30,7 +30,7 @@ class VllmServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **REQUIRED_SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
-        flags = [x for pair in REQUIRED_SERVER_FLAGS for x in pair]
+        flags = [x for pair in REQUIRED_SERVER_FLAGS for x in pair] + list(STREAM_INTERVAL_SERVER_FLAGS)
         self.log = log_path.open("wb")
         self.proc = subprocess.Popen(
             [

@@ -105,6 +105,16 @@ class Settings(ServiceSettings):
     vllm_api_key: SecretStr | None = Field(None, description="Bearer token of the vLLM servers, if they require one.")
     vllm_model: str | None = Field(None, description="Model name served by vLLM; default: the first of /v1/models.")
     vllm_timeout_s: float = Field(600.0, gt=0, le=86_400, description="Timeout of one vLLM HTTP request.")
+    vllm_stream_interval: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Tokens per streamed event from vLLM: a reply's first token and its end come at once, "
+        "the rest in events of this many tokens, read from vLLM's token endpoint (servers started with "
+        "--enable-scale-out), whose per-token weight versions keep versions exact across a pause. Each event "
+        "wakes the gateway and the proxy: on long replies that is most of the hot path's CPU per token. "
+        "1, or a server without that endpoint (then a warning, once): one event per token from /v1/completions.",
+    )
     vllm_max_concurrency: int = Field(
         256, ge=1, le=100_000, description="Requests in flight per vLLM server (used for least-loaded routing)."
     )

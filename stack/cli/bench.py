@@ -147,6 +147,10 @@ def vllm_path(
     vllm_url: Annotated[
         str | None, typer.Option(help="A running vLLM server of the default model (default: start one).")
     ] = None,
+    stream_interval: Annotated[
+        int | None,
+        typer.Option(min=1, help="The gateway's vllm_stream_interval (tokens per vLLM event; default: its own)."),
+    ] = None,
 ) -> None:
     """The hot path over a real vLLM CPU server (scripts/setup_vllm.sh): direct vLLM vs gateway only vs
     proxy + gateway + capture store, interleaved; overhead per call, TTFT, CPU per turn and per token."""
@@ -163,4 +167,5 @@ def vllm_path(
     if vllm_url is None and not vllm_python().exists():
         raise typer.BadParameter(f"no vLLM venv at {vllm_python().parent.parent}: run scripts/setup_vllm.sh")
     progress = lambda msg: typer.echo(f"... {msg}", err=True)  # noqa: E731
-    print_report(run_bench(short_calls, long_calls, modes[stream], progress, vllm_url))
+    more = {} if stream_interval is None else {"vllm_stream_interval": stream_interval}
+    print_report(run_bench(short_calls, long_calls, modes[stream], progress, vllm_url, gateway=more))

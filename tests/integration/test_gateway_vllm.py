@@ -49,11 +49,20 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
         server.stop()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gateway(vllm_server: VllmServer) -> AsyncIterator[tuple[GatewayServer, gateway_pb2_grpc.RolloutGatewayStub]]:
+# Every test runs twice: one event per token (/v1/completions) and events of 16 tokens
+# (the token endpoint, versions from vLLM's weight-version spans).
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=[1, 16], ids=["per-token", "interval-16"])
+async def gateway(
+    vllm_server: VllmServer, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[GatewayServer, gateway_pb2_grpc.RolloutGatewayStub]]:
     dead = f"http://127.0.0.1:{free_port()}"  # a replica that never answers
     settings = Settings(
-        engine="vllm", vllm_urls=[dead, vllm_server.url], model_path=MODEL, eject_after_failures=1, shutdown_grace_s=0.5
+        engine="vllm",
+        vllm_urls=[dead, vllm_server.url],
+        model_path=MODEL,
+        eject_after_failures=1,
+        shutdown_grace_s=0.5,
+        vllm_stream_interval=request.param,
     )
     server = await create_server(settings)
     async with connect(f"127.0.0.1:{server.port}") as channel:
@@ -90,6 +99,10 @@ async def test_streamed_ids_and_logprobs_match_a_teacher_forced_forward(gateway)
     ids, lps, versions = arrays(chunks)
     assert chunks[-1].finish_reason in ("stop", "length") and chunks[-1].replica == "vllm-1"
     assert len(ids) == chunks[-1].usage.completion_tokens and versions == [0] * len(ids)
+    interval = gateway[0].service.settings.vllm_stream_interval
+    with_tokens = [len(unpack_i32(c.tokens.ids)) for c in chunks if c.tokens.ids]
+    if interval > 1:  # the first token at once, then events of `interval` (fewer when reads merge them)
+        assert with_tokens[0] == 1 and len(with_tokens) <= 2 + (len(ids) - 1) // interval, with_tokens
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
@@ -107,33 +120,17 @@ async def test_abort_ends_the_stream(gateway) -> None:
     assert rest[-1].finish_reason == "abort"
 
 
-async def test_pause_reload_resume_gives_mixed_versions(gateway, tmp_path_factory) -> None:
-    _, stub = gateway
-    checkpoint = tmp_path_factory.mktemp("ckpt")
-    from safetensors.torch import load_file
+@pytest_asyncio.fixture(loop_scope="module")
+async def restores_the_server(vllm_server: VllmServer) -> AsyncIterator[None]:
+    """The server's weights and weight-version label as at its start, for the tests after."""
+    yield
+    import httpx
 
-    weights = load_file(str(MODEL / "model.safetensors"))
-    weights["model.norm.weight"] = weights["model.norm.weight"] * 1.05
-    save_file(weights, str(checkpoint / "model.safetensors"))
-    shutil.copy(MODEL / "config.json", checkpoint / "config.json")
-
-    call = stub.Generate(request(PROMPT, "pr", trial="tp", max_tokens=40, temperature=0.0))
-    first = await call.read()
-    assert (await stub.Pause(pb.PauseRequest(timeout_s=10))).held == 1
-    await asyncio.sleep(0.5)
-    update = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
-    assert update.version == 1
-    assert (await stub.Resume(pb.ResumeRequest())).resumed == 1
-    chunks = [first] + [c async for c in call]
-    ids, _, versions = arrays(chunks)
-    assert chunks[-1].finish_reason in ("stop", "length")
-    if chunks[-1].finish_reason == "length":
-        assert len(ids) == 40
-    switch = versions.index(1)
-    assert switch > 0 and versions == [0] * switch + [1] * (len(versions) - switch)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    async with httpx.AsyncClient(base_url=vllm_server.url, timeout=120) as client:
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": str(MODEL)}}
+        for path, body in (("/collective_rpc", reload), ("/update_weight_version", {"new_version": "default"})):
+            (await client.post(path, json=body)).raise_for_status()
+        await client.post("/reset_prefix_cache")
 
 
 async def test_prompt_past_the_window(gateway) -> None:
@@ -162,3 +159,33 @@ async def test_top_logprobs_come_back_as_token_ids(gateway) -> None:
             assert row_lps[row_ids.index(token)] == pytest.approx(lp, abs=1e-5)
         else:
             assert lp <= row_lps[-1] + 1e-5
+
+
+# Last of the module: it moves the gateway to version 1 (the fixture puts the server back).
+async def test_pause_reload_resume_gives_mixed_versions(gateway, tmp_path_factory, restores_the_server) -> None:
+    _, stub = gateway
+    checkpoint = tmp_path_factory.mktemp("ckpt")
+    from safetensors.torch import load_file
+
+    weights = load_file(str(MODEL / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] * 1.05
+    save_file(weights, str(checkpoint / "model.safetensors"))
+    shutil.copy(MODEL / "config.json", checkpoint / "config.json")
+
+    call = stub.Generate(request(PROMPT, "pr", trial="tp", max_tokens=40, temperature=0.0))
+    first = await call.read()
+    assert (await stub.Pause(pb.PauseRequest(timeout_s=10))).held == 1
+    await asyncio.sleep(0.5)
+    update = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
+    assert update.version == 1
+    assert (await stub.Resume(pb.ResumeRequest())).resumed == 1
+    chunks = [first] + [c async for c in call]
+    ids, _, versions = arrays(chunks)
+    assert chunks[-1].finish_reason in ("stop", "length")
+    if chunks[-1].finish_reason == "length":
+        assert len(ids) == 40
+    switch = versions.index(1)
+    assert switch > 0 and versions == [0] * switch + [1] * (len(versions) - switch)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION

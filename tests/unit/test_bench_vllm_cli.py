@@ -20,6 +20,8 @@ def plain(text: str) -> str:
         (["--short-calls", "0", "--long-calls", "0"], "nothing to measure"),
         (["--short-calls", "-1"], "greater than or equal to 0"),
         (["--long-calls", "many"], "--long-calls"),
+        (["--stream-interval", "0"], "greater than or equal to 1"),
+        (["--stream-interval", "x"], "--stream-interval"),
     ],
 )
 def test_malformed_arguments_are_refused(args: list[str], message: str) -> None:

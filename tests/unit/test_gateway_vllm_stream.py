@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from services.gateway.engines.base import Chunk
-from services.gateway.engines.vllm_http import HttpPool
-from services.gateway.engines.vllm_pool import _sse_batches, merge_chunks
+from services.gateway.engines.vllm_http import HttpPool, sse_batches
+from services.gateway.engines.vllm_pool import merge_chunks
 from services.gateway.errors import EngineFailed
 
 
@@ -43,7 +43,7 @@ async def read_batches(pieces: list[bytes]) -> list[list[dict]]:
     pool = HttpPool(f"http://127.0.0.1:{port}", {}, 10)
     try:
         response = await pool.stream_post("/v1/completions", {"stream": True})
-        return [batch async for batch in _sse_batches(response.aiter_bytes())]
+        return [batch async for batch in sse_batches(response.aiter_bytes())]
     finally:
         pool.close()
         server.close()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from services.gateway.engines.base import GenerateInput, Sampling
-from services.gateway.engines.vllm_pool import completion_body, decode_routes, parse_top_logprobs
+from services.gateway.engines.vllm_completions import completion_body, decode_routes, parse_top_logprobs
 from services.gateway.errors import EngineFailed
 
 

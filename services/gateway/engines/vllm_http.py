@@ -1,7 +1,8 @@
-"""A lean HTTP/1.1 client for the vLLM engine's streamed completions.
+"""A lean HTTP/1.1 client for the vLLM engine's streamed replies, and their SSE reader.
 
-One SSE event per sampled token crosses this path, so its cost per network read is
-the gateway's cost per token: httpx (h11, anyio, a timeout scope and exception
+Every SSE event vLLM sends crosses this path (one per token with
+``vllm_stream_interval = 1``), so its cost per network read is the gateway's cost per
+event: httpx (h11, anyio, a timeout scope and exception
 mapping per read) cost several times what is left here, asyncio's stream reader
 with chunked decoding and line splitting over bytes. Connections are kept alive
 in a small pool per replica; ``https`` replicas are dialled with the same
@@ -13,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
+from services.gateway.errors import EngineFailed
 
 MAX_LINE = 1 << 20  # a header or chunk-size line longer than this is not HTTP from vLLM
 IDLE_KEPT = 32  # idle connections kept per replica
@@ -249,3 +253,38 @@ class HttpPool:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+async def sse_batches(body: AsyncIterator[bytes]) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The stream's ``data:`` events, grouped by network read (per-token lines parsed as
+    bytes with orjson: a text line decoder and json cost more per token). What follows
+    ``[DONE]`` is read and ignored, so the connection can be reused."""
+    tail = b""
+    async for data in body:
+        *lines, tail = (tail + data).split(b"\n")
+        events, done = sse_parse(lines)
+        if events:
+            yield events
+        if done:
+            async for _ in body:
+                pass
+            return
+    events, _ = sse_parse([tail])  # a last line without its newline
+    if events:
+        yield events
+
+
+def sse_parse(lines: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
+    """The events of whole SSE lines, and whether ``[DONE]`` ended them."""
+    events: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return events, True
+        event = orjson.loads(payload)
+        if "error" in event and "choices" not in event:
+            raise EngineFailed(f"vLLM stream error: {event['error']}")
+        events.append(event)
+    return events, False

@@ -1,6 +1,9 @@
 """The vLLM engine: one replica per vLLM OpenAI-compatible server.
 
-Generation: ``POST /v1/completions`` with ``prompt`` as token ids,
+Generation, by default (``vllm_stream_interval`` > 1): ``POST /inference/v1/generate``,
+vLLM's token endpoint (``vllm_tokens``): events of that many tokens, versions from the
+weight-version spans it reports; a server without it (403/404) gets the per-token path.
+Per token (``vllm_stream_interval = 1``): ``POST /v1/completions`` with ``prompt`` as token ids,
 ``logprobs: 1`` and ``return_token_ids: true``, streamed (SSE); a request for
 top logprobs asks ``logprobs: k`` with ``return_tokens_as_token_ids: true``
 (alternatives keyed ``token_id:N``). vLLM returns
@@ -24,110 +27,46 @@ Control needs ``VLLM_SERVER_DEV_MODE=1`` on the server (its RL endpoints):
   (JSON) and ``/finish_weight_update``. The trainer side of the group is the
   trainer's business; this path is not exercised on CPU.
 
-Policy versions: a token carries the version current when it arrived. While
-paused, arriving tokens were sampled before the pause, so they keep the old
-version until Resume; pause before updating for exact per-token versions.
+Policy versions, per-token path: a token carries the version current when it
+arrived. While paused, arriving tokens were sampled before the pause, so they keep
+the old version until Resume; pause before updating for exact per-token versions.
+Token endpoint: vLLM's own record of which weights sampled each token (``Holdback``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import logging
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx
 import numpy as np
-import numpy.typing as npt
-import orjson
 
 from harnessrl import tls
 from harnessrl.errors import ConfigError, InvalidArgument
 from services.gateway import modelfiles
+from services.gateway.engines import vllm_tokens
 from services.gateway.engines.base import F32, I32, Chunk, Engine, EngineInfo, GenerateInput
-from services.gateway.engines.vllm_http import HttpError, HttpPool, HttpStatus, Response
+from services.gateway.engines.vllm_completions import FINISH, completion_body, decode_routes, parse_top_logprobs
+from services.gateway.engines.vllm_http import HttpError, HttpPool, HttpStatus, Response, sse_batches
 from services.gateway.errors import ContextLengthExceeded, EngineFailed, EngineUnavailable
 from services.gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_VOCAB = 2**31 - 1
-FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-VLLM_NEG_INF = -9999.0
 
 # What every vLLM server behind this engine must be started with (the module docstring
 # says why); docker-compose.yml's vLLM service is checked against these by a test.
 REQUIRED_SERVER_FLAGS: tuple[tuple[str, str], ...] = (("--logprobs-mode", "processed_logprobs"),)
 REQUIRED_SERVER_ENV: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
+# vllm_stream_interval > 1 only: the token endpoint (vllm_tokens) is behind this flag.
+STREAM_INTERVAL_SERVER_FLAGS: tuple[str, ...] = ("--enable-scale-out",)
 # MoE policies only (routes for R3): the server must return them.
 MOE_SERVER_FLAGS: tuple[str, ...] = ("--enable-return-routed-experts",)
-
-
-def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[str, Any]:
-    s = request.sampling
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": request.prompt_ids.tolist(),
-        "max_tokens": request.budget,
-        "temperature": s.temperature,
-        "top_p": s.top_p if 0 < s.top_p <= 1 else 1.0,
-        "top_k": s.top_k if s.top_k > 0 else -1,
-        "logprobs": max(1, s.top_logprobs),
-        "return_token_ids": True,
-        "stream": stream,
-        "request_id": request.request_id,
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    if s.top_logprobs:
-        body["return_tokens_as_token_ids"] = True
-    if s.stop_token_ids:
-        body["stop_token_ids"] = list(s.stop_token_ids)
-    if s.seed:
-        body["seed"] = s.seed % (2**63)
-    if s.return_routed_experts:
-        body["routed_experts_prompt_start"] = int(request.prompt_ids.shape[0])
-    return body
-
-
-def parse_top_logprobs(
-    logprobs: dict[str, Any], n: int, k: int
-) -> tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.float32] | None]:
-    """vLLM's ``top_logprobs`` (one ``{"token_id:N": logprob}`` per token, the sampled
-    token among them) -> the k most likely ids and logprobs [n, k], -inf for excluded and padding;
-    None when vLLM sent none for every token."""
-    rows = logprobs.get("top_logprobs")
-    if not isinstance(rows, list) or len(rows) != n:
-        return None, None
-    ids, values = np.zeros((n, k), I32), np.full((n, k), -np.inf, F32)
-    for i, row in enumerate(rows):
-        pairs = sorted(((float(v), key) for key, v in (row or {}).items() if key.startswith("token_id:")), reverse=True)
-        for j, (value, key) in enumerate(pairs[:k]):
-            # vLLM clamps -inf (a token the sampling filters exclude) to OpenAI's -9999.
-            ids[i, j], values[i, j] = int(key[len("token_id:") :]), value if value > VLLM_NEG_INF else -np.inf
-    return ids, values
-
-
-def decode_routes(encoded: str | None, num_tokens: int) -> np.ndarray | None:
-    """vLLM's base64 ``.npy`` routes [rows, layers, top_k] -> uint8 [num_tokens, layers, top_k].
-
-    Rows start at the first reply token; the last sampled token was never fed
-    forward, so it has no row and gets zeros."""
-    if not encoded:
-        return None
-    routes = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
-    if routes.ndim != 3:
-        raise EngineFailed(f"vLLM returned routed experts of shape {routes.shape}, expected 3 dims")
-    if routes.size and int(routes.max()) > 255:
-        raise EngineFailed("vLLM returned expert indices above 255; they do not fit uint8")
-    out = np.zeros((num_tokens, routes.shape[1], routes.shape[2]), np.uint8)
-    rows = min(num_tokens, routes.shape[0])
-    out[:rows] = routes[:rows]
-    return out
 
 
 def _client_error(status: int, text: str) -> Exception:
@@ -172,6 +111,7 @@ class VllmEngine(Engine):
         self.url = url.rstrip("/")
         self.served_model = settings.vllm_model or ""
         self.version = settings.initial_version
+        self._stamp, self._epoch = -1, 0
         self._stamp_version = self.version
         self._paused = False
         self._context_window = settings.context_window or 0
@@ -180,6 +120,7 @@ class VllmEngine(Engine):
         self._http: HttpPool | None = None  # streamed completions: one event per token (see vllm_http)
         self._tls: tls.TlsSettings | None = None  # how the client verifies an https replica (None: system CAs)
         self._running: dict[str, Response | None] = {}
+        self._serves_tokens = True  # until the token endpoint answers 403/404 (see generate)
         self._aborted: set[str] = set()
 
     @property
@@ -258,29 +199,60 @@ class VllmEngine(Engine):
             return
         if self._http is None:
             raise EngineUnavailable(f"vLLM replica {self.name} is not started")
+        # Events of many tokens come from the token endpoint (vllm_tokens: exact versions);
+        # a server that does not serve it gets per-token events from /v1/completions.
+        tokens_api = self.settings.vllm_stream_interval > 1 and self._serves_tokens
+        try:
+            async for chunk in self._stream(request, tokens_api):
+                yield chunk
+        except _NoTokenEndpoint as e:
+            self._serves_tokens = False
+            flags = " ".join(STREAM_INTERVAL_SERVER_FLAGS)
+            why = f"{e}: one event per token from now on (start vLLM with {flags} for vllm_stream_interval)"
+            log.warning("vLLM replica has no token endpoint", extra={"kv": {"replica": self.name, "why": why}})
+            async for chunk in self._stream(request, False):
+                yield chunk
+
+    async def _stream(self, request: GenerateInput, tokens_api: bool) -> AsyncGenerator[Chunk, None]:
+        assert self._http is not None
         rid = request.request_id
         self._running[rid] = None
-        body = completion_body(self.served_model, request, stream=True)
+        interval, top = self.settings.vllm_stream_interval, request.sampling.top_logprobs
+        if tokens_api:
+            path, body = vllm_tokens.PATH, vllm_tokens.generate_body(self.served_model, request, interval)
+        else:
+            path, body = "/v1/completions", completion_body(self.served_model, request, stream=True)
+        holdback = vllm_tokens.Holdback(self._epoch)
         started = False
         response: Response | None = None
         try:
-            response = await self._http.stream_post("/v1/completions", body)
+            response = await self._http.stream_post(path, body)
             if rid in self._aborted:  # aborted while the request was on its way
                 raise HttpError("aborted")
             self._running[rid] = response
-            finish, cached = "", 0
-            async for events in _sse_batches(response.aiter_bytes()):
+            finish, cached, spans = "", 0, None
+            async for events in sse_batches(response.aiter_bytes()):
                 parsed: list[Chunk] = []
                 for event in events:
-                    one, finish_now, cached_now = self._parse_event(event, request.sampling.top_logprobs)
+                    if tokens_api:
+                        one, finish_now, cached_now, spans_now = vllm_tokens.parse_event(event, self._stamp, top)
+                        spans = spans_now or spans
+                    else:
+                        one, finish_now, cached_now = self._parse_event(event, top)
                     finish, cached = finish or finish_now, cached or cached_now
                     if one is not None and len(one):
                         parsed.append(one)
-                for chunk in merge_chunks(parsed):
+                merged = merge_chunks(parsed)
+                for chunk in holdback.take(merged, self._epoch) if tokens_api else merged:
                     started = True
+                    yield chunk
+            if tokens_api:
+                for chunk in holdback.finish(spans, self.settings.initial_version):
                     yield chunk
             yield Chunk.empty(finish or "stop", cached)
         except HttpStatus as e:
+            if tokens_api and e.status in (403, 404):  # disabled (403) or too old a vLLM (404)
+                raise _NoTokenEndpoint(f"{self.url}{path} answered {e.status}") from e
             if e.status < 500:
                 raise _client_error(e.status, e.text) from e
             raise EngineUnavailable(f"vLLM server {self.url} answered {e.status}: {e.text[:500]}") from e
@@ -325,6 +297,8 @@ class VllmEngine(Engine):
     def _stamp_version(self, version: int) -> None:
         """Versions stamped on arriving tokens; a one-token event (most of a stream)
         shares one read-only array instead of allocating its own."""
+        if version != self._stamp:
+            self._epoch += 1  # replies under way hold what comes next (vllm_tokens.Holdback)
         self._stamp = version
         self._one_version = np.full(1, version, I32)
         self._one_version.flags.writeable = False
@@ -416,6 +390,10 @@ class VllmEngine(Engine):
             self._stamp_version = version
 
 
+class _NoTokenEndpoint(Exception):
+    """The replica does not serve vllm_tokens.PATH (raised before any token)."""
+
+
 def merge_chunks(chunks: list[Chunk]) -> list[Chunk]:
     """Chunks that arrived in one network read, as one chunk: one gRPC message for the
     proxy instead of one per token, with no wait added (what arrived together was ready
@@ -435,38 +413,3 @@ def merge_chunks(chunks: list[Chunk]) -> list[Chunk]:
         merged.top_ids = np.concatenate([c.top_ids for c in chunks if c.top_ids is not None])
         merged.top_logprobs = np.concatenate([c.top_logprobs for c in chunks if c.top_logprobs is not None])
     return [merged]
-
-
-async def _sse_batches(body: AsyncIterator[bytes]) -> AsyncGenerator[list[dict[str, Any]], None]:
-    """The stream's ``data:`` events, grouped by network read (per-token lines parsed as
-    bytes with orjson: a text line decoder and json cost more per token). What follows
-    ``[DONE]`` is read and ignored, so the connection can be reused."""
-    tail = b""
-    async for data in body:
-        *lines, tail = (tail + data).split(b"\n")
-        events, done = _sse_parse(lines)
-        if events:
-            yield events
-        if done:
-            async for _ in body:
-                pass
-            return
-    events, _ = _sse_parse([tail])  # a last line without its newline
-    if events:
-        yield events
-
-
-def _sse_parse(lines: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
-    """The events of whole SSE lines, and whether ``[DONE]`` ended them."""
-    events: list[dict[str, Any]] = []
-    for line in lines:
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return events, True
-        event = orjson.loads(payload)
-        if "error" in event and "choices" not in event:
-            raise EngineFailed(f"vLLM stream error: {event['error']}")
-        events.append(event)
-    return events, False

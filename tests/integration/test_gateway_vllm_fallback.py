@@ -1,0 +1,48 @@
+"""A vLLM replica that does not serve the token endpoint (started without
+--enable-scale-out: 403; an older vLLM: 404) still serves every request: the
+first falls back to per-token events from /v1/completions, and later ones go
+there at once. A real HTTP server stands in for the replica's API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.responses import JSONResponse
+
+from services.gateway.engines.base import GenerateInput, Sampling
+from services.gateway.engines.vllm_pool import VllmEngine
+from services.gateway.engines.vllm_tokens import PATH
+from services.gateway.settings import Settings
+from tests.asgi_support import serve
+from tests.integration.test_gateway_vllm_tls import REPLY, replica_app
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.mark.parametrize("status", [403, 404])
+async def test_a_replica_without_the_token_endpoint_gets_per_token_requests(status: int) -> None:
+    seen: list[dict[str, Any]] = []
+    asked: list[int] = []
+    app = replica_app(seen)
+
+    @app.post(PATH)
+    async def disabled() -> JSONResponse:
+        asked.append(status)
+        return JSONResponse({"error": {"message": "Scale-out endpoints are disabled."}}, status_code=status)
+
+    async with serve(app) as url:
+        engine = VllmEngine(Settings.model_validate({"engine": "vllm", "vllm_urls": [url]}), url)
+        await engine.start()
+        try:
+            for rid in ("a", "b"):
+                request = GenerateInput(rid, "t", "main", np.array([1, 2], np.int32), Sampling(), 8)
+                chunks = [c async for c in engine.generate(request)]
+                assert np.concatenate([c.ids for c in chunks]).tolist() == [t for ids in REPLY for t in ids]
+                assert chunks[-1].finish_reason == "stop"
+        finally:
+            await engine.close()
+    assert asked == [status]  # asked once, then never again
+    assert [body["request_id"] for body in seen] == ["a", "b"]
+    assert all("stream_interval" not in body for body in seen)
