@@ -17,28 +17,31 @@ FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 VLLM_NEG_INF = -9999.0
 
 
-def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[str, Any]:
+def sampling_fields(request: GenerateInput) -> dict[str, Any]:
+    """vLLM's sampling parameters for a request (both endpoints name them alike)."""
     s = request.sampling
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": request.prompt_ids.tolist(),
+    fields: dict[str, Any] = {
         "max_tokens": request.budget,
         "temperature": s.temperature,
         "top_p": s.top_p if 0 < s.top_p <= 1 else 1.0,
         "top_k": s.top_k if s.top_k > 0 else -1,
         "logprobs": max(1, s.top_logprobs),
-        "return_token_ids": True,
-        "stream": stream,
-        "request_id": request.request_id,
     }
+    if s.stop_token_ids:
+        fields["stop_token_ids"] = list(s.stop_token_ids)
+    if s.seed:
+        fields["seed"] = s.seed % (2**63)
+    return fields
+
+
+def completion_body(model: str, request: GenerateInput, stream: bool) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {"model": model, "prompt": request.prompt_ids.tolist(), **sampling_fields(request)}
+    body |= {"return_token_ids": True, "stream": stream, "request_id": request.request_id}
     if stream:
         body["stream_options"] = {"include_usage": True}
     if s.top_logprobs:
         body["return_tokens_as_token_ids"] = True
-    if s.stop_token_ids:
-        body["stop_token_ids"] = list(s.stop_token_ids)
-    if s.seed:
-        body["seed"] = s.seed % (2**63)
     if s.return_routed_experts:
         body["routed_experts_prompt_start"] = int(request.prompt_ids.shape[0])
     return body

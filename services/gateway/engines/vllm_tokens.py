@@ -22,30 +22,17 @@ import numpy as np
 import numpy.typing as npt
 
 from services.gateway.engines.base import F32, I32, Chunk, GenerateInput
-from services.gateway.engines.vllm_completions import FINISH, VLLM_NEG_INF
+from services.gateway.engines.vllm_completions import FINISH, VLLM_NEG_INF, sampling_fields
 from services.gateway.errors import EngineFailed
 
 PATH = "/inference/v1/generate"
 
 
 def generate_body(model: str, request: GenerateInput, stream_interval: int) -> dict[str, Any]:
-    s = request.sampling
-    params: dict[str, Any] = {
-        "max_tokens": request.budget,
-        "temperature": s.temperature,
-        "top_p": s.top_p if 0 < s.top_p <= 1 else 1.0,
-        "top_k": s.top_k if s.top_k > 0 else -1,
-        "logprobs": max(1, s.top_logprobs),
-        "stream_interval": stream_interval,
-    }
-    if s.stop_token_ids:
-        params["stop_token_ids"] = list(s.stop_token_ids)
-    if s.seed:
-        params["seed"] = s.seed % (2**63)
     return {
         "model": model,
         "token_ids": request.prompt_ids.tolist(),
-        "sampling_params": params,
+        "sampling_params": sampling_fields(request) | {"stream_interval": stream_interval},
         "stream": True,
         "stream_options": {"include_usage": True},
         "request_id": request.request_id,
