@@ -139,10 +139,12 @@ async def _through_proxy(port: int, sessions: int, turns: int, tag: str, stream:
 
     async def harness(i: int) -> None:
         http, left = Http(port), turns
-        for trial, token in trials[i]:
-            await chat_turns(http, f"/trials/{trial}/v1/chat/completions", token, min(EPISODE, left), stream)
-            left -= EPISODE
-        http.close()
+        try:
+            for trial, token in trials[i]:
+                await chat_turns(http, f"/trials/{trial}/v1/chat/completions", token, min(EPISODE, left), stream)
+                left -= EPISODE
+        finally:
+            http.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(harness(i) for i in range(sessions)))

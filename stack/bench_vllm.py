@@ -263,7 +263,7 @@ def run_bench(
     from services.proxy.settings import Settings
 
     model = load_model(load_section(Settings, None, "proxy"))
-    with tempfile.TemporaryDirectory(prefix="hrl-bench-vllm-") as tmp, stack(Path(tmp), vllm_url, gateway or {}) as up:
+    with tempfile.TemporaryDirectory(prefix="hrl-bench-vllm-") as tmp, stack(Path(tmp), vllm_url, gateway) as up:
         url, vllm_pid, ports, pids = up
         progress("vLLM and the services are up")
         procs = {n: pids[n] for n in OURS} | ({"vllm": vllm_pid} if vllm_pid is not None else {})

@@ -46,3 +46,34 @@ async def test_a_replica_without_the_token_endpoint_gets_per_token_requests(stat
     assert asked == [status]  # asked once, then never again
     assert [body["request_id"] for body in seen] == ["a", "b"]
     assert all("stream_interval" not in body for body in seen)
+
+
+async def test_a_request_aborted_before_the_refusal_is_not_run_again() -> None:
+    import asyncio
+
+    seen: list[dict[str, Any]] = []
+    app = replica_app(seen)
+    asked = asyncio.Event()
+
+    @app.post(PATH)
+    async def disabled() -> JSONResponse:
+        asked.set()
+        await asyncio.sleep(0.3)  # the abort lands while the refusal is on its way
+        return JSONResponse({"error": {"message": "Scale-out endpoints are disabled."}}, status_code=403)
+
+    async with serve(app) as url:
+        engine = VllmEngine(Settings.model_validate({"engine": "vllm", "vllm_urls": [url]}), url)
+        await engine.start()
+        try:
+            request = GenerateInput("ab", "t", "main", np.array([1, 2], np.int32), Sampling(), 8)
+
+            async def abort_when_asked() -> bool:
+                await asked.wait()
+                return await engine.abort("ab")
+
+            aborting = asyncio.ensure_future(abort_when_asked())
+            chunks = [c async for c in engine.generate(request)]
+            assert await aborting
+        finally:
+            await engine.close()
+    assert [c.finish_reason for c in chunks] == ["abort"] and seen == []

@@ -96,7 +96,7 @@ def test_spans_that_do_not_say_fail(spans: list[dict[str, Any]] | None, message:
 
 
 def test_holdback_passes_tokens_until_the_version_changes_then_stamps_the_rest() -> None:
-    hold = Holdback(epoch=1)
+    hold = Holdback(epoch=1, version=0)
     first = [chunk(2, 0)]
     assert hold.take(first, 1) == first
     assert hold.take([chunk(3, 1)], 2) == []  # a resume: the next event may mix old and new tokens
@@ -107,14 +107,14 @@ def test_holdback_passes_tokens_until_the_version_changes_then_stamps_the_rest()
 
 
 def test_holdback_fails_a_reply_whose_sent_versions_the_engine_contradicts() -> None:
-    hold = Holdback(epoch=1)
+    hold = Holdback(epoch=1, version=0)
     hold.take([chunk(2, 0)], 1)
     with pytest.raises(EngineFailed, match="vLLM says"):
         hold.finish([{"version": "3", "start": 0, "end": 2}], initial=0)
 
 
 def test_a_reply_with_no_version_change_is_never_held() -> None:
-    hold = Holdback(epoch=4)
+    hold = Holdback(epoch=4, version=2)
     for _ in range(3):
         assert len(hold.take([chunk(16, 2)], 4)) == 1
     assert hold.finish([{"version": "2", "start": 0, "end": 48}], initial=0) == []

@@ -222,7 +222,7 @@ class VllmEngine(Engine):
             path, body = vllm_tokens.PATH, vllm_tokens.generate_body(self.served_model, request, interval)
         else:
             path, body = "/v1/completions", completion_body(self.served_model, request, stream=True)
-        holdback = vllm_tokens.Holdback(self._epoch)
+        holdback = vllm_tokens.Holdback(self._epoch, self._stamp)
         started = False
         response: Response | None = None
         try:
@@ -252,6 +252,9 @@ class VllmEngine(Engine):
             yield Chunk.empty(finish or "stop", cached)
         except HttpStatus as e:
             if tokens_api and e.status in (403, 404):  # disabled (403) or too old a vLLM (404)
+                if rid in self._aborted:  # aborted on its way: no fallback to run it again
+                    yield Chunk.empty("abort")
+                    return
                 raise _NoTokenEndpoint(f"{self.url}{path} answered {e.status}") from e
             if e.status < 500:
                 raise _client_error(e.status, e.text) from e

@@ -90,13 +90,14 @@ def span_versions(spans: list[Any] | None, n: int, initial: int) -> npt.NDArray[
 
 class Holdback:
     """One reply's tokens on their way out: passed on as they come while the policy
-    version is the one the reply started under; once it changes (a resume, an update
-    without a pause), held until the last event's spans stamp them. The versions
-    already sent must agree with the spans, or the reply fails (they cannot be taken back)."""
+    version is the one the reply started under (so every token sent carries that one
+    version); once it changes (a resume, an update without a pause), held until the
+    last event's spans stamp them. The tokens already sent must agree with the spans,
+    or the reply fails (they cannot be taken back)."""
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.sent: list[npt.NDArray[np.int32]] = []
+    def __init__(self, epoch: int, version: int) -> None:
+        self.epoch, self.version = epoch, version
+        self.sent = 0
         self.held: list[Chunk] = []
 
     def take(self, chunks: list[Chunk], epoch: int) -> list[Chunk]:
@@ -104,20 +105,18 @@ class Holdback:
         if epoch != self.epoch or self.held:
             self.held += chunks
             return []
-        self.sent += [c.versions for c in chunks]
+        self.sent += sum(len(c) for c in chunks)
         return chunks
 
     def finish(self, spans: list[Any] | None, initial: int) -> list[Chunk]:
         """The held chunks, stamped from the spans."""
-        sent = int(sum(len(v) for v in self.sent))
-        versions = span_versions(spans, sent + sum(len(c) for c in self.held), initial)
-        if sent and not np.array_equal(np.concatenate(self.sent), versions[:sent]):
-            stamped = np.unique(np.concatenate(self.sent)).tolist()
+        versions = span_versions(spans, self.sent + sum(len(c) for c in self.held), initial)
+        if (versions[: self.sent] != self.version).any():
             raise EngineFailed(
-                f"tokens were sent stamped {stamped}, vLLM says {spans} (weights updated behind the gateway, "
+                f"tokens were sent stamped {self.version}, vLLM says {spans} (weights updated behind the gateway, "
                 "or an initial_version other than the server's weights?)"
             )
-        at = sent
+        at = self.sent
         for chunk in self.held:
             chunk.versions = versions[at : at + len(chunk)]
             at += len(chunk)
