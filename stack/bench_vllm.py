@@ -17,6 +17,12 @@ the limit, no ``ignore_eos`` needed, which the proxy's API does not carry; the b
 reports the tokens it got). Overhead is paired: call i of a
 path minus call i of ``direct`` in the same round. CPU is read from /proc for each
 process (vLLM: the whole process tree) before and after each path's calls.
+
+``in_flight`` (``--concurrency``): how many conversations each path runs at once, each
+on its own connection. At 1 the services wake once per event from an idle wait, and
+on a CPU host that also runs the model every wake finds their caches evicted by vLLM's
+forward passes: that row is the worst case per turn, not the cost at scale, where
+hundreds of trials keep the services busy. Rows at 8 or more show the cost under load.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +71,7 @@ class Shape:
     max_tokens: int
     stream: bool
     questions: tuple[str, ...]
+    in_flight: int = 1  # conversations per path at once
 
 
 @dataclass(frozen=True)
@@ -109,9 +117,10 @@ class Row:
 
 
 class Clients:
-    """One client per path, each keeping its connection alive across calls."""
+    """One client per path, each keeping its connection alive across calls; ``slot``
+    names its trials and requests apart from other ``Clients`` running at once."""
 
-    def __init__(self, vllm_url: str, ports: dict[str, int], model: Any) -> None:
+    def __init__(self, vllm_url: str, ports: dict[str, int], model: Any, slot: int = 0) -> None:
         self.vllm = httpx.Client(base_url=vllm_url, timeout=600)
         self.proxy = httpx.Client(base_url=f"http://127.0.0.1:{ports['proxy']}", timeout=600)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{ports['gateway']}")
@@ -119,6 +128,7 @@ class Clients:
         self.model = model  # the proxy's ChatModel: renders the gateway path's prompts
         self.served = self.vllm.get("/v1/models").json()["data"][0]["id"]
         self.n = 0
+        self.slot = slot
 
     def close(self) -> None:
         self.vllm.close()
@@ -130,7 +140,7 @@ class Clients:
         token, trial = "", ""
         if path == "full":
             self.n += 1
-            trial = f"bench-{self.n}"
+            trial = f"bench-{self.slot}-{self.n}"
             spec = {"trial_id": trial, "run_id": "bench", "task_id": "t", "group_id": trial}
             token = self._admin("/admin/trials", spec)["token"]
         calls = []
@@ -199,7 +209,10 @@ class Clients:
         self.n += 1
         sampling = gateway_pb2.SamplingParams(temperature=0, max_tokens=shape.max_tokens, stop_token_ids=tok.stop_ids)
         request = gateway_pb2.GenerateRequest(
-            request_id=f"g{self.n}", trial_id=f"g{self.n}", thread="main", prompt_ids=np.asarray(prompt, I32).tobytes()
+            request_id=f"g{self.slot}-{self.n}",
+            trial_id=f"g{self.slot}-{self.n}",
+            thread="main",
+            prompt_ids=np.asarray(prompt, I32).tobytes(),
         )
         request.sampling.CopyFrom(sampling)
         t0, first, ids = time.perf_counter(), 0.0, []
@@ -213,15 +226,22 @@ class Clients:
 
 
 def shapes_for(
-    short_calls: int, long_calls: int, streaming: tuple[bool, ...], long_tokens: int = 1024
+    short_calls: int,
+    long_calls: int,
+    streaming: tuple[bool, ...],
+    long_tokens: int = 1024,
+    concurrency: tuple[int, ...] = (1,),
 ) -> list[tuple[Shape, int]]:
-    """(shape, rounds) pairs: short rows of 9-call chats, long rows of one-call chats."""
+    """(shape, rounds) pairs: short rows of 9-call chats, long rows of one-call chats, a row
+    per level of ``concurrency`` (a round runs that many conversations per path at once)."""
     out = []
     for stream in streaming:
-        if short_calls:
-            out.append((Shape("short", 32, stream, QUESTIONS), max(1, -(-short_calls // len(QUESTIONS)))))
-        if long_calls:
-            out.append((Shape("long", long_tokens, stream, (LONG_ASK,)), long_calls))
+        for n in concurrency:
+            if short_calls:
+                rounds = max(1, -(-short_calls // (len(QUESTIONS) * n)))
+                out.append((Shape("short", 32, stream, QUESTIONS, n), rounds))
+            if long_calls:
+                out.append((Shape("long", long_tokens, stream, (LONG_ASK,), n), max(1, -(-long_calls // n))))
     return out
 
 
@@ -256,8 +276,10 @@ def run_bench(
     vllm_url: str | None = None,
     long_tokens: int = 1024,
     gateway: dict[str, Any] | None = None,
+    concurrency: tuple[int, ...] = (1,),
 ) -> list[Row]:
-    """``gateway``: more of the gateway's settings (e.g. ``vllm_stream_interval``)."""
+    """``gateway``: more of the gateway's settings (e.g. ``vllm_stream_interval``);
+    ``concurrency``: conversations per path at once, a row per level."""
     from harnessrl.config import load_section
     from services.proxy.app import load_model
     from services.proxy.settings import Settings
@@ -267,39 +289,53 @@ def run_bench(
         url, vllm_pid, ports, pids = up
         progress("vLLM and the services are up")
         procs = {n: pids[n] for n in OURS} | ({"vllm": vllm_pid} if vllm_pid is not None else {})
-        clients = Clients(url, ports, model)
+        clients = [Clients(url, ports, model, slot) for slot in range(max(concurrency))]
         try:
-            return measure(clients, procs, shapes_for(short_calls, long_calls, streaming, long_tokens), progress)
+            shapes = shapes_for(short_calls, long_calls, streaming, long_tokens, concurrency)
+            return measure(clients, procs, shapes, progress)
         finally:
-            clients.close()
+            for c in clients:
+                c.close()
 
 
 def measure(
-    clients: Clients, procs: dict[str, int], shapes: list[tuple[Shape, int]], progress: Callable[[str], None]
+    clients: list[Clients], procs: dict[str, int], shapes: list[tuple[Shape, int]], progress: Callable[[str], None]
 ) -> list[Row]:
-    """Rounds of every path in a rotating order, CPU of each process read around each path's calls."""
-    for path in PATHS:  # warm-up: connections, prefix cache, first-call imports
-        clients.conversation(path, Shape("short", 8, True, QUESTIONS[:2]))
-    rows: list[Row] = []
-    for shape, rounds in shapes:
-        stats = {p: PathStats() for p in PATHS}
-        for r in range(rounds):
-            for path in PATHS[r % 3 :] + PATHS[: r % 3]:
-                before = {n: cpu_seconds(pid, tree=True) for n, pid in procs.items()}
-                t0 = time.perf_counter()
-                stats[path].calls += clients.conversation(path, shape)
-                stats[path].seconds += time.perf_counter() - t0
-                for n, pid in procs.items():
-                    stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + cpu_seconds(pid, tree=True) - before[n]
-            progress(f"{shape.name} stream={shape.stream}: round {r + 1}/{rounds}")
-        rows += [Row(shape, p, stats[p], stats["direct"]) for p in PATHS]
-    return rows
+    """Rounds of every path in a rotating order, CPU of each process read around each path's calls
+    (a shape's ``in_flight`` conversations at once, one per client; calls listed client by client)."""
+    warm = Shape("short", 8, True, QUESTIONS[:2])
+    with ThreadPoolExecutor(len(clients)) as pool:
+        for path in PATHS:  # warm-up: connections, prefix cache, first-call imports
+            list(pool.map(lambda c: c.conversation(path, warm), clients))  # noqa: B023 (consumed here)
+        return [row for shape, rounds in shapes for row in _rows(pool, clients, procs, shape, rounds, progress)]
+
+
+def _rows(
+    pool: ThreadPoolExecutor,
+    clients: list[Clients],
+    procs: dict[str, int],
+    shape: Shape,
+    rounds: int,
+    progress: Callable[[str], None],
+) -> list[Row]:
+    stats = {p: PathStats() for p in PATHS}
+    for r in range(rounds):
+        for path in PATHS[r % 3 :] + PATHS[: r % 3]:
+            before = {n: cpu_seconds(pid, tree=True) for n, pid in procs.items()}
+            t0 = time.perf_counter()
+            for calls in pool.map(lambda c: c.conversation(path, shape), clients[: shape.in_flight]):  # noqa: B023
+                stats[path].calls += calls
+            stats[path].seconds += time.perf_counter() - t0
+            for n, pid in procs.items():
+                stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + cpu_seconds(pid, tree=True) - before[n]
+        progress(f"{shape.name} stream={shape.stream} in flight={shape.in_flight}: round {r + 1}/{rounds}")
+    return [Row(shape, p, stats[p], stats["direct"]) for p in PATHS]
 
 
 def print_report(rows: list[Row]) -> None:
     from rich.console import Console
 
-    columns: tuple[str, ...] = ("reply", "stream", "path", "calls", "tokens/call", "p50 ms", "×direct")
+    columns: tuple[str, ...] = ("reply", "stream", "in flight", "path", "calls", "tokens/call", "p50 ms", "×direct")
     columns += ("overhead p50 / p90 ms",)
     columns += ("TTFT p50 ms", "TTFT overhead p50", "CPU ms/turn proxy·gw·capture (raw)", "ours net ms/turn")
     columns += ("ours net ms/token", "vLLM CPU ms/turn (raw)")
@@ -313,6 +349,7 @@ def print_report(rows: list[Row]) -> None:
             (
                 r.shape.name,
                 "yes" if r.shape.stream else "no",
+                r.shape.in_flight,
                 r.path,
                 len(secs),
                 f"{r.tokens / len(secs):.0f}",
@@ -330,7 +367,9 @@ def print_report(rows: list[Row]) -> None:
     note = (
         "targets (full path): short p50 overhead <= 5 ms and <= 10 CPU-ms/turn; long <= 0.05 CPU-ms/token and "
         "streaming TTFT within 5 ms of direct. 'ours net' = proxy + gateway + capture store processes, net of "
-        f"their idle rate measured during the direct calls; {load_average()}."
+        "their idle rate measured during the direct calls. 'in flight' = conversations per path at once: at 1 "
+        "every event wakes the services from idle with caches a CPU vLLM evicted (the worst case per turn); "
+        f"higher levels are the cost under load; {load_average()}."
     )
     title = "harnessrl bench vllm-path: per call, paired against direct vLLM in the same rounds"
     print_table(title, columns, cells, note, left=("reply", "path"), console=Console(width=max(200, Console().width)))

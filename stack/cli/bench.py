@@ -151,6 +151,15 @@ def vllm_path(
         int | None,
         typer.Option(min=1, help="The gateway's vllm_stream_interval (tokens per vLLM event; default: its own)."),
     ] = None,
+    concurrency: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Conversations each path runs at once; repeat for a row per level, e.g. "
+            "--concurrency 1 --concurrency 8 (default 1: the worst case per turn; see the report's note).",
+        ),
+    ] = None,
 ) -> None:
     """The hot path over a real vLLM CPU server (scripts/setup_vllm.sh): direct vLLM vs gateway only vs
     proxy + gateway + capture store, interleaved; overhead per call, TTFT, CPU per turn and per token."""
@@ -168,4 +177,6 @@ def vllm_path(
         raise typer.BadParameter(f"no vLLM venv at {vllm_python().parent.parent}: run scripts/setup_vllm.sh")
     progress = lambda msg: typer.echo(f"... {msg}", err=True)  # noqa: E731
     more = {} if stream_interval is None else {"vllm_stream_interval": stream_interval}
-    print_report(run_bench(short_calls, long_calls, modes[stream], progress, vllm_url, gateway=more))
+    levels = tuple(sorted(set(concurrency or [1])))
+    rows = run_bench(short_calls, long_calls, modes[stream], progress, vllm_url, gateway=more, concurrency=levels)
+    print_report(rows)

@@ -1,6 +1,6 @@
 """``harnessrl bench vllm-path`` at a tiny size against a real vLLM CPU server and the
-services as deployed (separate processes): every path answers, the full path's replies
-are the direct ones (greedy), CPU is attributed to our processes, the report prints."""
+services as deployed (separate processes): every path answers, one conversation at a
+time and two at once, CPU is attributed to our processes, the report prints."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ pytestmark = [
 
 @pytest.mark.timeout(1800)
 def test_bench_runs_every_path_interleaved(capsys) -> None:
-    rows = run_bench(short_calls=9, long_calls=1, streaming=(True,), long_tokens=48)
-    assert [(r.shape.name, r.shape.stream, r.path) for r in rows] == [
-        (shape, True, path) for shape in ("short", "long") for path in PATHS
+    rows = run_bench(short_calls=9, long_calls=1, streaming=(True,), long_tokens=48, concurrency=(1, 2))
+    assert [(r.shape.name, r.shape.in_flight, r.path) for r in rows] == [
+        (shape, n, path) for n in (1, 2) for shape in ("short", "long") for path in PATHS
     ]
-    for r in rows:
-        assert len(r.stats.calls) == (9 if r.shape.name == "short" else 1)
+    for r in rows:  # two in flight: one round of two conversations per path
+        assert len(r.stats.calls) == (9 if r.shape.name == "short" else 1) * r.shape.in_flight
         assert all(c.tokens > 0 and 0 < c.ttft_s <= c.seconds for c in r.stats.calls)
         if r.path == "full" and r.shape.name == "short":  # /proc counts 10 ms ticks
             assert all(r.stats.cpu_s[n] > 0 for n in OURS)

@@ -40,3 +40,13 @@ def test_a_missing_vllm_venv_names_the_setup_script(tmp_path, monkeypatch) -> No
 def test_a_vllm_url_must_be_http() -> None:
     result = CliRunner().invoke(app, ["bench", "vllm-path", "--vllm-url", "127.0.0.1:8000"], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and "is not an http(s) URL" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("level", "message"),
+    [("0", "greater than or equal to 1"), ("65", "less than or equal to 64"), ("x", "--concurrency")],
+)
+def test_a_concurrency_out_of_range_is_refused(level: str, message: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "vllm-path", "--concurrency", level], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert message in plain(result.output), result.output
