@@ -224,6 +224,7 @@ class VllmEngine(Engine):
             path, body = "/v1/completions", completion_body(self.served_model, request, stream=True)
         holdback = vllm_tokens.Holdback(self._epoch, self._stamp)
         started = False
+        tail: list[Chunk] = []
         response: Response | None = None
         try:
             response = await self._http.stream_post(path, body)
@@ -243,13 +244,17 @@ class VllmEngine(Engine):
                     if one is not None and len(one):
                         parsed.append(one)
                 merged = merge_chunks(parsed)
-                for chunk in holdback.take(merged, self._epoch) if tokens_api else merged:
+                out = holdback.take(merged, self._epoch) if tokens_api else merged
+                if finish:  # the reply's last tokens: kept to go out with its finish (usage follows at once)
+                    tail += out
+                    continue
+                for chunk in out:
                     started = True
                     yield chunk
             if tokens_api:
-                for chunk in holdback.finish(spans, self.settings.initial_version):
-                    yield chunk
-            yield Chunk.empty(finish or "stop", cached)
+                tail += holdback.finish(spans, self.settings.initial_version)
+            for chunk in _with_finish(tail, finish or "stop", cached):
+                yield chunk
         except HttpStatus as e:
             if tokens_api and e.status in (403, 404):  # disabled (403) or too old a vLLM (404)
                 if rid in self._aborted:  # aborted on its way: no fallback to run it again
@@ -261,6 +266,8 @@ class VllmEngine(Engine):
             raise EngineUnavailable(f"vLLM server {self.url} answered {e.status}: {e.text[:500]}") from e
         except HttpError as e:
             if rid in self._aborted:
+                for chunk in tail:  # sampled before the abort: kept, as every token sent before it
+                    yield chunk
                 yield Chunk.empty("abort")
             elif started:
                 raise EngineFailed(f"vLLM server {self.url} failed mid-generation: {e}") from e
@@ -416,3 +423,12 @@ def merge_chunks(chunks: list[Chunk]) -> list[Chunk]:
         merged.top_ids = np.concatenate([c.top_ids for c in chunks if c.top_ids is not None])
         merged.top_logprobs = np.concatenate([c.top_logprobs for c in chunks if c.top_logprobs is not None])
     return [merged]
+
+
+def _with_finish(tail: list[Chunk], finish: str, cached: int) -> list[Chunk]:
+    """A reply's last chunks with its finish reason and cached count on the last one: one
+    message fewer per reply than an empty finish chunk after them (each message wakes the
+    gateway's and the proxy's gRPC threads and loops)."""
+    out = merge_chunks(tail) or [Chunk.empty()]
+    out[-1].finish_reason, out[-1].cached_prompt_tokens = finish, cached
+    return out
