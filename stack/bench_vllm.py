@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -306,7 +307,7 @@ def measure(
     warm = Shape("short", 8, True, QUESTIONS[:2])
     with ThreadPoolExecutor(len(clients)) as pool:
         for path in PATHS:  # warm-up: connections, prefix cache, first-call imports
-            list(pool.map(lambda c: c.conversation(path, warm), clients))  # noqa: B023 (consumed here)
+            list(pool.map(Clients.conversation, clients, repeat(path), repeat(warm)))
         return [row for shape, rounds in shapes for row in _rows(pool, clients, procs, shape, rounds, progress)]
 
 
@@ -323,7 +324,7 @@ def _rows(
         for path in PATHS[r % 3 :] + PATHS[: r % 3]:
             before = {n: cpu_seconds(pid, tree=True) for n, pid in procs.items()}
             t0 = time.perf_counter()
-            for calls in pool.map(lambda c: c.conversation(path, shape), clients[: shape.in_flight]):  # noqa: B023
+            for calls in pool.map(Clients.conversation, clients[: shape.in_flight], repeat(path), repeat(shape)):
                 stats[path].calls += calls
             stats[path].seconds += time.perf_counter() - t0
             for n, pid in procs.items():

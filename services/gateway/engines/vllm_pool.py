@@ -245,7 +245,8 @@ class VllmEngine(Engine):
                         parsed.append(one)
                 merged = merge_chunks(parsed)
                 out = holdback.take(merged, self._epoch) if tokens_api else merged
-                if finish:  # the reply's last tokens: kept to go out with its finish (usage follows at once)
+                if finish:  # the reply's last tokens: kept to go out with its finish (usage follows at once);
+                    # unsent, they leave ``started`` as it was: a failure now leaves nothing sent to retry over
                     tail += out
                     continue
                 for chunk in out:
