@@ -214,6 +214,7 @@ class Clients:
             trial_id=f"g{self.slot}-{self.n}",
             thread="main",
             prompt_ids=np.asarray(prompt, I32).tobytes(),
+            whole_reply=not shape.stream,  # as the proxy asks for a client that does not stream
         )
         request.sampling.CopyFrom(sampling)
         t0, first, ids = time.perf_counter(), 0.0, []

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from services.gateway.engines.base import Chunk, Engine, GenerateInput
@@ -91,8 +91,12 @@ class Router:
             replica.state = EJECTED
             log.warning("replica ejected", extra={"kv": {"replica": replica.name, "error": replica.error}})
 
-    async def generate(self, request: GenerateInput) -> AsyncGenerator[tuple[Replica, Chunk], None]:
-        """Streams (replica, chunk). Retries on another replica only while nothing was streamed."""
+    async def generate(
+        self, request: GenerateInput, routed: Callable[[Replica], None] | None = None
+    ) -> AsyncGenerator[tuple[Replica, Chunk], None]:
+        """Streams (replica, chunk). Retries on another replica only while nothing was streamed.
+        ``routed`` hears of each replica the request goes to, before the engine has it
+        (so an Abort finds it during the prefill, or under a whole reply that sends nothing)."""
         tried: set[str] = set()
         last_error: BaseException | None = None
         for _ in range(min(self.max_attempts, len(self.replicas))):
@@ -101,6 +105,8 @@ class Router:
             except EngineUnavailable:
                 break
             tried.add(replica.name)
+            if routed is not None:
+                routed(replica)
             started = False
             replica.in_flight += 1
             try:

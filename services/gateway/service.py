@@ -61,6 +61,10 @@ class _Tracked:
     # Set by Abort; also wakes a request that waits for Resume.
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def route(self, replica: Replica) -> None:
+        """Where Abort finds the request: set when the router picks the replica."""
+        self.replica = replica.name
+
 
 @dataclass
 class ReplicaStatus:
@@ -171,6 +175,22 @@ async def _coalesced(
         await asyncio.wait((reader,))
 
 
+async def _whole(stream: AsyncIterator[tuple[Replica, Chunk]]) -> AsyncGenerator[tuple[Replica, list[Chunk]], None]:
+    """A reply's chunks as one group, sent when the finish comes (a caller that takes
+    the reply only at its end: one message, one wake-up of the caller, however long
+    the reply). An error raises with nothing sent, as the caller keeps nothing of a
+    reply that failed; a stream that ends without a finish gives what it had."""
+    group: list[Chunk] = []
+    last: Replica | None = None
+    async for replica, chunk in stream:
+        last = replica
+        group.append(chunk)
+        if chunk.finish_reason:
+            break
+    if last is not None:
+        yield last, group
+
+
 class GatewayService:
     def __init__(self, engines: list[Engine], settings: Settings) -> None:
         self.settings = settings
@@ -271,8 +291,17 @@ class GatewayService:
                 waiter.cancel()
 
     async def generate(
-        self, request_id: str, trial_id: str, thread: str, prompt_ids: npt.NDArray[np.int32], sampling: Sampling
+        self,
+        request_id: str,
+        trial_id: str,
+        thread: str,
+        prompt_ids: npt.NDArray[np.int32],
+        sampling: Sampling,
+        *,
+        whole: bool = False,
     ) -> AsyncIterator[Output]:
+        """The reply's chunks as they are sampled (coalesced per ``stream_interval_ms``);
+        ``whole``: in one message at the end (see ``_whole``)."""
         budget = self._validate(prompt_ids, sampling)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
@@ -281,7 +310,7 @@ class GatewayService:
         metrics.QUEUE_DEPTH.labels("gateway", "requests").set(len(self._requests))
         try:
             await self._wait_unpaused(tracked)
-            request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget)
+            request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget, whole)
             async with contextlib.aclosing(self._stream(request, tracked)) as stream:
                 async for out in stream:
                     yield out
@@ -297,13 +326,12 @@ class GatewayService:
         produced, last, name = 0, None, ""
         interval = self.settings.stream_interval_ms / 1000
         async with (
-            contextlib.aclosing(self.router.generate(request)) as chunks_in,
-            contextlib.aclosing(_coalesced(chunks_in, interval)) as stream,
+            contextlib.aclosing(self.router.generate(request, tracked.route)) as chunks_in,
+            contextlib.aclosing(_whole(chunks_in) if request.whole else _coalesced(chunks_in, interval)) as stream,
         ):
             async for replica, chunks in stream:
                 if replica is not last:
                     last, name = replica, replica.name
-                    tracked.replica = name
                 *before, chunk = join_chunks(chunks)
                 for one in before:  # chunks that could not be joined (routes or top logprobs on some), in order
                     produced += len(one)

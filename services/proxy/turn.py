@@ -44,6 +44,9 @@ class CallParams:
     call_id_prefix: str = "call_"
     top_logprobs: int = 0  # alternatives to ask the engine for (reported to the client, never sampled from)
     forcing: ToolForcing = field(default_factory=ToolForcing)  # how tool_choice / parallel_tool_calls are honoured
+    # The client takes the reply only at its end (not streamed): with no stop string to
+    # watch for, the gateway sends it in one message (GenerateRequest.whole_reply).
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class ModelCall:
             thread=plan.thread.name,
             prompt_ids=plan.prompt,
             sampling=sampling,
+            whole_reply=self.params.whole and not (self.params.stop or self.params.forcing.stops),
         )
         self._chunks = trial.engine.generate(request)
         try:

@@ -70,10 +70,15 @@ async def gateway(
     await server.stop(0.5)
 
 
-def request(prompt: list[int], rid: str, trial: str = "", **sampling: Any) -> pb.GenerateRequest:
+def request(prompt: list[int], rid: str, trial: str = "", whole: bool = False, **sampling: Any) -> pb.GenerateRequest:
     params = pb.SamplingParams(**sampling)
     return pb.GenerateRequest(
-        request_id=rid, trial_id=trial, thread="main", prompt_ids=pack_i32(prompt), sampling=params
+        request_id=rid,
+        trial_id=trial,
+        thread="main",
+        prompt_ids=pack_i32(prompt),
+        sampling=params,
+        whole_reply=whole,
     )
 
 
@@ -109,6 +114,36 @@ async def test_streamed_ids_and_logprobs_match_a_teacher_forced_forward(gateway)
     # fp32 vLLM with processed logprobs vs a teacher-forced fp32 transformers pass: ~3e-5 measured.
     reference = teacher_forced(model, PROMPT, ids, Sampling(temperature=0.8, top_p=0.9))
     assert np.max(np.abs(lps - reference)) <= 1e-3, np.abs(lps - reference)
+
+
+async def test_a_whole_reply_is_one_message_with_the_streamed_tokens(gateway) -> None:
+    _, stub = gateway
+    sampling = {"max_tokens": 40, "temperature": 0.0, "stop_token_ids": []}
+    streamed = [c async for c in stub.Generate(request(PROMPT, "ws", **sampling))]
+    whole = [c async for c in stub.Generate(request(PROMPT, "ww", whole=True, **sampling))]
+    assert len(streamed) > 1 and len(whole) == 1
+    (s_ids, s_lps, s_versions), (w_ids, w_lps, w_versions) = arrays(streamed), arrays(whole)
+    assert w_ids == s_ids and w_versions == s_versions == [0] * len(s_ids)
+    assert np.max(np.abs(w_lps - s_lps)) <= 1e-3  # same greedy reply; the prefix cache may change the prefill
+    assert whole[0].finish_reason == streamed[-1].finish_reason and whole[0].usage.completion_tokens == len(w_ids)
+
+
+async def test_an_aborted_whole_reply_is_one_message_with_the_abort(gateway) -> None:
+    _, stub = gateway
+    from transformers import AutoTokenizer
+
+    from stack.bench_vllm import LONG_ASK
+
+    ask = [{"role": "user", "content": LONG_ASK}]  # greedy, the model's story runs past 1000 tokens
+    prompt = AutoTokenizer.from_pretrained(MODEL).apply_chat_template(ask, add_generation_prompt=True)["input_ids"]
+    call = stub.Generate(request(list(prompt), "wab", whole=True, max_tokens=1000, temperature=0.0))
+    await asyncio.sleep(0.5)  # its first token sampled, far from its end
+    assert (await stub.Abort(pb.AbortRequest(request_id="wab"))).aborted == 1
+    rest = [c async for c in call]
+    assert len(rest) == 1 and rest[0].finish_reason == "abort"
+    # Every token vLLM sent before the abort comes back: per token, all of them; with
+    # events of the budget, the first one (vLLM drops the rest it held unsent).
+    assert 1 <= len(unpack_i32(rest[0].tokens.ids)) < 1000
 
 
 async def test_abort_ends_the_stream(gateway) -> None:
@@ -172,13 +207,21 @@ async def test_pause_reload_resume_gives_mixed_versions(gateway, tmp_path_factor
     save_file(weights, str(checkpoint / "model.safetensors"))
     shutil.copy(MODEL / "config.json", checkpoint / "config.json")
 
+    # A whole reply across the update too, sent first so that it has sampled by the
+    # time the streamed one has (one message at the end: nothing to wait on).
+    whole = stub.Generate(request(PROMPT, "prw", trial="tw", whole=True, max_tokens=40))
     call = stub.Generate(request(PROMPT, "pr", trial="tp", max_tokens=40, temperature=0.0))
     first = await call.read()
-    assert (await stub.Pause(pb.PauseRequest(timeout_s=10))).held == 1
+    assert (await stub.Pause(pb.PauseRequest(timeout_s=10))).held == 2
     await asyncio.sleep(0.5)
     update = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=1, checkpoint_path=str(checkpoint)))
     assert update.version == 1
-    assert (await stub.Resume(pb.ResumeRequest())).resumed == 1
+    assert (await stub.Resume(pb.ResumeRequest())).resumed == 2
+    whole_chunks = [c async for c in whole]
+    assert len(whole_chunks) == 1 and whole_chunks[0].finish_reason in ("stop", "length")
+    _, _, whole_versions = arrays(whole_chunks)
+    switch, n = whole_versions.index(1), len(whole_versions)
+    assert switch > 0 and whole_versions == [0] * switch + [1] * (n - switch)
     chunks = [first] + [c async for c in call]
     ids, _, versions = arrays(chunks)
     assert chunks[-1].finish_reason in ("stop", "length")

@@ -2,8 +2,8 @@
 network read while the reply runs, and its last tokens in one chunk that carries the
 finish reason and the cached-prompt count (read from the usage event after them),
 never an empty finish chunk after them (one message fewer per reply for the gateway
-and the proxy). A real HTTP server stands in for the replica, in the token
-endpoint's wire format, one event per write."""
+and the proxy); a whole reply asks vLLM for events of its whole budget. A real HTTP
+server stands in for the replica, in the token endpoint's wire format, one event per write."""
 
 from __future__ import annotations
 
@@ -42,12 +42,14 @@ def token_events(parts: list[list[int]], finish: str, cached: int) -> list[dict[
     return [*out, {"choices": [], "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": cached}}}]
 
 
-async def reply(parts: list[list[int]], finish: str = "stop", cached: int = 2) -> list[Chunk]:
+async def reply(
+    parts: list[list[int]], finish: str = "stop", cached: int = 2, whole: bool = False, bodies: list[Any] | None = None
+) -> list[Chunk]:
     app = replica_app([])
 
     @app.post(PATH)
     async def generate(request: Request) -> StreamingResponse:
-        await request.json()
+        (bodies if bodies is not None else []).append(await request.json())
 
         async def events() -> AsyncIterator[str]:
             for event in token_events(parts, finish, cached):
@@ -61,7 +63,7 @@ async def reply(parts: list[list[int]], finish: str = "stop", cached: int = 2) -
         engine = VllmEngine(Settings.model_validate({"engine": "vllm", "vllm_urls": [url]}), url)
         await engine.start()
         try:
-            request = GenerateInput("r", "t", "main", np.array([1, 2, 3], np.int32), Sampling(), 64)
+            request = GenerateInput("r", "t", "main", np.array([1, 2, 3], np.int32), Sampling(), 64, whole)
             return [c async for c in engine.generate(request)]
         finally:
             await engine.close()
@@ -87,3 +89,10 @@ async def test_a_finish_without_tokens_is_an_empty_finish_chunk() -> None:
         ([5], "", 0),
         ([], "stop", 1),
     ]
+
+
+async def test_a_whole_reply_asks_vllm_for_events_of_its_whole_budget() -> None:
+    bodies: list[Any] = []
+    await reply([[5], [6]], bodies=bodies)
+    await reply([[5], [6]], whole=True, bodies=bodies)
+    assert [b["sampling_params"]["stream_interval"] for b in bodies] == [16, 64]  # the setting; the budget

@@ -50,6 +50,9 @@ class GenerateInput:
     sampling: Sampling
     # Tokens the engine may add: min(max_tokens, context_window - prompt), set by the gateway.
     budget: int
+    # The caller takes the reply only at its end (GenerateRequest.whole_reply): an engine
+    # may send fewer, larger chunks (the gateway joins them into one message anyway).
+    whole: bool = False
 
 
 @dataclass

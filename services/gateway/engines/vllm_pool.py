@@ -3,6 +3,8 @@
 Generation, by default (``vllm_stream_interval`` > 1): ``POST /inference/v1/generate``,
 vLLM's token endpoint (``vllm_tokens``): events of that many tokens, versions from the
 weight-version spans it reports; a server without it (403/404) gets the per-token path.
+A whole reply (``GenerateInput.whole``) asks for events of its whole budget: two events,
+its first token and the rest with its end.
 Per token (``vllm_stream_interval = 1``): ``POST /v1/completions`` with ``prompt`` as token ids,
 ``logprobs: 1`` and ``return_token_ids: true``, streamed (SSE); a request for
 top logprobs asks ``logprobs: k`` with ``return_tokens_as_token_ids: true``
@@ -218,6 +220,8 @@ class VllmEngine(Engine):
         rid = request.request_id
         self._running[rid] = None
         interval, top = self.settings.vllm_stream_interval, request.sampling.top_logprobs
+        if request.whole:  # the first token's event and the last: two wakes however long the reply
+            interval = max(interval, request.budget)
         if tokens_api:
             path, body = vllm_tokens.PATH, vllm_tokens.generate_body(self.served_model, request, interval)
         else:

@@ -41,6 +41,7 @@ async def messages(trial_id: str, request: Request) -> Response:
         list(body.stop_sequences or []),
         "toolu_",
         forcing=forcing(tool_choice(body), core.model, conv.tools),
+        whole=not body.stream,
     )
     call = ModelCall(core, trial, conv, params)
     await call.start()

@@ -35,6 +35,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         call_id_prefix="call_",
         top_logprobs=top or 0,
         forcing=forcing(tool_choice(body), core.model, conv.tools),
+        whole=not body.stream,
     )
     call = ModelCall(core, trial, conv, params)
     await call.start()

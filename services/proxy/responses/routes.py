@@ -32,7 +32,7 @@ async def responses(trial_id: str, request: Request) -> Response:
     trial = authenticate(request, trial_id)
     body = await parse_request(request, ResponsesRequest, "responses")
     earlier = trial.responses.chain(body.previous_response_id) if body.previous_response_id else []
-    call, custom, lp = await begin(core_of(request), trial, body, earlier)
+    call, custom, lp = await begin(core_of(request), trial, body, earlier, whole=not body.stream)
 
     def store(done: Done) -> None:
         if body.store:
@@ -62,15 +62,18 @@ async def delete_response(trial_id: str, response_id: str, request: Request) -> 
 
 
 async def begin(
-    core: ProxyCore, trial: Trial, body: ResponsesRequest, earlier: Sequence[Item]
+    core: ProxyCore, trial: Trial, body: ResponsesRequest, earlier: Sequence[Item], *, whole: bool = False
 ) -> tuple[ModelCall, set[str], TokenLogprobs | None]:
     """Starts one turn (HTTP and WebSocket alike): ``earlier``, the items of the chain
-    ``previous_response_id`` named, then the request's own input."""
+    ``previous_response_id`` named, then the request's own input. ``whole``: the client
+    takes the response only at its end (HTTP without ``stream``; a WebSocket streams)."""
     core.check_model(trial, body.model)
     conv, custom = to_conversation(body, earlier)
     top = responses_request(body.include, body.top_logprobs)
     choice = forcing(tool_choice(body), core.model, conv.tools)
-    params = CallParams(body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0, forcing=choice)
+    params = CallParams(
+        body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0, forcing=choice, whole=whole
+    )
     call = ModelCall(core, trial, conv, params)
     await call.start()
     return call, custom, TokenLogprobs(call, top) if top is not None else None
