@@ -54,7 +54,7 @@ class Settings(ServiceSettings):
         "(ids, logprobs and versions unchanged; versions are stamped when a token arrives). The first token "
         "and the finish are never held, so TTFT and the reply's end are not delayed. Each message costs the "
         "gateway and the proxy CPU (gRPC, one SSE event to a streaming harness); 0 sends every engine chunk "
-        "as it comes.",
+        "as it comes. A whole reply (GenerateRequest.whole_reply: an unstreamed call) is one message whatever this is.",
     )
 
     # Routing across replicas.
