@@ -48,6 +48,11 @@ class CallParams:
     # watch for, the gateway sends it in one message (GenerateRequest.whole_reply).
     whole: bool = False
 
+    @property
+    def stops(self) -> list[str]:
+        """Every string that ends generation: the client's, then tool forcing's."""
+        return [*self.stop, *self.forcing.stops]
+
 
 @dataclass(frozen=True)
 class ToolCallOut:
@@ -159,7 +164,7 @@ class ModelCall:
             thread=plan.thread.name,
             prompt_ids=plan.prompt,
             sampling=sampling,
-            whole_reply=self.params.whole and not (self.params.stop or self.params.forcing.stops),
+            whole_reply=self.params.whole and not self.params.stops,
         )
         self._chunks = trial.engine.generate(request)
         try:
@@ -179,7 +184,7 @@ class ModelCall:
         tok = self.core.model.tokenizer
         decoder = tok.decoder()
         out = OutputStream(self.core.model.parser, self.conv.tools, self.core.model.reasoning)
-        stopper = StopStrings([*self.params.stop, *self.params.forcing.stops])
+        stopper = StopStrings(self.params.stops)
         ids, logprobs = self.received_ids, self.received_logprobs
         versions: list[bytes] = []
         routes: list[np.ndarray] = []

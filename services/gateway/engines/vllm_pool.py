@@ -220,9 +220,9 @@ class VllmEngine(Engine):
         rid = request.request_id
         self._running[rid] = None
         interval, top = self.settings.vllm_stream_interval, request.sampling.top_logprobs
-        if request.whole:  # the first token's event and the last: two wakes however long the reply
-            interval = max(interval, request.budget)
         if tokens_api:
+            if request.whole:  # the first token's event and the last: two wakes however long the reply
+                interval = max(interval, request.budget)
             path, body = vllm_tokens.PATH, vllm_tokens.generate_body(self.served_model, request, interval)
         else:
             path, body = "/v1/completions", completion_body(self.served_model, request, stream=True)
