@@ -206,7 +206,7 @@ class ModelCall:
                     versions.append(t.policy_versions)
                     if t.routed_experts.data:
                         routes.append(_routes(t.routed_experts))
-                    text = stopper.feed("".join(decoder.step(i) for i in np.frombuffer(t.ids, I32)))
+                    text = stopper.feed(decoder.steps(np.frombuffer(t.ids, I32)))
                     for delta in out.feed(text):
                         if (sent := self._outgoing(delta)) is not None:
                             yield sent
@@ -221,7 +221,7 @@ class ModelCall:
                 await self._stop_engine()
             else:
                 await self._chunks.aclose()  # type: ignore[attr-defined]
-            for delta in out.feed(stopper.flush()):
+            for delta in out.feed(stopper.feed(decoder.flush()) + stopper.flush()):
                 if (sent := self._outgoing(delta)) is not None:
                     yield sent
             final = out.finish()

@@ -96,9 +96,37 @@ class IncrementalDecoder:
     def __init__(self, tok: _RustTokenizer) -> None:
         self._tok = tok
         self._stream = DecodeStream(skip_special_tokens=True)
+        self._ids: list[np.ndarray] = []
+        self._text: list[str] = []
+        self._holding = False
 
     def step(self, token_id: int) -> str:
-        return self._stream.step(self._tok, int(token_id)) or ""
+        return self.steps(np.asarray([token_id], dtype=I32))
+
+    def steps(self, ids: np.ndarray) -> str:
+        """The text of one chunk of ids, in one call into the Rust decoder (a
+        streamed chunk is many ids). A chunk whose text ends inside a character is
+        held whole until the next one completes it; ``flush`` ends the reply."""
+        self._ids.append(ids)
+        arg = int(ids[0]) if len(ids) == 1 else ids.tolist()
+        text = self._stream.step(self._tok, arg)
+        self._holding = text is None
+        if text:
+            self._text.append(text)
+        return text or ""
+
+    def flush(self) -> str:
+        """What the last chunks hold once no more ids come: their complete
+        characters (a trailing partial one has no text), as one id at a time gives."""
+        if not self._holding:
+            return ""
+        whole = str(self._tok.decode(np.concatenate(self._ids).tolist(), skip_special_tokens=True))
+        done = "".join(self._text)
+        rest = whole[len(done) :].rstrip("\ufffd") if whole.startswith(done) else ""
+        if rest:
+            self._text.append(rest)
+        self._holding = False
+        return rest
 
 
 def _byte_to_unicode() -> dict[int, str]:
