@@ -100,16 +100,12 @@ class IncrementalDecoder:
         self._text: list[str] = []
         self._holding = False
 
-    def step(self, token_id: int) -> str:
-        return self.steps(np.asarray([token_id], dtype=I32))
-
     def steps(self, ids: np.ndarray) -> str:
         """The text of one chunk of ids, in one call into the Rust decoder (a
         streamed chunk is many ids). A chunk whose text ends inside a character is
         held whole until the next one completes it; ``flush`` ends the reply."""
         self._ids.append(ids)
-        arg = int(ids[0]) if len(ids) == 1 else ids.tolist()
-        text = self._stream.step(self._tok, arg)
+        text = self._stream.step(self._tok, ids.tolist())
         self._holding = text is None
         if text:
             self._text.append(text)
