@@ -105,7 +105,8 @@ class IncrementalDecoder:
         streamed chunk is many ids). A chunk whose text ends inside a character is
         held whole until the next one completes it; ``flush`` ends the reply."""
         self._ids.append(ids)
-        text = self._stream.step(self._tok, ids.tolist())
+        # one id as an int: the Rust call takes ~1.5 us more for a one-id list
+        text = self._stream.step(self._tok, int(ids[0]) if len(ids) == 1 else ids.tolist())
         self._holding = text is None
         if text:
             self._text.append(text)
