@@ -1,3 +1,3 @@
-from stack.cli.main import main
+from stack.cli.entry import main
 
 main()
