@@ -215,6 +215,7 @@ class Clients:
             thread="main",
             prompt_ids=np.asarray(prompt, I32).tobytes(),
             whole_reply=not shape.stream,  # as the proxy asks for a client that does not stream
+            wide_events=True,  # and for one with no stop strings, as here
         )
         request.sampling.CopyFrom(sampling)
         t0, first, ids = time.perf_counter(), 0.0, []

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from harnessrl.v1 import records_pb2 as harnessrl_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/gateway.proto\x12\x0charnessrl.v1\x1a\x1aharnessrl/v1/records.proto\"\xb2\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1d\n\x15return_routed_experts\x18\x07 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\r\"7\n\x0bTopLogprobs\x12\t\n\x01k\x18\x01 \x01(\r\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x10\n\x08logprobs\x18\x03 \x01(\x0c\"\xa0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0e\n\x06thread\x18\x03 \x01(\t\x12\x12\n\nprompt_ids\x18\x04 \x01(\x0c\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.harnessrl.v1.SamplingParams\x12\x13\n\x0bwhole_reply\x18\x06 \x01(\x08\"\xb7\x01\n\rGenerateChunk\x12)\n\x06tokens\x18\x01 \x01(\x0b\x32\x19.harnessrl.v1.TokenArrays\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.harnessrl.v1.Usage\x12\x0f\n\x07replica\x18\x04 \x01(\t\x12/\n\x0ctop_logprobs\x18\x05 \x01(\x0b\x32\x19.harnessrl.v1.TopLogprobs\"4\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\r\"!\n\x0cPauseRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"\x1d\n\rPauseResponse\x12\x0c\n\x04held\x18\x01 \x01(\r\"\x0f\n\rResumeRequest\"!\n\x0eResumeResponse\x12\x0f\n\x07resumed\x18\x01 \x01(\r\"\xb2\x01\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\x12@\n\x07options\x18\x03 \x03(\x0b\x32/.harnessrl.v1.UpdateWeightsRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"9\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x16\n\x14GatewayHealthRequest\"v\n\rReplicaHealth\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\x95\x01\n\x15GatewayHealthResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12-\n\x08replicas\x18\x05 \x03(\x0b\x32\x1b.harnessrl.v1.ReplicaHealth2\xd0\x03\n\x0eRolloutGateway\x12H\n\x08Generate\x12\x1d.harnessrl.v1.GenerateRequest\x1a\x1b.harnessrl.v1.GenerateChunk0\x01\x12@\n\x05\x41\x62ort\x12\x1a.harnessrl.v1.AbortRequest\x1a\x1b.harnessrl.v1.AbortResponse\x12@\n\x05Pause\x12\x1a.harnessrl.v1.PauseRequest\x1a\x1b.harnessrl.v1.PauseResponse\x12\x43\n\x06Resume\x12\x1b.harnessrl.v1.ResumeRequest\x1a\x1c.harnessrl.v1.ResumeResponse\x12X\n\rUpdateWeights\x12\".harnessrl.v1.UpdateWeightsRequest\x1a#.harnessrl.v1.UpdateWeightsResponse\x12Q\n\x06Health\x12\".harnessrl.v1.GatewayHealthRequest\x1a#.harnessrl.v1.GatewayHealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/gateway.proto\x12\x0charnessrl.v1\x1a\x1aharnessrl/v1/records.proto\"\xb2\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1d\n\x15return_routed_experts\x18\x07 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\r\"7\n\x0bTopLogprobs\x12\t\n\x01k\x18\x01 \x01(\r\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x10\n\x08logprobs\x18\x03 \x01(\x0c\"\xb5\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0e\n\x06thread\x18\x03 \x01(\t\x12\x12\n\nprompt_ids\x18\x04 \x01(\x0c\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.harnessrl.v1.SamplingParams\x12\x13\n\x0bwhole_reply\x18\x06 \x01(\x08\x12\x13\n\x0bwide_events\x18\x07 \x01(\x08\"\xb7\x01\n\rGenerateChunk\x12)\n\x06tokens\x18\x01 \x01(\x0b\x32\x19.harnessrl.v1.TokenArrays\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.harnessrl.v1.Usage\x12\x0f\n\x07replica\x18\x04 \x01(\t\x12/\n\x0ctop_logprobs\x18\x05 \x01(\x0b\x32\x19.harnessrl.v1.TopLogprobs\"4\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\r\"!\n\x0cPauseRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"\x1d\n\rPauseResponse\x12\x0c\n\x04held\x18\x01 \x01(\r\"\x0f\n\rResumeRequest\"!\n\x0eResumeResponse\x12\x0f\n\x07resumed\x18\x01 \x01(\r\"\xb2\x01\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\x12@\n\x07options\x18\x03 \x03(\x0b\x32/.harnessrl.v1.UpdateWeightsRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"9\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x16\n\x14GatewayHealthRequest\"v\n\rReplicaHealth\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\x95\x01\n\x15GatewayHealthResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12-\n\x08replicas\x18\x05 \x03(\x0b\x32\x1b.harnessrl.v1.ReplicaHealth2\xd0\x03\n\x0eRolloutGateway\x12H\n\x08Generate\x12\x1d.harnessrl.v1.GenerateRequest\x1a\x1b.harnessrl.v1.GenerateChunk0\x01\x12@\n\x05\x41\x62ort\x12\x1a.harnessrl.v1.AbortRequest\x1a\x1b.harnessrl.v1.AbortResponse\x12@\n\x05Pause\x12\x1a.harnessrl.v1.PauseRequest\x1a\x1b.harnessrl.v1.PauseResponse\x12\x43\n\x06Resume\x12\x1b.harnessrl.v1.ResumeRequest\x1a\x1c.harnessrl.v1.ResumeResponse\x12X\n\rUpdateWeights\x12\".harnessrl.v1.UpdateWeightsRequest\x1a#.harnessrl.v1.UpdateWeightsResponse\x12Q\n\x06Health\x12\".harnessrl.v1.GatewayHealthRequest\x1a#.harnessrl.v1.GatewayHealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,33 +39,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPLOGPROBS']._serialized_start=253
   _globals['_TOPLOGPROBS']._serialized_end=308
   _globals['_GENERATEREQUEST']._serialized_start=311
-  _globals['_GENERATEREQUEST']._serialized_end=471
-  _globals['_GENERATECHUNK']._serialized_start=474
-  _globals['_GENERATECHUNK']._serialized_end=657
-  _globals['_ABORTREQUEST']._serialized_start=659
-  _globals['_ABORTREQUEST']._serialized_end=711
-  _globals['_ABORTRESPONSE']._serialized_start=713
-  _globals['_ABORTRESPONSE']._serialized_end=745
-  _globals['_PAUSEREQUEST']._serialized_start=747
-  _globals['_PAUSEREQUEST']._serialized_end=780
-  _globals['_PAUSERESPONSE']._serialized_start=782
-  _globals['_PAUSERESPONSE']._serialized_end=811
-  _globals['_RESUMEREQUEST']._serialized_start=813
-  _globals['_RESUMEREQUEST']._serialized_end=828
-  _globals['_RESUMERESPONSE']._serialized_start=830
-  _globals['_RESUMERESPONSE']._serialized_end=863
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=866
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1044
-  _globals['_UPDATEWEIGHTSREQUEST_OPTIONSENTRY']._serialized_start=998
-  _globals['_UPDATEWEIGHTSREQUEST_OPTIONSENTRY']._serialized_end=1044
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1046
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1103
-  _globals['_GATEWAYHEALTHREQUEST']._serialized_start=1105
-  _globals['_GATEWAYHEALTHREQUEST']._serialized_end=1127
-  _globals['_REPLICAHEALTH']._serialized_start=1129
-  _globals['_REPLICAHEALTH']._serialized_end=1247
-  _globals['_GATEWAYHEALTHRESPONSE']._serialized_start=1250
-  _globals['_GATEWAYHEALTHRESPONSE']._serialized_end=1399
-  _globals['_ROLLOUTGATEWAY']._serialized_start=1402
-  _globals['_ROLLOUTGATEWAY']._serialized_end=1866
+  _globals['_GENERATEREQUEST']._serialized_end=492
+  _globals['_GENERATECHUNK']._serialized_start=495
+  _globals['_GENERATECHUNK']._serialized_end=678
+  _globals['_ABORTREQUEST']._serialized_start=680
+  _globals['_ABORTREQUEST']._serialized_end=732
+  _globals['_ABORTRESPONSE']._serialized_start=734
+  _globals['_ABORTRESPONSE']._serialized_end=766
+  _globals['_PAUSEREQUEST']._serialized_start=768
+  _globals['_PAUSEREQUEST']._serialized_end=801
+  _globals['_PAUSERESPONSE']._serialized_start=803
+  _globals['_PAUSERESPONSE']._serialized_end=832
+  _globals['_RESUMEREQUEST']._serialized_start=834
+  _globals['_RESUMEREQUEST']._serialized_end=849
+  _globals['_RESUMERESPONSE']._serialized_start=851
+  _globals['_RESUMERESPONSE']._serialized_end=884
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=887
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1065
+  _globals['_UPDATEWEIGHTSREQUEST_OPTIONSENTRY']._serialized_start=1019
+  _globals['_UPDATEWEIGHTSREQUEST_OPTIONSENTRY']._serialized_end=1065
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1067
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1124
+  _globals['_GATEWAYHEALTHREQUEST']._serialized_start=1126
+  _globals['_GATEWAYHEALTHREQUEST']._serialized_end=1148
+  _globals['_REPLICAHEALTH']._serialized_start=1150
+  _globals['_REPLICAHEALTH']._serialized_end=1268
+  _globals['_GATEWAYHEALTHRESPONSE']._serialized_start=1271
+  _globals['_GATEWAYHEALTHRESPONSE']._serialized_end=1420
+  _globals['_ROLLOUTGATEWAY']._serialized_start=1423
+  _globals['_ROLLOUTGATEWAY']._serialized_end=1887
 # @@protoc_insertion_point(module_scope)

@@ -38,20 +38,22 @@ class TopLogprobs(_message.Message):
     def __init__(self, k: _Optional[int] = ..., ids: _Optional[bytes] = ..., logprobs: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "trial_id", "thread", "prompt_ids", "sampling", "whole_reply")
+    __slots__ = ("request_id", "trial_id", "thread", "prompt_ids", "sampling", "whole_reply", "wide_events")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     THREAD_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     WHOLE_REPLY_FIELD_NUMBER: _ClassVar[int]
+    WIDE_EVENTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trial_id: str
     thread: str
     prompt_ids: bytes
     sampling: SamplingParams
     whole_reply: bool
-    def __init__(self, request_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., thread: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., whole_reply: _Optional[bool] = ...) -> None: ...
+    wide_events: bool
+    def __init__(self, request_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., thread: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., whole_reply: _Optional[bool] = ..., wide_events: _Optional[bool] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("tokens", "finish_reason", "usage", "replica", "top_logprobs")

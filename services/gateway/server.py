@@ -82,7 +82,13 @@ class GatewayServicer(gateway_pb2_grpc.RolloutGatewayServicer):
         prompt = unpack_i32(request.prompt_ids, "prompt_ids")
         sampling = sampling_from_proto(request.sampling)
         stream = self.service.generate(
-            request.request_id, request.trial_id, request.thread, prompt, sampling, whole=request.whole_reply
+            request.request_id,
+            request.trial_id,
+            request.thread,
+            prompt,
+            sampling,
+            whole=request.whole_reply,
+            wide=request.wide_events,
         )
         async for out in stream:
             yield chunk_to_proto(out)

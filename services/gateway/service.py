@@ -299,9 +299,11 @@ class GatewayService:
         sampling: Sampling,
         *,
         whole: bool = False,
+        wide: bool = False,
     ) -> AsyncIterator[Output]:
         """The reply's chunks as they are sampled (coalesced per ``stream_interval_ms``);
-        ``whole``: in one message at the end (see ``_whole``)."""
+        ``whole``: in one message at the end (see ``_whole``); ``wide``: the caller ends
+        the reply on no text, so the engine may send wider events."""
         budget = self._validate(prompt_ids, sampling)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
@@ -310,7 +312,7 @@ class GatewayService:
         metrics.QUEUE_DEPTH.labels("gateway", "requests").set(len(self._requests))
         try:
             await self._wait_unpaused(tracked)
-            request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget, whole)
+            request = GenerateInput(request_id, trial_id, thread or "main", prompt_ids, sampling, budget, whole, wide)
             async with contextlib.aclosing(self._stream(request, tracked)) as stream:
                 async for out in stream:
                     yield out

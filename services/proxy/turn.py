@@ -165,6 +165,7 @@ class ModelCall:
             prompt_ids=plan.prompt,
             sampling=sampling,
             whole_reply=self.params.whole and not self.params.stops,
+            wide_events=not self.params.stops,  # no stop string to see soon: wider engine events
         )
         self._chunks = trial.engine.generate(request)
         try:

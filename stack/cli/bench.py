@@ -151,6 +151,15 @@ def vllm_path(
         int | None,
         typer.Option(min=1, help="The gateway's vllm_stream_interval (tokens per vLLM event; default: its own)."),
     ] = None,
+    wide_interval: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The gateway's vllm_stream_interval_wide (tokens per vLLM event of a streamed reply "
+            "without stop strings, as every row here; default: its own). Its value as --stream-interval "
+            "measures the narrow events a stop-watching call gets.",
+        ),
+    ] = None,
     concurrency: Annotated[
         list[int] | None,
         typer.Option(
@@ -177,6 +186,7 @@ def vllm_path(
         raise typer.BadParameter(f"no vLLM venv at {vllm_python().parent.parent}: run scripts/setup_vllm.sh")
     progress = lambda msg: typer.echo(f"... {msg}", err=True)  # noqa: E731
     more = {} if stream_interval is None else {"vllm_stream_interval": stream_interval}
+    more |= {} if wide_interval is None else {"vllm_stream_interval_wide": wide_interval}
     levels = tuple(sorted(set(concurrency or [1])))
     rows = run_bench(short_calls, long_calls, modes[stream], progress, vllm_url, gateway=more, concurrency=levels)
     print_report(rows)

@@ -70,7 +70,9 @@ async def gateway(
     await server.stop(0.5)
 
 
-def request(prompt: list[int], rid: str, trial: str = "", whole: bool = False, **sampling: Any) -> pb.GenerateRequest:
+def request(
+    prompt: list[int], rid: str, trial: str = "", whole: bool = False, wide: bool = False, **sampling: Any
+) -> pb.GenerateRequest:
     params = pb.SamplingParams(**sampling)
     return pb.GenerateRequest(
         request_id=rid,
@@ -79,6 +81,7 @@ def request(prompt: list[int], rid: str, trial: str = "", whole: bool = False, *
         prompt_ids=pack_i32(prompt),
         sampling=params,
         whole_reply=whole,
+        wide_events=wide,
     )
 
 
@@ -128,15 +131,32 @@ async def test_a_whole_reply_is_one_message_with_the_streamed_tokens(gateway) ->
     assert whole[0].finish_reason == streamed[-1].finish_reason and whole[0].usage.completion_tokens == len(w_ids)
 
 
-async def test_an_aborted_whole_reply_is_one_message_with_the_abort(gateway) -> None:
-    _, stub = gateway
+def long_prompt() -> list[int]:
     from transformers import AutoTokenizer
 
     from stack.bench_vllm import LONG_ASK
 
     ask = [{"role": "user", "content": LONG_ASK}]  # greedy, the model's story runs past 1000 tokens
-    prompt = AutoTokenizer.from_pretrained(MODEL).apply_chat_template(ask, add_generation_prompt=True)["input_ids"]
-    call = stub.Generate(request(list(prompt), "wab", whole=True, max_tokens=1000, temperature=0.0))
+    return list(AutoTokenizer.from_pretrained(MODEL).apply_chat_template(ask, add_generation_prompt=True)["input_ids"])
+
+
+async def test_a_reply_without_stop_strings_streams_in_wide_events(gateway) -> None:
+    server, stub = gateway
+    if server.service.settings.vllm_stream_interval == 1:
+        pytest.skip("one event per token (/v1/completions): no event to widen")
+    sampling = {"max_tokens": 150, "temperature": 0.0}
+    narrow = [c async for c in stub.Generate(request(long_prompt(), "wn", **sampling))]
+    wide = [c async for c in stub.Generate(request(long_prompt(), "wd", wide=True, **sampling))]
+    (n_ids, n_lps, _), (w_ids, w_lps, w_versions) = arrays(narrow), arrays(wide)
+    assert w_ids == n_ids and len(w_ids) == 150 and w_versions == [0] * 150
+    assert np.max(np.abs(w_lps - n_lps)) <= 1e-3
+    sizes = [len(unpack_i32(c.tokens.ids)) for c in wide if c.tokens.ids]
+    assert sizes[0] == 1 and len(sizes) <= 2 + 149 // 64 < len(narrow), sizes  # the first token at once, then 64s
+
+
+async def test_an_aborted_whole_reply_is_one_message_with_the_abort(gateway) -> None:
+    _, stub = gateway
+    call = stub.Generate(request(long_prompt(), "wab", whole=True, max_tokens=1000, temperature=0.0))
     await asyncio.sleep(0.5)  # its first token sampled, far from its end
     assert (await stub.Abort(pb.AbortRequest(request_id="wab"))).aborted == 1
     rest = [c async for c in call]

@@ -2,7 +2,8 @@
 network read while the reply runs, and its last tokens in one chunk that carries the
 finish reason and the cached-prompt count (read from the usage event after them),
 never an empty finish chunk after them (one message fewer per reply for the gateway
-and the proxy); a whole reply asks vLLM for events of its whole budget. A real HTTP
+and the proxy); a whole reply asks vLLM for events of its whole budget, a reply whose
+caller watches no stop string for events of vllm_stream_interval_wide. A real HTTP
 server stands in for the replica, in the token endpoint's wire format, one event per write."""
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ def token_events(parts: list[list[int]], finish: str, cached: int) -> list[dict[
 
 
 async def reply(
-    parts: list[list[int]], finish: str = "stop", cached: int = 2, whole: bool = False, bodies: list[Any] | None = None
+    parts: list[list[int]],
+    finish: str = "stop",
+    cached: int = 2,
+    whole: bool = False,
+    bodies: list[Any] | None = None,
+    wide: bool = False,
+    **settings: Any,
 ) -> list[Chunk]:
     app = replica_app([])
 
@@ -60,10 +67,10 @@ async def reply(
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async with serve(app) as url:
-        engine = VllmEngine(Settings.model_validate({"engine": "vllm", "vllm_urls": [url]}), url)
+        engine = VllmEngine(Settings.model_validate({"engine": "vllm", "vllm_urls": [url]} | settings), url)
         await engine.start()
         try:
-            request = GenerateInput("r", "t", "main", np.array([1, 2, 3], np.int32), Sampling(), 64, whole)
+            request = GenerateInput("r", "t", "main", np.array([1, 2, 3], np.int32), Sampling(), 64, whole, wide)
             return [c async for c in engine.generate(request)]
         finally:
             await engine.close()
@@ -96,3 +103,14 @@ async def test_a_whole_reply_asks_vllm_for_events_of_its_whole_budget() -> None:
     await reply([[5], [6]], bodies=bodies)
     await reply([[5], [6]], whole=True, bodies=bodies)
     assert [b["sampling_params"]["stream_interval"] for b in bodies] == [16, 64]  # the setting; the budget
+
+
+async def test_a_reply_without_stop_strings_asks_vllm_for_wide_events() -> None:
+    bodies: list[Any] = []
+    parts = [[5], list(range(100, 164)), [6]]
+    chunks = await reply(parts, wide=True, bodies=bodies)
+    assert [c.ids.tolist() for c in chunks] == parts  # the same chunks as vLLM's events, whatever their width
+    await reply([[5], [6]], wide=True, bodies=bodies, vllm_stream_interval_wide=32)
+    await reply([[5], [6]], wide=True, bodies=bodies, vllm_stream_interval=128)  # never narrower than the setting
+    await reply([[5], [6]], whole=True, wide=True, bodies=bodies, vllm_stream_interval_wide=32)  # whole: its budget
+    assert [b["sampling_params"]["stream_interval"] for b in bodies] == [64, 32, 128, 64]

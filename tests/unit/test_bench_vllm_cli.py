@@ -22,6 +22,8 @@ def plain(text: str) -> str:
         (["--long-calls", "many"], "--long-calls"),
         (["--stream-interval", "0"], "greater than or equal to 1"),
         (["--stream-interval", "x"], "--stream-interval"),
+        (["--wide-interval", "0"], "greater than or equal to 1"),
+        (["--wide-interval", "wide"], "--wide-interval"),
     ],
 )
 def test_malformed_arguments_are_refused(args: list[str], message: str) -> None:

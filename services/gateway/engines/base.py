@@ -53,6 +53,9 @@ class GenerateInput:
     # The caller takes the reply only at its end (GenerateRequest.whole_reply): an engine
     # may send fewer, larger chunks (the gateway joins them into one message anyway).
     whole: bool = False
+    # The caller watches no text to end the reply on (GenerateRequest.wide_events): an
+    # engine may stream it in wider events (the vLLM engine: vllm_stream_interval_wide).
+    wide: bool = False
 
 
 @dataclass

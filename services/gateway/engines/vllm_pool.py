@@ -4,7 +4,8 @@ Generation, by default (``vllm_stream_interval`` > 1): ``POST /inference/v1/gene
 vLLM's token endpoint (``vllm_tokens``): events of that many tokens, versions from the
 weight-version spans it reports; a server without it (403/404) gets the per-token path.
 A whole reply (``GenerateInput.whole``) asks for events of its whole budget: two events,
-its first token and the rest with its end.
+its first token and the rest with its end. A reply whose caller watches no stop string
+(``GenerateInput.wide``) asks for events of ``vllm_stream_interval_wide``.
 Per token (``vllm_stream_interval = 1``): ``POST /v1/completions`` with ``prompt`` as token ids,
 ``logprobs: 1`` and ``return_token_ids: true``, streamed (SSE); a request for
 top logprobs asks ``logprobs: k`` with ``return_tokens_as_token_ids: true``
@@ -223,6 +224,8 @@ class VllmEngine(Engine):
         if tokens_api:
             if request.whole:  # the first token's event and the last: two wakes however long the reply
                 interval = max(interval, request.budget)
+            elif request.wide:  # no stop string is watched: nothing is sampled past one seen late
+                interval = max(interval, self.settings.vllm_stream_interval_wide)
             path, body = vllm_tokens.PATH, vllm_tokens.generate_body(self.served_model, request, interval)
         else:
             path, body = "/v1/completions", completion_body(self.served_model, request, stream=True)

@@ -2,7 +2,9 @@
 message at the end) exactly when its client takes the reply only at its end and no
 stop string has to be watched for while it is sampled: every API unstreamed; never
 streamed, never with ``stop`` / ``stop_sequences``, never when tool forcing stops at
-the parser's markers. A real gRPC server records what the real proxy sends."""
+the parser's markers. It asks for wide events (``GenerateRequest.wide_events``) exactly
+when no stop string is watched, streamed or not. A real gRPC server records what the
+real proxy sends."""
 
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ class RecordingGateway(gateway_pb2_grpc.RolloutGatewayServicer):
     def __init__(self, ids: list[int]) -> None:
         self.ids = np.asarray(ids, I32)
         self.whole: list[bool] = []
+        self.wide: list[bool] = []
 
     async def Health(self, request: Any, context: Any) -> gateway_pb2.GatewayHealthResponse:
         return gateway_pb2.GatewayHealthResponse(model=MODEL, context_window=4096)
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[gateway_pb2.GenerateChunk]:
         self.whole.append(request.whole_reply)
+        self.wide.append(request.wide_events)
         n = len(self.ids)
         tokens = records_pb2.TokenArrays(
             ids=self.ids.tobytes(),
@@ -52,7 +56,7 @@ class RecordingGateway(gateway_pb2_grpc.RolloutGatewayServicer):
         return gateway_pb2.AbortResponse()
 
 
-def test_only_unstreamed_calls_without_stop_strings_ask_for_a_whole_reply(tmp_path: Path) -> None:
+def test_only_calls_without_stop_strings_ask_for_a_whole_reply_or_wide_events(tmp_path: Path) -> None:
     tokenizer = Tokenizer(default_model_dir())
     gateway = RecordingGateway([*tokenizer.encode("Hello there."), tokenizer.stop_ids[0]])
     port = free_port()
@@ -81,8 +85,11 @@ def test_only_unstreamed_calls_without_stop_strings_ask_for_a_whole_reply(tmp_pa
             texts.append(s.get_final_text())
         events = oa.responses.create(model=MODEL, input="hi", stream=True)
         texts.append("".join(e.delta for e in events if e.type == "response.output_text.delta"))
-        assert texts == ["Hello there."] * 9
-        assert gateway.whole == [True, False, False, False, True, False, True, False, False]
+        stopped = oa.chat.completions.create(model=MODEL, messages=MSG, stream=True, stop=["zz"])  # type: ignore[arg-type]
+        texts.append("".join(c.choices[0].delta.content or "" for c in stopped if c.choices))
+        assert texts == ["Hello there."] * 10
+        assert gateway.whole == [True, False, False, False, True, False, True, False, False, False]
+        assert gateway.wide == [True, True, False, False, True, False, True, True, True, False]
     finally:
         stack.run(server.stop(0))
         stack.stop()
