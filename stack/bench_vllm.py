@@ -16,7 +16,9 @@ chat asking for a long story (max_tokens 1024: the greedy reply of this model ru
 the limit, no ``ignore_eos`` needed, which the proxy's API does not carry; the bench
 reports the tokens it got). Overhead is paired: call i of a
 path minus call i of ``direct`` in the same round. CPU is read from /proc for each
-process (vLLM: the whole process tree) before and after each path's calls.
+process before and after each path's calls: ours exactly, per thread (``CpuReading``:
+schedstat, where /proc/PID/stat's 10-ms ticks were most of a 1-in-flight row's spread),
+vLLM's whole process tree in ticks.
 
 ``in_flight`` (``--concurrency``): how many conversations each path runs at once, each
 on its own connection. At 1 the services wake once per event from an idle wait, and
@@ -47,7 +49,7 @@ from harnessrl.arrays import I32
 from harnessrl.benchtable import load_average, print_table
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
 from stack.bench_proxy import ADMIN, proxy_stack
-from stack.benchstack import cpu_seconds
+from stack.benchstack import CpuReading, cpu_seconds
 from stack.vllm_server import VllmServer
 
 PATHS = ("direct", "gateway", "full")
@@ -324,15 +326,32 @@ def _rows(
     stats = {p: PathStats() for p in PATHS}
     for r in range(rounds):
         for path in PATHS[r % 3 :] + PATHS[: r % 3]:
-            before = {n: cpu_seconds(pid, tree=True) for n, pid in procs.items()}
+            before = _cpu(procs)
             t0 = time.perf_counter()
             for calls in pool.map(Clients.conversation, clients[: shape.in_flight], repeat(path), repeat(shape)):
                 stats[path].calls += calls
             stats[path].seconds += time.perf_counter() - t0
-            for n, pid in procs.items():
-                stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + cpu_seconds(pid, tree=True) - before[n]
+            for n, spent in _cpu_since(before, _cpu(procs)).items():
+                stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + spent
         progress(f"{shape.name} stream={shape.stream} in flight={shape.in_flight}: round {r + 1}/{rounds}")
     return [Row(shape, p, stats[p], stats["direct"]) for p in PATHS]
+
+
+def _cpu(procs: dict[str, int]) -> dict[str, CpuReading | float]:
+    """Ours: exact, per thread (``CpuReading``); vLLM: its process tree, in ticks
+    (its engine core is a child; its figure is the baseline's, not ours)."""
+    return {n: CpuReading.of(pid) if n in OURS else cpu_seconds(pid, tree=True) for n, pid in procs.items()}
+
+
+def _cpu_since(before: dict[str, CpuReading | float], after: dict[str, CpuReading | float]) -> dict[str, float]:
+    return {n: _spent(before[n], now) for n, now in after.items()}
+
+
+def _spent(then: CpuReading | float, now: CpuReading | float) -> float:
+    if isinstance(now, CpuReading) and isinstance(then, CpuReading):
+        return now.since(then)
+    assert isinstance(now, float) and isinstance(then, float)
+    return now - then
 
 
 def print_report(rows: list[Row]) -> None:
