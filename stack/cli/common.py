@@ -11,7 +11,6 @@ from typing import Annotated, TypeVar
 
 import typer
 import uvicorn
-from fastapi import FastAPI
 
 from harnessrl import logs, tls
 from harnessrl.config import ServiceSettings, load_section
@@ -58,27 +57,3 @@ class _Server(uvicorn.Server):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: setattr(self, "should_exit", True))
         yield
-
-
-def serve_http(
-    app_factory: Callable[[S], FastAPI],
-    settings_cls: type[S],
-    section: str,
-    config: Path | None,
-    overrides: dict[str, object],
-) -> None:
-    """Loads settings, then serves the FastAPI app from ``app_factory`` until
-    SIGTERM/SIGINT, then drains in-flight requests and exits 0."""
-    settings = load_section(settings_cls, config, section, overrides)
-    logs.configure(settings.log_level)
-    tls.use(settings.tls)
-    tls.warn_if_plaintext(section, settings.host, settings.tls)
-    config_ = uvicorn.Config(
-        app_factory(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        **tls.uvicorn_options(settings.tls),
-    )
-    asyncio.run(_Server(config_).serve())
