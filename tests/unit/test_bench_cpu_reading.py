@@ -5,8 +5,13 @@ difference fall back to the ticks (its last slice is unknown)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from stack.benchstack import CpuReading
 
@@ -17,47 +22,68 @@ def spin(seconds: float) -> None:
         pass
 
 
-def test_a_reading_agrees_with_the_thread_clock_to_the_millisecond() -> None:
-    # As in a bench, the measured threads are blocked when read (a running thread's
-    # count is brought up to date only at its next scheduler event).
-    go, done, spent = threading.Event(), threading.Event(), []
-
-    def work() -> None:
-        for burn in (0.003, 0.027):  # under a tick, and not a whole number of them
-            go.wait()
-            go.clear()
-            clock = time.thread_time()
-            spin(burn)
-            spent.append(time.thread_time() - clock)
-            done.set()
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    for i in range(2):
-        before = CpuReading.of(os.getpid())
-        go.set()
+CHILD = """
+import sys, threading, time
+def spin(seconds, out):
+    clock = time.thread_time()
+    end = clock + seconds
+    while time.thread_time() < end:
+        pass
+    out.append(time.thread_time() - clock)
+print("ready", flush=True)
+for line in sys.stdin:
+    out = []
+    if line.startswith("thread "):  # in a new thread, which then blocks for good
+        done = threading.Event()
+        work = lambda: (spin(float(line.split()[1]), out), done.set(), threading.Event().wait())
+        threading.Thread(target=work, daemon=True).start()
         done.wait()
-        done.clear()
-        after = CpuReading.of(os.getpid())
-        assert abs(after.since(before) - spent[i]) < 0.002, (after.since(before), spent)
-    worker.join()
+    else:
+        spin(float(line), out)
+    print(out[0], flush=True)
+"""
 
 
-def test_a_thread_started_between_readings_counts_in_full() -> None:
-    before = CpuReading.of(os.getpid())
-    release = threading.Event()
-    worker = threading.Thread(target=lambda: (spin(0.02), release.wait()))
-    worker.start()
-    time.sleep(0.1)
-    after = CpuReading.of(os.getpid())
-    release.set()
-    worker.join()
-    assert 0.02 <= after.since(before) < 0.1
+def spent_in_child(child: subprocess.Popen[str], command: str) -> tuple[float, float]:
+    """(what CpuReading saw, what the child's thread clock saw) for one command."""
+    assert child.stdin is not None and child.stdout is not None
+    before = CpuReading.of(child.pid)
+    child.stdin.write(f"{command}\n")
+    child.stdin.flush()
+    spent = float(child.stdout.readline())
+    return CpuReading.of(child.pid).since(before), spent
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # started: what follows is the spin alone
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_reading_of_another_process_agrees_with_its_thread_clock_to_the_millisecond(child) -> None:
+    # As in a bench: another process, read while it is blocked (a running thread's
+    # count is brought up to date only at its next scheduler event).
+    for burn in ("0.003", "0.027"):  # under a tick, and not a whole number of them
+        seen, spent = spent_in_child(child, burn)
+        assert abs(seen - spent) < 0.002, (seen, spent)
+
+
+def test_a_thread_started_between_readings_counts_in_full(child) -> None:
+    seen, spent = spent_in_child(child, "thread 0.017")
+    assert abs(seen - spent) < 0.002, (seen, spent)
 
 
 def test_a_thread_that_exits_between_readings_falls_back_to_the_ticks() -> None:
     release = threading.Event()
-    worker = threading.Thread(target=lambda: (release.wait(), spin(0.05)))
+
+    def work() -> None:
+        release.wait()
+        spin(0.05)
+
+    worker = threading.Thread(target=work)
     worker.start()
     before = CpuReading.of(os.getpid())
     release.set()
