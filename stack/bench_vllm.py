@@ -49,7 +49,7 @@ from harnessrl.arrays import I32
 from harnessrl.benchtable import load_average, print_table
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
 from stack.bench_proxy import ADMIN, proxy_stack
-from stack.benchstack import CpuReading, cpu_seconds
+from stack.benchstack import CpuReading
 from stack.vllm_server import VllmServer
 
 PATHS = ("direct", "gateway", "full")
@@ -331,27 +331,16 @@ def _rows(
             for calls in pool.map(Clients.conversation, clients[: shape.in_flight], repeat(path), repeat(shape)):
                 stats[path].calls += calls
             stats[path].seconds += time.perf_counter() - t0
-            for n, spent in _cpu_since(before, _cpu(procs)).items():
-                stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + spent
+            for n, now in _cpu(procs).items():
+                stats[path].cpu_s[n] = stats[path].cpu_s.get(n, 0.0) + now.since(before[n])
         progress(f"{shape.name} stream={shape.stream} in flight={shape.in_flight}: round {r + 1}/{rounds}")
     return [Row(shape, p, stats[p], stats["direct"]) for p in PATHS]
 
 
-def _cpu(procs: dict[str, int]) -> dict[str, CpuReading | float]:
-    """Ours: exact, per thread (``CpuReading``); vLLM: its process tree, in ticks
-    (its engine core is a child; its figure is the baseline's, not ours)."""
-    return {n: CpuReading.of(pid) if n in OURS else cpu_seconds(pid, tree=True) for n, pid in procs.items()}
-
-
-def _cpu_since(before: dict[str, CpuReading | float], after: dict[str, CpuReading | float]) -> dict[str, float]:
-    return {n: _spent(before[n], now) for n, now in after.items()}
-
-
-def _spent(then: CpuReading | float, now: CpuReading | float) -> float:
-    if isinstance(now, CpuReading) and isinstance(then, CpuReading):
-        return now.since(then)
-    assert isinstance(now, float) and isinstance(then, float)
-    return now - then
+def _cpu(procs: dict[str, int]) -> dict[str, CpuReading]:
+    """Ours: exact, per thread; vLLM: its process tree, in ticks (its engine core is
+    a child; its figure is the baseline's, not ours)."""
+    return {n: CpuReading.of(pid) if n in OURS else CpuReading.ticks(pid, tree=True) for n, pid in procs.items()}
 
 
 def print_report(rows: list[Row]) -> None:

@@ -236,10 +236,10 @@ class CpuReading:
     (``/proc/PID/task/TID/schedstat``), and the process's total in ticks
     (``/proc/PID/stat``, 10 ms) for when a thread exits between two readings.
     Ticks alone cost a bench ±10 ms per reading per process: on a 1-in-flight call
-    of a few ms that is the whole figure."""
+    of a few ms that is the whole figure. ``ticks``: the total only (a process tree)."""
 
     ticks_s: float
-    threads_ns: dict[int, int]
+    threads_ns: dict[int, int] | None  # None: not read per thread
 
     @classmethod
     def of(cls, pid: int) -> CpuReading:
@@ -251,9 +251,14 @@ class CpuReading:
                 continue
         return cls(cpu_seconds(pid), threads)
 
+    @classmethod
+    def ticks(cls, pid: int, tree: bool = False) -> CpuReading:
+        return cls(cpu_seconds(pid, tree), None)
+
     def since(self, before: CpuReading) -> float:
         """Seconds of CPU from ``before`` to this reading: exact while no thread of
         ``before`` has exited (its last slice is then unknown), else the ticks'."""
-        if not before.threads_ns.keys() <= self.threads_ns.keys():
+        now, then = self.threads_ns, before.threads_ns
+        if now is None or then is None or not then.keys() <= now.keys():
             return self.ticks_s - before.ticks_s
-        return sum(ns - before.threads_ns.get(tid, 0) for tid, ns in self.threads_ns.items()) / 1e9
+        return sum(ns - then.get(tid, 0) for tid, ns in now.items()) / 1e9

@@ -92,6 +92,14 @@ def test_a_thread_that_exits_between_readings_falls_back_to_the_ticks() -> None:
     while os.path.exists(f"/proc/self/task/{worker.native_id}") and time.monotonic() < gone:
         time.sleep(0.01)  # join returns just before the OS thread is gone
     after = CpuReading.of(os.getpid())
+    assert before.threads_ns is not None and after.threads_ns is not None
     assert worker.native_id in before.threads_ns and worker.native_id not in after.threads_ns
     assert after.since(before) == after.ticks_s - before.ticks_s
     assert after.since(before) >= 0.03  # the exited thread's spin is in the ticks
+
+
+def test_a_reading_in_ticks_only_gives_the_ticks(child) -> None:
+    before = CpuReading.ticks(child.pid, tree=True)  # vLLM's tree: totals only
+    spent_in_child(child, "0.03")
+    after = CpuReading.ticks(child.pid, tree=True)
+    assert after.threads_ns is None and after.since(before) == after.ticks_s - before.ticks_s >= 0.02
