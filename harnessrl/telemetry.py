@@ -124,6 +124,11 @@ class _Detachable(SpanProcessor):
             inner.shutdown()
 
 
+def exporting() -> bool:
+    """Whether spans of this process are exported anywhere (an endpoint or a test's exporter)."""
+    return bool(_processors)
+
+
 def _add_processor(processor: SpanProcessor) -> None:
     _processors.append(processor)
     for provider in _providers.values():

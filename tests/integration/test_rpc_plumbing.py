@@ -3,9 +3,12 @@ mapping, graceful stop and one trace across client and server."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from harnessrl import telemetry
@@ -18,7 +21,10 @@ from harnessrl.v1 import trainer_pb2, trainer_pb2_grpc
 class ProbeTrainer(trainer_pb2_grpc.TrainerServicer):
     """A minimal servicer to exercise the plumbing, not the trainer."""
 
+    seen_traces: ClassVar[list[int]] = []  # the trace id each Status call ran in (0: none)
+
     async def Status(self, request, context):
+        self.seen_traces.append(trace.get_current_span().get_span_context().trace_id)
         return trainer_pb2.TrainerStatus(run_id="probe", step=3)
 
     async def Metrics(self, request, context):
@@ -52,9 +58,26 @@ async def test_error_mapping_and_trace_propagation() -> None:
     finally:
         await running.stop()
     trace_id = parent.get_span_context().trace_id
+    assert trace_id in ProbeTrainer.seen_traces
     status_spans = [s for s in exporter.get_finished_spans() if s.name.endswith("Trainer/Status")]
     assert len(status_spans) == 2  # client span and server span
     assert {s.context.trace_id for s in status_spans} == {trace_id}
+
+
+async def test_no_server_spans_while_nothing_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A span per call costs the hot path ~0.3 ms: a process that exports no traces
+    installs no server interceptor, so a call carries no trace into the handler."""
+    monkeypatch.setattr(telemetry, "_processors", [])
+    ProbeTrainer.seen_traces.clear()
+    running = await start()
+    try:
+        async with connect(f"127.0.0.1:{running.port}") as channel:
+            with telemetry.tracer("test").start_as_current_span("trial") as parent:
+                assert parent.get_span_context().is_valid  # a context to propagate, though nothing records it
+                await trainer_pb2_grpc.TrainerStub(channel).Status(trainer_pb2.StatusRequest())
+    finally:
+        await running.stop()
+    assert ProbeTrainer.seen_traces == [0]
 
 
 async def test_auth_rejects_wrong_token_but_not_health() -> None:
