@@ -4,6 +4,9 @@ and the embedded-distributed mode; never a mock."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -14,6 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -241,6 +245,13 @@ class DockerEngine(_Process):
     builds use ``--network host``. Needs root."""
 
     dir: Path = field(default_factory=lambda: _scratch("hrl-docker-"))
+    # Images and build cache; ``dir/root`` unless a kept one is given (``cached_data_root``).
+    # The sockets and exec root stay in ``dir``, a short path (unix sockets take 108 bytes).
+    data_root: Path | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.data_root or self.dir / "root"
 
     @property
     def socket(self) -> Path:
@@ -269,7 +280,7 @@ class DockerEngine(_Process):
             "--iptables=false",
             "--ip6tables=false",
             "--ip-masq=false",
-            f"--data-root={self.dir / 'root'}",
+            f"--data-root={self.root}",
             f"--exec-root={self.dir / 'exec'}",
             f"--pidfile={self.dir / 'docker.pid'}",
             f"--host={self.host}",
@@ -281,7 +292,17 @@ class DockerEngine(_Process):
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         _wait(self._answers, timeout, "dockerd", self.proc, log)
+        if self.data_root is not None:
+            # A kept data root may hold containers of a session that was killed.
+            self._remove_containers()
         return self
+
+    def _remove_containers(self) -> None:
+        ids = subprocess.run(
+            ["docker", "--host", self.host, "ps", "-aq"], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "--host", self.host, "rm", "-f", *ids], capture_output=True, check=False)
 
     def _answers(self) -> bool:
         if not self.socket.exists():
@@ -294,14 +315,40 @@ class DockerEngine(_Process):
         return result.returncode == 0
 
     def stop(self) -> None:
-        """Stops the engine by its PID; removes every container it still runs first."""
+        """Stops the engine by its PID; removes every container it still runs first,
+        then kills whatever its containerd left behind (a killed engine leaves its
+        ``containerd`` and every ``containerd-shim`` with its container running)."""
         if self.proc is not None and self.proc.poll() is None:
-            ids = subprocess.run(
-                ["docker", "--host", self.host, "ps", "-aq"], capture_output=True, text=True, check=False
-            ).stdout.split()
-            if ids:
-                subprocess.run(["docker", "--host", self.host, "rm", "-f", *ids], capture_output=True, check=False)
+            self._remove_containers()
         super().stop()
+        self.reap()
+
+    def reap(self) -> list[int]:
+        """SIGKILLs every process of this engine's containerd namespace (the shims,
+        the containers under them, a containerd orphaned by a killed dockerd) and
+        returns their PIDs. Found by the namespace or exec root on their command line,
+        which no other engine shares."""
+        import psutil
+
+        marks = (f"hrl{self._ns}", str(self.dir / "exec"))
+        roots = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or ())
+            if "containerd" in cmdline and any(mark in cmdline for mark in marks):
+                roots.append(proc)
+        doomed: dict[int, psutil.Process] = {}
+        for proc in roots:
+            try:
+                doomed.update({p.pid: p for p in (proc, *proc.children(recursive=True))})
+            except psutil.NoSuchProcess:
+                continue
+        for proc in doomed.values():
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(list(doomed.values()), timeout=10)
+        return sorted(doomed)
 
     def __enter__(self) -> DockerEngine:
         return self.start()
@@ -310,8 +357,45 @@ class DockerEngine(_Process):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+        # Lazily unmount whatever overlay the engine left (so a scratch dir can go).
+        subprocess.run(["umount", "-R", "-l", str(self.root)], capture_output=True, check=False)
         if self.dir in _SCRATCH:
-            # Lazily unmount whatever overlay the engine left, so the scratch dir can go.
-            subprocess.run(["umount", "-R", "-l", str(self.dir / "root")], capture_output=True, check=False)
             _SCRATCH.discard(self.dir)
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# Bumped when what a kept data root holds must not be reused (a layout of ours changed).
+_DATA_ROOT_LAYOUT = "1"
+_DATA_ROOT_MIN_FREE = 10 * 2**30
+
+
+@contextlib.contextmanager
+def cached_data_root(home: Path) -> Iterator[Path | None]:
+    """A Docker data root kept across runs under ``home/docker-engine/<key>``, so a
+    second test session on the same machine starts warm (images, build cache).
+    The key covers the engine's version and the layout, so another engine never
+    reads it. Held under an exclusive lock for the ``with`` block; None (use a
+    scratch root) when another session holds it, when no dockerd is installed,
+    or when the disk is short of room, in which case the kept root is removed."""
+    binary = shutil.which("dockerd")
+    if binary is None:
+        yield None
+        return
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    key = hashlib.sha256(f"{version}:{_DATA_ROOT_LAYOUT}".encode()).hexdigest()[:12]
+    base = home / "docker-engine"
+    base.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(base).free < _DATA_ROOT_MIN_FREE:
+        shutil.rmtree(base / key, ignore_errors=True)
+        yield None
+        return
+    with open(base / f"{key}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        try:
+            yield base / key
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

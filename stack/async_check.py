@@ -235,7 +235,14 @@ def check_table(base: SimConfig, trial_mean_s: float = 3.0) -> list[CheckResult]
 
     results = check(base, trial_mean_s)
     table = Table(title=f"simulator vs a real scaled run (mean trial {trial_mean_s:.1f} s, {base.steps} steps)")
-    cols = ("staleness", "measured steps/h", "predicted steps/h", "error", "measured vs sync", "predicted vs sync")
+    cols = (
+        "staleness",
+        "measured steps/h",
+        "predicted steps/h",
+        "error (target <= 20 %)",
+        "measured vs sync",
+        "predicted vs sync",
+    )
     for col in (*cols, "measured idle", "predicted idle"):
         table.add_column(col, justify="right")
     sync = results[0]

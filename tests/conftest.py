@@ -12,19 +12,32 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.localservers import DockerEngine, RedisServer, S3Server
+from harnessrl import paths
+from harnessrl.localservers import DockerEngine, RedisServer, S3Server, cached_data_root
 from harnessrl.rpc import RECORD_ENV
+from tests import leftovers
 from tests.contract import check_rpc_coverage
 
+leftovers.mark_session()
 _RECORD = Path(tempfile.mkdtemp(prefix="hrl-rpc-")) / "rpcs.txt"
 os.environ[RECORD_ENV] = str(_RECORD)
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    """A fresh redis-server per test (no shared state)."""
+@pytest.fixture(scope="session")
+def _session_redis() -> Iterator[RedisServer]:
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def redis_server(_session_redis: RedisServer) -> RedisServer:
+    """One redis-server per session, empty for each test (FLUSHALL before it).
+    A test that kills or restarts its Redis starts its own ``RedisServer``."""
+    import redis
+
+    with redis.Redis(host="127.0.0.1", port=_session_redis.port) as client:
+        client.flushall()
+    return _session_redis
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +50,15 @@ def s3_server() -> Iterator[S3Server]:
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[DockerEngine]:
     """One private dockerd per session (no bridge, no iptables), with the offline
-    base images imported (the rootfs that setup built, or built now)."""
+    base images imported (the rootfs that setup built, or built now). Its data root
+    (images, build cache) is kept under ``$HARNESSRL_HOME/docker-engine/`` for the
+    next session on this machine; a fresh machine, or a second session at the same
+    time, starts cold."""
     import docker
 
     from services.sandbox import baseimages
 
-    with DockerEngine() as engine:
+    with cached_data_root(paths.home()) as data_root, DockerEngine(data_root=data_root) as engine:
         client = docker.DockerClient(base_url=engine.host)
         baseimages.ensure_imported(client, baseimages.rootfs())
         client.close()
@@ -57,11 +73,25 @@ def s3_bucket(s3_server: S3Server) -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fails a full default run in which some RPC was never served; removes the record."""
+    """Fails a full default run in which some RPC was never served, and any run that
+    left a process of its own alive; removes the record."""
     try:
         _check_rpc_contract(session, exitstatus)
+        _check_leftovers(session)
     finally:
         shutil.rmtree(_RECORD.parent, ignore_errors=True)
+
+
+def _check_leftovers(session: pytest.Session) -> None:
+    left = leftovers.settle()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"processes this run started and left running (now killed): {len(left)}", red=True)
+        for line in left:
+            reporter.write_line(f"  {line}", red=True)
+    session.exitstatus = 1
 
 
 def _check_rpc_contract(session: pytest.Session, exitstatus: int) -> None:

@@ -109,7 +109,10 @@ def async_(
         "trial"
     ),
     seed: int = 0,
-    check: Annotated[bool, typer.Option(help="Also run a scaled-down real async loop and compare (~1 min).")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(help="Also run a scaled-down real async loop (with --tail's trials) and compare (~1 min)."),
+    ] = False,
 ) -> None:
     """Simulated step throughput and trainer idle: sync vs async, staleness 0-3, partial rollout on/off."""
     from services.trainer import bench as trainer_bench
@@ -122,9 +125,11 @@ def async_(
     cfg = trainer_bench.SimConfig(tasks, group_size, workers, steps, train_s, sync_s, seed=seed, trials=trials)
     trainer_bench.print_async(cfg)
     if check:
+        from dataclasses import replace
+
         from stack.async_check import DEFAULT_CHECK, check_table
 
-        check_table(DEFAULT_CHECK)
+        check_table(replace(DEFAULT_CHECK, trials=trials))
 
 
 @app.command("trainer")

@@ -19,6 +19,7 @@ from harnessrl.localservers import free_port
 from harnessrl.rpc import check_health, connect
 from harnessrl.v1 import gateway_pb2 as pb
 from harnessrl.v1 import gateway_pb2_grpc
+from tests.cli_support import run_cli
 
 SCRIPT = {"context_window": 1000, "threads": {"main": [{"content": "Hello."}]}}
 
@@ -70,12 +71,7 @@ def test_serve_scripted_engine_from_the_cli(tmp_path: Path) -> None:
 )
 def test_bad_engine_fails_fast_with_one_clear_line(engine: str, message: str) -> None:
     port = free_port()
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "gateway", "serve", "--engine", engine, "--port", str(port)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("gateway", "serve", "--engine", engine, "--port", str(port))
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -84,11 +80,6 @@ def test_bad_engine_fails_fast_with_one_clear_line(engine: str, message: str) ->
 def test_malformed_script_names_file_and_field(tmp_path: Path) -> None:
     script = tmp_path / "bad.json"
     script.write_text(json.dumps({"threads": {"main": [{"content": 1}]}}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "gateway", "serve", "--engine", f"scripted:{script}", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("gateway", "serve", "--engine", f"scripted:{script}", "--port", "0")
     assert proc.returncode == 2
     assert str(script) in proc.stderr and "threads.main.0.content" in proc.stderr

@@ -16,6 +16,7 @@ from harnessrl import paths
 from harnessrl.localservers import RedisServer, S3Server, free_port
 from stack import preflight, runconfig
 from stack.evaluate import preflight_only
+from tests.cli_support import run_cli
 from tests.run_support import make_pool, tiny_model, write_config
 from tests.sandbox_support import make_task
 
@@ -86,9 +87,7 @@ def test_a_sandbox_backend_that_cannot_run_a_trial(tmp_path: Path, model: Path) 
 
 def test_run_refuses_to_start_on_a_failed_preflight(tmp_path: Path, model: Path) -> None:
     config = write_config(tmp_path, model, make_pool(tmp_path), run={"group_size": 1})
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "run", str(config)], capture_output=True, text=True, timeout=300
-    )
+    proc = run_cli("run", str(config))
     assert proc.returncode == 2
     assert "group size: G = 1 < min_valid_per_group 2" in proc.stderr
     assert not (tmp_path / "runs" / "e2e").exists()
@@ -163,9 +162,7 @@ def test_unreachable_redis_and_s3(tmp_path: Path, model: Path) -> None:
     got = checks(preflight.static_checks(runconfig.load(config), []))
     assert not got["redis"].ok and f"start Redis at 127.0.0.1:{port}" in got["redis"].fix
     assert not got["s3"].ok and "start the S3 server" in got["s3"].fix
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "run", str(config)], capture_output=True, text=True, timeout=120
-    )
+    proc = run_cli("run", str(config))
     assert proc.returncode == 2 and "redis:" in proc.stderr and not (tmp_path / "runs").exists()
 
 

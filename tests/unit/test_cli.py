@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from typer.testing import CliRunner
 
 from stack.cli.main import app
+from tests.cli_support import run_cli
 
 NOUNS = ["proxy", "gateway", "sandbox", "trial", "capture", "train", "dashboard", "tasks", "bench"]
 
@@ -25,12 +23,7 @@ def test_unknown_command_fails() -> None:
 def test_capture_agreement_is_the_trainers_agreement_command(tmp_path) -> None:
     out = tmp_path / "report.json"
     args = ["capture", "agreement", "--run", "r1", "--model", str(tmp_path / "nope"), "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", *args, "--capture", "127.0.0.1:1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli(*args, "--capture", "127.0.0.1:1")
     assert proc.returncode == 2 and "not a model folder" in proc.stderr
     assert not out.exists()
 

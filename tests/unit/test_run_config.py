@@ -3,8 +3,6 @@ and the field, exit 2 from the CLI, and nothing is started or created."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from harnessrl.errors import ConfigError
 from stack import pool, runconfig
+from tests.cli_support import run_cli
 from tests.sandbox_support import make_task
 
 
@@ -141,9 +140,7 @@ def test_pool_expand_tasks_pools_and_families(tmp_path: Path, tasks: Path) -> No
 @pytest.mark.parametrize("command", ["run", "preflight", "eval"])
 def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path, tasks: Path, command: str) -> None:
     path = write(tmp_path, minimal(tasks, run="group_size = -1"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", command, str(path)], capture_output=True, text=True, timeout=120
-    )
+    proc = run_cli(command, str(path))
     assert proc.returncode == 2, proc.stderr
     assert "group_size" in proc.stderr and str(path) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -162,18 +159,14 @@ def test_cli_bad_run_flags_exit_2_and_start_nothing(
     tmp_path: Path, tasks: Path, flags: list[str], expected: str
 ) -> None:
     path = write(tmp_path, minimal(tasks))
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "run", str(path), *flags], capture_output=True, text=True, timeout=120
-    )
+    proc = run_cli("run", str(path), *flags)
     assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_cli_missing_pool_exits_2(tmp_path: Path) -> None:
     path = write(tmp_path, '[run]\ntrain_tasks = ["no-such-pool"]\nruns_dir = "runs"\n')
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "run", str(path)], capture_output=True, text=True, timeout=120
-    )
+    proc = run_cli("run", str(path))
     assert proc.returncode == 2 and "no-such-pool does not exist" in proc.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -203,9 +196,7 @@ def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: P
     make_task(heldout, "alpha-copy")  # same instruction and tests as pool/alpha: an instance overlap
     make_task(heldout, "fresh", instruction="Something else entirely.")
     path = write(tmp_path, minimal(tasks, run=f'eval_tasks = ["{heldout}"]'))
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "run", str(path)], capture_output=True, text=True, timeout=120
-    )
+    proc = run_cli("run", str(path))
     assert proc.returncode == 2 and "train and eval tasks overlap: instance" in proc.stderr
     assert "allow_overlap = true / --allow-overlap" in proc.stderr and not (tmp_path / "runs").exists()
     cfg = runconfig.load(path, overrides={"allow_overlap": True})

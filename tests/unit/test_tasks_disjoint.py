@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from harnessrl.errors import InvalidArgument
 from services.sandbox.errors import TaskError
 from stack.cli.main import app
 from stack.disjoint import find_overlaps, task_dirs
+from tests.cli_support import run_cli
 from tests.sandbox_support import make_task
 
 SWE_TOML = """\
@@ -135,11 +134,6 @@ def test_cli_lists_overlaps_and_exits_1(tmp_path: Path) -> None:
 
 
 def test_cli_bad_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "stack.cli", "tasks", "disjoint", str(tmp_path / "nope"), "--eval", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("tasks", "disjoint", str(tmp_path / "nope"), "--eval", str(tmp_path))
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
