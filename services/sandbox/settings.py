@@ -54,6 +54,18 @@ class IntegrityPolicy(BaseModel):
     protected_dirs: tuple[str, ...] = Field(default=DEFAULT_PROTECTED_DIRS, description="Directory names.")
 
 
+# Resource limits a backend enforces through the host's cgroups (or its engine).
+EnforcedLimit = Literal["memory", "pids", "cpu"]
+_CGROUP_ROOT_HELP = (
+    "Where the host's cgroups are mounted: the cgroup2 mount itself (unified hierarchy) "
+    "or the directory holding the v1 controllers."
+)
+_UNENFORCED_HELP = (
+    "Limits this host may leave unenforced (memory, pids, cpu): the backend then starts with a warning "
+    "naming them; without this it refuses to start when it cannot enforce one."
+)
+
+
 class LocalBackendSettings(BaseModel):
     """The bubblewrap backend."""
 
@@ -91,6 +103,14 @@ class LocalBackendSettings(BaseModel):
     tmp_size_mb: int = Field(
         default=512, gt=0, description="Size of the sandbox's /tmp (tmpfs, charged to its memory)."
     )
+    cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), description=_CGROUP_ROOT_HELP)
+    limits_unenforced_ok: tuple[EnforcedLimit, ...] = Field(default=(), description=_UNENFORCED_HELP)
+    memory_rlimit_fallback: bool = Field(
+        default=False,
+        description="Without a memory cgroup, cap each exec's address space (RLIMIT_AS) at its memory limit "
+        "instead. Breaks Node and Bun harnesses (Claude Code, OpenCode, Codex): they reserve far more address "
+        "space than they use.",
+    )
 
 
 class DockerBackendSettings(BaseModel):
@@ -113,6 +133,11 @@ class DockerBackendSettings(BaseModel):
         description="How often the disk watchdog measures a container's writable layer where the storage "
         "driver has no quota (overlay2 on ext4: --storage-opt size is refused there).",
     )
+    cgroup_root: Path = Field(
+        default=Path("/sys/fs/cgroup"),
+        description=_CGROUP_ROOT_HELP + " Read for the containers' OOM kills and pids-limit hits.",
+    )
+    limits_unenforced_ok: tuple[EnforcedLimit, ...] = Field(default=(), description=_UNENFORCED_HELP)
 
 
 # -- Kubernetes backend ---------------------------------------------------------

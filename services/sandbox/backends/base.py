@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
+from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import ClassVar
+from typing import ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.sandbox import integrity, tarsafe
 from services.sandbox.errors import CapabilityError
 from services.sandbox.paths import SandboxPaths, TrialDirs
-from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.settings import EnforcedLimit, IntegrityPolicy
 from services.sandbox.tasks import Task
+
+log = logging.getLogger(__name__)
+
+LIMITS: tuple[str, ...] = get_args(EnforcedLimit)
 
 
 class Phase(StrEnum):
@@ -51,6 +57,8 @@ class Capabilities(BaseModel):
     squashes_git_history: bool = Field(description="One-commit git history in the workspace, nothing older reachable.")
     memory_limit: bool
     pids_limit: bool
+    cpu_limit: bool = Field(default=True, description="A task's cpus is enforced as a CPU quota.")
+    limits_detail: str = Field(default="", description="How this host enforces the limits (cgroup v1/v2, driver).")
     disk_limit: bool
     wall_time_limit: bool
     non_root: bool = Field(description="Processes run as a non-root uid with no capabilities.")
@@ -143,9 +151,9 @@ class Backend(abc.ABC):
     # Set by each backend before ``Backend.__init__`` checks it (it may depend on the host).
     capabilities: Capabilities
 
-    def __init__(self, integrity: IntegrityPolicy) -> None:
+    def __init__(self, integrity: IntegrityPolicy, limits_unenforced_ok: Collection[str] | None = None) -> None:
         self.integrity = integrity
-        check_requirements(self.name, self.capabilities, integrity)
+        check_requirements(self.name, self.capabilities, integrity, limits_unenforced_ok)
 
     @abc.abstractmethod
     async def start(self, spec: SandboxSpec) -> Sandbox:
@@ -194,8 +202,11 @@ class Backend(abc.ABC):
         """Kills whatever is left and releases every resource. Idempotent."""
 
 
-def check_requirements(name: str, caps: Capabilities, integrity: IntegrityPolicy) -> None:
-    """Refuses a backend that cannot enforce the integrity policy it is given."""
+def check_requirements(
+    name: str, caps: Capabilities, integrity: IntegrityPolicy, limits_unenforced_ok: Collection[str] | None = None
+) -> None:
+    """Refuses a backend that cannot enforce the integrity policy it is given, or (for
+    backends that pass ``limits_unenforced_ok``) a resource limit not in that list."""
     needed = {
         "network_isolation": integrity.isolate_network,
         "kills_process_tree": integrity.kill_agent_processes,
@@ -206,6 +217,26 @@ def check_requirements(name: str, caps: Capabilities, integrity: IntegrityPolicy
     missing = [cap for cap, required in needed.items() if required and not getattr(caps, cap)]
     if missing:
         raise CapabilityError(f"backend {name!r} lacks capabilities {missing} that the integrity policy requires")
+    if limits_unenforced_ok is not None:
+        _check_limits(name, caps, limits_unenforced_ok)
+
+
+def _check_limits(name: str, caps: Capabilities, accepted: Collection[str]) -> None:
+    unenforced = [limit for limit in LIMITS if not getattr(caps, f"{limit}_limit")]
+    refused = [limit for limit in unenforced if limit not in accepted]
+    if refused:
+        raise CapabilityError(
+            f"backend {name!r} cannot enforce the {', '.join(refused)} limit(s) on this host ({caps.limits_detail}); "
+            f"make the host's cgroups usable, or accept running without: "
+            f"[sandbox.{name}] limits_unenforced_ok = {unenforced}"
+        )
+    if unenforced:
+        log.warning(
+            "resource limits NOT enforced (accepted by limits_unenforced_ok)",
+            extra={"kv": {"backend": name, "unenforced": unenforced, "detail": caps.limits_detail}},
+        )
+    else:
+        log.info("resource limits enforced", extra={"kv": {"backend": name, "detail": caps.limits_detail}})
 
 
 def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:

@@ -147,7 +147,7 @@ class DockerBackend(Backend):
         self.disk_quota = info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs"
         # Without quotas, the watchdog measures the writable layer: needs the data root on this host.
         self.watch_layers = Path(info.get("DockerRootDir") or "/nonexistent").is_dir()
-        self.cgroup_root = Path("/sys/fs/cgroup")
+        self.cgroup_root = self.cfg.cgroup_root
         self.images = images.ImageStore(
             self.client, build_network=self.cfg.build_network, pull=self.cfg.pull, cache_dir=settings.cache_dir
         )
@@ -158,13 +158,16 @@ class DockerBackend(Backend):
             kills_process_tree=True,
             hides_verifier_files=True,
             squashes_git_history=True,
-            memory_limit=True,
-            pids_limit=True,
+            # The engine enforces these itself (runc on v1 or v2); its info says which it can.
+            memory_limit=info.get("MemoryLimit") is not False,
+            pids_limit=info.get("PidsLimit") is not False,
+            cpu_limit=info.get("CpuCfsQuota") is not False,
+            limits_detail=f"engine on cgroup v{info.get('CgroupVersion') or '1'}, {info.get('CgroupDriver')} driver",
             disk_limit=self.disk_quota or self.watch_layers,
             wall_time_limit=True,
             non_root=True,
         )
-        super().__init__(settings.integrity)
+        super().__init__(settings.integrity, self.cfg.limits_unenforced_ok)
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> Sandbox:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import socket
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.sandbox.backends.base import ExecResult
+from services.sandbox.backends.cgroups import EventFiles, container_event_files
 from services.sandbox.backends.limits import BoundedOutput
 from services.sandbox.backends.netns import listen_in
 from services.sandbox.endpoints import UnixRelay
@@ -30,6 +32,7 @@ from services.sandbox.errors import EnvSetupError, SandboxLost
 # (kill(-1) spares the caller), setsid daemons included.
 KILL_USER = 'n=0; for d in /proc/[0-9]*; do [ -O "$d" ] && n=$((n+1)); done; kill -9 -1 2>/dev/null; echo $((n-1))'
 _KILL_WAIT_S = 10.0
+log = logging.getLogger(__name__)
 
 
 def _start_time(pid: int) -> str:
@@ -63,6 +66,7 @@ class ContainerExec:
     relay: UnixRelay | None = None
     uploaded: set[str] = field(default_factory=set)
     counter: itertools.count[int] = field(default_factory=itertools.count)
+    events: EventFiles | None = None
 
     # -- root's short commands ------------------------------------------------
     async def root(self, script: str) -> None:
@@ -164,12 +168,28 @@ class ContainerExec:
         await asyncio.to_thread(self.container.put_archive, "/run/harnessrl-stdin", buffer.getvalue())
         return ["sh", "-c", 'exec "$@" < "$0"', f"/run/harnessrl-stdin/{name}", *argv]
 
-    # -- cgroup counters (cgroup v1 with the cgroupfs driver; zeros elsewhere) ---
+    # -- cgroup counters (v1 or v2, any driver; zeros where the cgroup is not visible) ---
     def counters(self) -> tuple[int, int]:
-        cid = self.container.id
-        oom = _field(self.cgroup_root / "memory" / "docker" / cid / "memory.oom_control", "oom_kill")
-        pids = _field(self.cgroup_root / "pids" / "docker" / cid / "pids.events", "max")
-        return oom, pids
+        """(OOM kills, pids-limit hits) of the container so far."""
+        if self.events is None:
+            self.events = self._event_files()
+        return self.events.read()
+
+    def _event_files(self) -> EventFiles:
+        pid = int((self.container.attrs.get("State") or {}).get("Pid") or 0)
+        proc = None
+        if pid > 0:
+            try:
+                proc = Path(f"/proc/{pid}/cgroup").read_text()
+            except OSError:
+                proc = None  # another pid namespace (a worker in a container): the driver's paths remain
+        files = container_event_files(self.cgroup_root, self.container.id, proc)
+        if files.oom is None or files.pids is None:
+            log.warning(
+                "container cgroup not visible: its OOM kills or pids-limit hits will read as plain exits",
+                extra={"kv": {"container": self.container.name, "cgroup_root": str(self.cgroup_root), "pid": pid}},
+            )
+        return files
 
     def upper_dir(self) -> str:
         """The container's writable layer on this host ('' when not visible)."""
@@ -182,14 +202,3 @@ class ContainerExec:
 
 
 _LOCKS: dict[str, asyncio.Lock] = {}
-
-
-def _field(path: Path, name: str) -> int:
-    try:
-        for line in path.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == name:
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0

@@ -13,7 +13,8 @@ phase gets the workspace, its logs, its HOME, the harness installs read-only
 and the proxy's socket; never the tests, the solution (but for the oracle) or
 /logs/verifier. The verify phase gets a fresh /tests copy and a fresh
 /logs/verifier. Each exec has its own pid namespace (its processes die with
-it) and cgroups (memory, pids; swept empty before exec returns).
+it) and cgroups (memory, pids, cpu; v1 or v2, see ``cgroups.py``; swept empty
+before exec returns).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from services.sandbox.backends.base import (
     Sandbox,
     SandboxSpec,
 )
+from services.sandbox.backends.cgroups import CgroupSupport, PhaseCgroup
 from services.sandbox.backends.layers import Layer, LayerCache
-from services.sandbox.backends.limits import CgroupSupport, PhaseCgroup, watch_disk
+from services.sandbox.backends.limits import watch_disk
 from services.sandbox.errors import BackendUnavailable, EnvSetupError
 from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import Settings
@@ -76,7 +78,9 @@ class LocalBackend(Backend):
             raise BackendUnavailable(
                 f"bubblewrap ({self.cfg.bwrap}) not found; install the Debian package 'bubblewrap'"
             )
-        self.cgroup_support = CgroupSupport.detect()
+        self.cgroup_support = CgroupSupport.detect(self.cfg.cgroup_root)
+        # RLIMIT_AS only where the operator chose it: Node and Bun harnesses reserve huge address space.
+        self.memory_rlimit = self.cfg.memory_rlimit_fallback and not self.cgroup_support.enforces("memory")
         self.layers = LayerCache(settings.cache_dir, self.cfg)
         self.capabilities = Capabilities(
             builds_dockerfile=True,
@@ -85,13 +89,16 @@ class LocalBackend(Backend):
             kills_process_tree=True,
             hides_verifier_files=True,
             squashes_git_history=True,
-            memory_limit=True,
-            pids_limit=self.cgroup_support.pids is not None,
+            memory_limit=self.cgroup_support.enforces("memory") or self.memory_rlimit,
+            pids_limit=self.cgroup_support.enforces("pids"),
+            cpu_limit=self.cgroup_support.enforces("cpu"),
+            limits_detail=self.cgroup_support.describe()
+            + ("; memory: RLIMIT_AS instead (memory_rlimit_fallback)" if self.memory_rlimit else ""),
             disk_limit=True,
             wall_time_limit=True,
             non_root=True,
         )
-        super().__init__(settings.integrity)
+        super().__init__(settings.integrity, self.cfg.limits_unenforced_ok)
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         layer = await self.layers.get(spec.task, squash_git=self.integrity.squash_git_history)
@@ -121,7 +128,7 @@ class LocalBackend(Backend):
             request.phase == Phase.AGENT and not self.integrity.isolate_network
         )
         rlimits = {"fsize": limits.storage_mb * 1024 * 1024}
-        if cgroup.memory is None:
+        if self.memory_rlimit:
             rlimits["as"] = limits.memory_mb * 1024 * 1024
         inv = bwrap.build(
             self.cfg,
