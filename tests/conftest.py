@@ -9,6 +9,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,9 +61,29 @@ def docker_engine() -> Iterator[DockerEngine]:
 
     with cached_data_root(paths.home()) as data_root, DockerEngine(data_root=data_root) as engine:
         client = docker.DockerClient(base_url=engine.host)
-        baseimages.ensure_imported(client, baseimages.rootfs())
+        fs = baseimages.rootfs()
+        if data_root is not None:
+            _untag_foreign_base_images(client, fs.key)
+        baseimages.ensure_imported(client, fs)
         client.close()
         yield engine
+
+
+def _untag_foreign_base_images(client: Any, key: str) -> None:
+    """In a kept data root every image came from a test: a base-image name that a test
+    re-tagged (a base image replaced under its name) is untagged, so that this session
+    imports ours again rather than inherit the other test's image."""
+    import docker
+
+    from services.sandbox import baseimages
+
+    for name in baseimages.NAMES:
+        try:
+            labels = client.api.inspect_image(name)["Config"].get("Labels") or {}
+        except docker.errors.ImageNotFound:
+            continue
+        if labels.get(baseimages.LABEL) != key:
+            client.api.remove_image(name, force=True, noprune=True)
 
 
 @pytest.fixture
