@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.base import ExecRequest, Limits, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.cgroups import (
     GROUP_DIR,
@@ -39,10 +40,11 @@ from services.sandbox.backends.cgroups import (
     read_keyed,
     under,
 )
+from services.sandbox.backends.docker_exec import ContainerExec
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.errors import CapabilityError
 from services.sandbox.paths import TrialDirs
-from services.sandbox.settings import IntegrityPolicy, LocalBackendSettings
+from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
 from services.sandbox.tasks import load_task
 from tests.sandbox_support import make_task, settings_for
 
@@ -314,3 +316,36 @@ def test_container_cgroup_by_driver_when_its_process_is_not_visible(tmp_path: Pa
         (tmp_path / "pids" / rel / "pids.events").write_text("max 7\n")
     assert container_event_files(tmp_path, cid, None).read() == (2, 7)
     assert container_event_files(tmp_path, "other", None) == EventFiles()
+
+
+async def test_docker_engine_limits_and_the_containers_cgroup(tmp_path: Path, docker_engine: DockerEngine) -> None:
+    from services.sandbox.backends.docker import DockerBackend
+
+    backend = DockerBackend(
+        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+    )
+    info = backend.client.info()
+    caps = backend.capabilities
+    assert caps.memory_limit and caps.pids_limit and caps.cpu_limit
+    assert f"cgroup v{info.get('CgroupVersion') or '1'}, {info['CgroupDriver']} driver" in caps.limits_detail
+    spec = SandboxSpec(
+        trial_id=f"cg-{uuid.uuid4().hex[:8]}",
+        task=load_task(make_task(tmp_path / "tasks")),
+        dirs=TrialDirs(backend.settings.work_dir / "cg"),
+        limits=Limits(memory_mb=256, storage_mb=64, pids=64),
+    )
+    box = await backend.start(spec)
+    handle = box.handle
+    assert isinstance(handle, ContainerExec)
+    state = handle.container.attrs["State"]
+    try:
+        assert handle.counters() == (0, 0)
+        found = handle.events
+        assert found is not None and found.oom is not None and found.pids is not None
+        assert found.oom.is_file() and found.pids.is_file() and handle.container.id in str(found.oom)
+        # A worker in another pid namespace cannot read /proc/<pid>: the driver's own path finds the same files.
+        pid, state["Pid"], handle.events = state["Pid"], 0, None
+        assert handle.counters() == (0, 0) and handle.events == found
+        state["Pid"] = pid
+    finally:
+        await backend.stop(box)
