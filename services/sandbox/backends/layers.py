@@ -3,11 +3,13 @@ layer directory cached by the environment's hash.
 
 What it reproduces: ``ARG``, ``ENV`` (from Docker's default env for a base
 image, so ``ENV PATH=/x:$PATH`` extends the default PATH), ``WORKDIR``,
-``COPY``/``ADD`` of local files and tars, ``USER``, and ``RUN``. A layer holds
-the directories the Dockerfile creates (its *roots*: WORKDIR and COPY/ADD
-targets, and the new directories RUN steps write, such as ``/opt/venv``), the
-accumulated ENV and the final WORKDIR and USER; every later step and phase
-mounts the roots at their places.
+``COPY``/``ADD`` of local files and tars (from the build context less what its
+``.dockerignore`` excludes, as the docker backend's engine sees it: see
+``dockerignore.py``), ``USER``, and ``RUN``. A layer holds the directories the
+Dockerfile creates (its *roots*: WORKDIR and COPY/ADD targets, and the new
+directories RUN steps write, such as ``/opt/venv``), the accumulated ENV and
+the final WORKDIR and USER; every later step and phase mounts the roots at
+their places.
 
 What it does not: the base image. The host system is the base (``FROM`` is
 recorded, not pulled), read-only, so a RUN that changes it (``apt-get
@@ -35,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from services.sandbox import dockerfile, integrity, tarsafe
+from services.sandbox import dockerfile, dockerignore, integrity, tarsafe
 from services.sandbox.backends import bwrap
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.settings import LocalBackendSettings
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 DEFAULT_WORKDIR = "/app"
-LAYER_FORMAT = "3"
+LAYER_FORMAT = "4"
 _READ_ONLY_HINT = (
     "the host's system paths (/usr, /etc, ...) are the local backend's read-only base image; a RUN may write "
     "anywhere else (WORKDIR, COPY targets, new directories such as /opt/venv); use the docker backend to "
@@ -128,7 +130,8 @@ class _Builder:
     def __init__(self, task: Task, build_dir: Path, settings: LocalBackendSettings) -> None:
         self.task = task
         self.settings = settings
-        self.context = task.environment_dir.resolve()
+        self.source = task.environment_dir.resolve()
+        self.context = self.source  # less what .dockerignore excludes, once build() has filtered it
         # Docker's default env of a base image applies from FROM on (the host is the base image).
         env = {"PATH": dockerfile.DEFAULT_PATH}
         self.layer = Layer(path=build_dir, roots=[], workdir="", env=env, user="root", base_image="host")
@@ -157,9 +160,13 @@ class _Builder:
         except (dockerfile.DockerfileError, UnicodeDecodeError) as e:
             raise EnvSetupError(f"task {self.task.task_id}: environment/Dockerfile: {e}") from e
         self.tmp.mkdir()
+        self.context = await asyncio.to_thread(dockerignore.filtered_copy, self.source, self.layer.path / "context")
+        self.layer.ignored += [note for note in [dockerignore.ignored_note(self.source)] if note]
         for ins in instructions:
             await self.apply(ins)
         await asyncio.to_thread(self.drop_tmp)
+        if self.context != self.source:
+            await asyncio.to_thread(shutil.rmtree, self.context)
         workdir = self.task.config.environment.workdir or (self.cwd if self.cwd != "/" else DEFAULT_WORKDIR)
         self.add_root(workdir)
         self.layer.workdir = workdir
@@ -319,7 +326,10 @@ class _Builder:
                 if not resolved.is_relative_to(self.context):
                     raise self.fail(ins, f"source {src!r} is outside the build context")
                 if not resolved.exists():
-                    raise EnvSetupError(f"task {self.task.task_id}: Dockerfile line {ins.line}: {src!r} not found")
+                    raise EnvSetupError(
+                        f"task {self.task.task_id}: Dockerfile line {ins.line}: {src!r} not found in the build "
+                        "context (or excluded by its .dockerignore)"
+                    )
                 matches.append(resolved)
         into_dir = dest.endswith("/") or len(matches) > 1 or any(m.is_dir() for m in matches)
         self.add_root(target if into_dir else str(PurePosixPath(target).parent), ins)
