@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from harnessrl.rpc import check_health
 
 # The gRPC service each ``serve`` noun registers: readiness asks for it by name, so
@@ -93,7 +95,7 @@ class ServiceProcess:
             return await asyncio.to_thread(_http_ok, f"http://{self.target}/healthz")
         try:
             return await check_health(self.target, self.grpc_service, wait_s=0.5) == "SERVING"
-        except Exception:  # noqa: BLE001 - not up yet
+        except grpc.aio.AioRpcError:  # not up yet (check_health retries within wait_s, then raises)
             return False
 
     def kill(self) -> None:

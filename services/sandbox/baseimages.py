@@ -98,9 +98,11 @@ def ensure_imported(client: object, fs: Rootfs, names: tuple[str, ...] = NAMES) 
 
 
 def _needs_import(api: object, name: str, rootfs_key: str) -> bool:
+    import docker
+
     try:
         inspect = api.inspect_image(name)  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - absent (docker.errors.ImageNotFound)
-        return True
+    except docker.errors.ImageNotFound:
+        return True  # an engine that cannot answer is its own error, with its cause
     labels = (inspect.get("Config") or {}).get("Labels") or {}
     return LABEL in labels and labels[LABEL] != rootfs_key
