@@ -171,7 +171,8 @@ async def test_run_writes_outside_the_roots_are_kept_as_narrow_roots(tmp_path: P
     box = await start(backend, make_task(tmp_path / "tasks", dockerfile=dockerfile))
     try:
         layer = box.handle.layer  # type: ignore[attr-defined]
-        # /opt and /srv exist on the host: the roots are what the RUN created under them.
+        # /opt and /srv are a base image's (layers.BASE_DIRS, whatever the host holds): the roots are
+        # what the RUN created under them. test_sandbox_local_host.py stages a leftover on the host.
         assert sorted(layer.roots) == ["/app", "/data", "/opt/lib", "/opt/venv", "/srv/www"]
         assert any("/tmp" in note and "scratch" in note for note in layer.ignored)
         script = "cat seen.txt /opt/venv/bin/v /data/sets/a /srv/www/index.html; ls /tmp | wc -l"

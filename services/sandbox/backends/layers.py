@@ -9,7 +9,8 @@ image, so ``ENV PATH=/x:$PATH`` extends the default PATH), ``WORKDIR``,
 Dockerfile creates (its *roots*: WORKDIR and COPY/ADD targets, and the new
 directories RUN steps write, such as ``/opt/venv``), the accumulated ENV and
 the final WORKDIR and USER; every later step and phase mounts the roots at
-their places.
+their places, on bubblewrap's own root: nothing is made on the host, and the
+roots never depend on what the host holds outside its system paths.
 
 What it does not: the base image. The host system is the base (``FROM`` is
 recorded, not pulled), read-only, so a RUN that changes it (``apt-get
@@ -55,6 +56,13 @@ _READ_ONLY_HINT = (
 )
 # Never layer roots: kernel or per-exec filesystems.
 _NOT_KEPT = ("/proc", "/sys", "/dev", "/tmp")
+# The directories a Debian or Ubuntu base image has outside the host system paths: what a RUN makes
+# under them is kept as narrow roots (/opt/venv, not /opt). A fixed list, not the host's directories,
+# so the layer never depends on what the host happens to hold (a leftover /opt/venv, say).
+BASE_DIRS = frozenset(
+    {"/boot", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/var", "/var/backups", "/var/cache"}
+    | {"/var/lib", "/var/local", "/var/log", "/var/mail", "/var/opt", "/var/spool", "/var/tmp"}
+)
 
 
 @dataclass
@@ -261,8 +269,9 @@ class _Builder:
     def keep_writes(self, ins: dockerfile.Instruction, capture: Path, mount_points: set[str]) -> None:
         """Moves what a RUN wrote outside the layer's roots (left in ``capture``, its ``/``) into
         the layer, as new roots. Kept, rather than refused, because everyday Dockerfiles do it
-        (``python3 -m venv /opt/venv``, ``mkdir /data``) and a new directory the host does not
-        have can be mounted as it is in every later step and phase without touching the host.
+        (``python3 -m venv /opt/venv``, ``mkdir /data``) and a new directory can be mounted as it is
+        in every later step and phase: its mount point is made in bubblewrap's own root, never on
+        the host, and what the host holds there (say a leftover /opt/venv) is neither seen nor used.
         What cannot be kept that way is refused naming the instruction: a file directly in /,
         anything under /proc, /sys, /dev or a host system path. (Writes into the host's system
         paths rarely get here: those are mounted read-only, so the RUN itself fails.)"""
@@ -364,15 +373,14 @@ def _written(capture: Path, under: PurePosixPath, points: set[str], parents: set
 
 
 def _split(capture: Path, path: PurePosixPath) -> list[tuple[PurePosixPath, PurePosixPath]]:
-    """(what to move, the layer root that will hold it) for one written entry. A directory the
-    host lacks is its own root (/opt/venv); a directory the host has (/opt) is split into its
+    """(what to move, the layer root that will hold it) for one written entry. A directory a base
+    image lacks is its own root (/opt/venv); one it has (/opt, ``BASE_DIRS``) is split into its
     entries, so the root stays as narrow as what the RUN created; a file's root is its directory."""
     src = capture / str(path).lstrip("/")
     if not src.is_dir() or src.is_symlink():
         return [(path, path.parent)]
-    host = Path(str(path))
     children = sorted(src.iterdir())
-    if not host.is_dir() or host.is_symlink() or not children:
+    if str(path) not in BASE_DIRS or not children:
         return [(path, path)]
     if any(not c.is_dir() or c.is_symlink() for c in children):
         return [(path, path)]
