@@ -9,7 +9,9 @@ exceptions, the last matching line wins, leading ``/`` and ``./`` and ``..`` cle
 and ``#`` lines skipped, a pattern that matches a directory excludes what is under it). It always
 sends the Dockerfile and ``.dockerignore`` themselves; the classic builder reads them and then
 drops each that ``.dockerignore`` names. The local backend reuses that very matcher, so both
-backends copy the same files by construction.
+backends copy the same files by construction. (Where the SDK's matcher differs from the Docker
+CLI's Go one, both backends here follow the SDK: ``[^a]`` is not a negated class there, and a
+backslash escapes nothing.)
 
 BuildKit's Dockerfile-specific ``Dockerfile.dockerignore`` (which BuildKit prefers to
 ``.dockerignore``) is honoured by neither the SDK nor the classic builder, so not here either; a

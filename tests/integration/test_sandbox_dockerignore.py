@@ -1,4 +1,4 @@
-"""``.dockerignore`` on both backends (invariant 8): ``COPY .`` of a context with exclusions, ``!``
+"""``.dockerignore`` on both backends (invariant 8): ``COPY .`` and ``COPY dir/`` of a context with exclusions, ``!``
 exceptions, ``**``, a leading ``/`` and ``./``, an excluded directory with a re-included file and
 the Dockerfile itself excluded gives the same files in a local sandbox (real bubblewrap) as in a
 docker one (the session's private engine, 20.10, classic builder through the docker SDK).
@@ -23,7 +23,7 @@ from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
-DOCKERFILE = "FROM python:3.11-slim\nWORKDIR /app\nCOPY . /ctx/\n"
+DOCKERFILE = "FROM python:3.11-slim\nWORKDIR /app\nCOPY . /ctx/\nCOPY build/ /bld/\n"
 
 IGNORE = """\
 # a comment, then a blank line
@@ -85,6 +85,9 @@ EXPECTED = [
     "./src",
     "./src/main.py",
     "./tmp",
+    "-- COPY build/",
+    ".",
+    "./keep.txt",
 ]
 
 
@@ -97,7 +100,7 @@ async def copied_files(backend: Backend, task_dir: Path, name: str) -> list[str]
     )
     box = await backend.start(spec)
     try:
-        script = "cd /ctx && find . | LC_ALL=C sort"
+        script = "cd /ctx && find . | LC_ALL=C sort; echo '-- COPY build/'; cd /bld && find . | LC_ALL=C sort"
         request = ExecRequest(
             argv=["/bin/sh", "-c", script], phase=Phase.AGENT, env={"PATH": "/usr/bin:/bin"}, timeout_s=30
         )
