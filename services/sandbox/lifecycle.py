@@ -2,9 +2,10 @@
 termination reasons and the one function that picks a trial's reason.
 
 A trial moves QUEUED -> SETUP -> AGENT -> VERIFY -> TEARDOWN -> DONE. Any
-running state may fall back to QUEUED when its worker loses the lease and the
-retry policy allows another attempt; any state may jump to TEARDOWN (a phase
-failed) or, before it started, to DONE (cancelled while queued).
+running state may fall back to QUEUED when its worker loses the lease, or its
+attempt crashed in the worker, and the retry policy allows another attempt; any
+state may jump to TEARDOWN (a phase failed) or, before it started, to DONE
+(cancelled while queued).
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ class TrialRecord(BaseModel):
     spec: TrialSpec
     state: TrialState = TrialState.QUEUED
     attempt: int = 0
+    # Attempts that raised out of the worker's own code and were given back (``requeue``).
+    crashes: int = 0
     worker: str = ""
     cancel_requested: bool = False
     outcome: TrialOutcome | None = None

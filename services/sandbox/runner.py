@@ -8,8 +8,30 @@ verify   restore protected files (tamper events), mount fresh tests, run tests/t
          read the reward strictly (missing or invalid is verifier_error, never 0)
 teardown stop the sandbox, keep the artifacts, FinalizeTrajectory on the capture store
 
-Errors inside a phase become termination reasons (``lifecycle.decide_termination``);
-only a bug in this module escapes as an exception.
+Errors inside a phase become termination reasons (``lifecycle.decide_termination``).
+Whatever else a phase raises (a backend's upload, exec or download, a harness adapter's
+bug) ends that phase, is logged with its traceback and becomes the phase's infrastructure
+reason, its type and message in the outcome's error; teardown still runs and the outcome
+(``result.json``) is still written, so a deterministic fault ends the trial instead of
+crashing its worker into a retry. Which reason, per boundary:
+
+setup     load, start, snapshot_pristine, (red-team) uploads  -> env_setup_failed
+agent     harness uploads, the agent's exec                   -> env_setup_failed: the
+          policy never got a fair run, so nothing afterwards is a reward
+          the proxy's close                                   -> engine_error (segments
+          may not be durable)
+          downloading the agent's logs, collect_logs          -> an event only: logs are
+          artifacts, not reward inputs, and the verifier decides the trial
+verify    restore_protected, upload of tests, the verifier's exec, download of the reward
+          files, reading them                                 -> verifier_error: a verifier
+          that did not run cleanly is never a reward (and a failed restore stops the
+          phase before test.sh can run against tampered files)
+teardown  stop, closing the relay                             -> the reason stands: the
+          reward was read before teardown and nothing there changes it; the error is
+          recorded (a leaked sandbox is reaped by ``cleanup_orphans``)
+
+A sandbox lost under an exec (``SandboxLost``) is env_setup_failed in either phase.
+Only an exception of the caller's ``on_state`` escapes ``run`` (after teardown).
 """
 
 from __future__ import annotations
@@ -60,6 +82,15 @@ log = logging.getLogger(__name__)
 
 StateCallback = Callable[[TrialState], Awaitable[None]]
 _SUMMARY_BYTES = 4000
+_TEARDOWN = "teardown"
+# The flag an unexpected exception in each phase sets (None: the reason stands, the
+# error is recorded). Why each: the module docstring.
+_PHASE_FAILURE: dict[str, str | None] = {
+    Phase.SETUP: "setup_failed",
+    Phase.AGENT: "setup_failed",
+    Phase.VERIFY: "verifier_failed",
+    _TEARDOWN: None,
+}
 
 
 @dataclass
@@ -120,29 +151,42 @@ class TrialRunner:
 
         try:
             await enter(TrialState.SETUP)
-            await self._timed(t, "setup_s", self._setup(t))
+            await self._phase(t, Phase.SETUP, self._setup(t))
             if self._go_on(t, cancel):
                 await enter(TrialState.AGENT)
-                await self._timed(t, "agent_s", self._agent(t, cancel))
+                await self._phase(t, Phase.AGENT, self._agent(t, cancel))
             if self._go_on(t, cancel):
                 await enter(TrialState.VERIFY)
-                await self._timed(t, "verify_s", self._verify(t, cancel))
+                await self._phase(t, Phase.VERIFY, self._verify(t, cancel))
         finally:
-            await enter(TrialState.TEARDOWN)
-            await self._timed(t, "teardown_s", self._teardown(t))
+            try:
+                await enter(TrialState.TEARDOWN)
+            finally:
+                await self._phase(t, _TEARDOWN, self._teardown(t))
         t.flags["cancelled"] = t.flags.get("cancelled", False) or cancel.is_set()
         return self._outcome(t)
 
-    @staticmethod
-    async def _timed(t: _Trial, field_name: str, work: Awaitable[None]) -> None:
-        """Runs a phase in its own span (``sandbox.setup``...) and adds up its wall time."""
+    @classmethod
+    async def _phase(cls, t: _Trial, phase: str, work: Awaitable[None]) -> None:
+        """Runs a phase in its own span (``sandbox.setup``...) and adds up its wall time.
+        An exception the phase did not map itself becomes its infrastructure reason
+        (``_PHASE_FAILURE``, the table in the module docstring)."""
         started = time.monotonic()
-        name = f"sandbox.{field_name.removesuffix('_s')}"
+        field_name = f"{phase}_s"
         with telemetry.tracer(__name__, "sandbox").start_as_current_span(
-            name, attributes=telemetry.trial_attributes(t.spec)
-        ):
+            f"sandbox.{phase}", attributes=telemetry.trial_attributes(t.spec)
+        ) as span:
             try:
                 await work
+            except Exception as e:
+                log.exception("trial phase raised", extra={"kv": {"trial": t.spec.trial_id, "phase": phase}})
+                span.record_exception(e)
+                message = f"{phase}: {type(e).__name__}: {e}"
+                flag = _PHASE_FAILURE[phase]
+                if flag is None:
+                    t.errors.append(message)
+                else:
+                    cls._fail(t, flag, message)
             finally:
                 setattr(t.timings, field_name, getattr(t.timings, field_name) + time.monotonic() - started)
 
@@ -176,9 +220,6 @@ class TrialRunner:
                     await self.backend.upload(t.sandbox, t.task.solution_dir, t.sandbox.paths.solution)
         except HarnessError as e:
             self._fail(t, "setup_failed", f"setup: {e}")
-        except Exception as e:
-            log.exception("setup crashed", extra={"kv": {"trial": t.spec.trial_id}})
-            self._fail(t, "setup_failed", f"setup: {type(e).__name__}: {e}")
 
     async def _open_proxy(self, t: _Trial) -> Path | None:
         assert t.harness is not None and t.task is not None
@@ -267,8 +308,10 @@ class TrialRunner:
         try:
             await self.backend.download(sandbox, sandbox.paths.agent_logs, t.artifacts / "agent")
             await asyncio.to_thread(t.harness.collect_logs, ctx, t.artifacts / "harness")
-        except OSError as e:
-            t.events.append(f"collecting the agent's logs failed: {e}")
+        except Exception as e:
+            # Artifacts only: the verifier, not these logs, decides the trial.
+            log.warning("collecting the agent's logs failed", exc_info=True, extra={"kv": {"trial": spec.trial_id}})
+            t.events.append(f"collecting the agent's logs failed: {type(e).__name__}: {e}")
 
     async def _close_proxy(self, t: _Trial) -> None:
         if not t.proxy_registered or self.proxy is None:
@@ -279,6 +322,10 @@ class TrialRunner:
         except HarnessError as e:
             # Segments may not be durable: an infrastructure failure, never a reward.
             self._fail(t, "engine_error", f"proxy close: {e}")
+            return
+        except Exception as e:
+            log.exception("proxy close raised", extra={"kv": {"trial": t.spec.trial_id}})
+            self._fail(t, "engine_error", f"proxy close: {type(e).__name__}: {e}")
             return
         summary = t.summary
         t.flags["engine_error"] = t.flags.get("engine_error", False) or summary.engine_error
@@ -337,7 +384,7 @@ class TrialRunner:
                 await self.backend.stop(t.sandbox)
             except Exception as e:
                 log.exception("stop failed", extra={"kv": {"trial": t.spec.trial_id}})
-                t.errors.append(f"teardown: {e}")
+                t.errors.append(f"teardown: {type(e).__name__}: {e}")
         elif not self.settings.keep_trial_dirs:
             await asyncio.to_thread(shutil.rmtree, t.dirs.root, True)
         await self._close_proxy(t)
@@ -374,8 +421,13 @@ class TrialRunner:
             task_id=t.task_id,
             requested_models=sorted(t.summary.requested_models),
         )
-        t.artifacts.mkdir(parents=True, exist_ok=True)
-        (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))
+        try:
+            t.artifacts.mkdir(parents=True, exist_ok=True)
+            (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))
+        except OSError as e:
+            # The worker still reports and finalizes the outcome; only the local copy is missing.
+            log.exception("writing result.json failed", extra={"kv": {"trial": t.spec.trial_id}})
+            outcome.error = "; ".join([*t.errors, f"result.json: {e}"])
         return outcome
 
     async def abandon(self, spec: TrialSpec) -> None:

@@ -261,6 +261,14 @@ class Settings(ServiceSettings):
     lease_s: float = Field(default=30.0, gt=0, description="A worker that misses heartbeats this long loses its trial.")
     heartbeat_s: float = Field(default=5.0, gt=0)
     max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts of a trial whose worker died.")
+    crash_retries: int = Field(
+        default=1,
+        ge=0,
+        le=9,
+        description="Retries of a trial whose attempt raised out of the worker's own code (a bug, a capture store "
+        "that refuses it). Such a crash usually repeats, so after this many (and never past max_attempts) the trial "
+        "ends env_setup_failed with an error naming the crash, finalized so its group completes.",
+    )
     default_agent_timeout_s: float = Field(default=1800.0, gt=0)
     default_verifier_timeout_s: float = Field(default=600.0, gt=0)
     max_memory_mb: int = Field(default=8192, gt=0)

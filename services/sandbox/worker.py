@@ -2,7 +2,13 @@
 at once, renews each lease while it runs, and reports the outcome only while
 it still holds the lease (a worker that lost it discards its result: the
 retry owns the trial). Every worker also reaps expired leases, so a dead
-worker's trials are retried or marked without any coordinator."""
+worker's trials are retried or marked without any coordinator.
+
+An attempt that raises out of the worker's own code (a bug, a capture store that
+refuses the outcome) is not left to its lease: such a crash usually repeats, so the
+worker gives the trial back at once, at most ``crash_retries`` times (and never past
+``max_attempts``), then finishes it ``env_setup_failed`` with an error naming the crash
+and finalizes that in the capture store, so its group completes."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from opentelemetry import trace
 from harnessrl import metrics, telemetry
 from services.sandbox.errors import LeaseLost
 from services.sandbox.lifecycle import TrialRecord, TrialSpec, TrialState
-from services.sandbox.queue.base import Heartbeat, TrialQueue
+from services.sandbox.queue.base import Heartbeat, TrialQueue, crashed_outcome
 from services.sandbox.runner import TrialRunner
 from services.sandbox.settings import Settings
 
@@ -123,6 +129,9 @@ class Worker:
             except LeaseLost:
                 lost.set()
                 cancel.set()
+            except Exception:
+                # The state shown is informative only; finish (under the lease) is what counts.
+                log.warning("reporting the trial's state failed", exc_info=True, extra={"kv": {"trial": trial_id}})
 
         heart = asyncio.ensure_future(self._heartbeat(trial_id, cancel, lost))
         try:
@@ -144,10 +153,41 @@ class Worker:
             self.completed += 1
         except LeaseLost:
             log.warning("lease lost at finish", extra={"kv": {"trial": trial_id}})
-        except Exception:
+        except Exception as e:
             log.exception("trial crashed in the worker", extra={"kv": {"trial": trial_id}})
+            heart.cancel()
+            if not lost.is_set():
+                await self._crashed(record, spec, e)
         finally:
             heart.cancel()
+
+    async def _crashed(self, record: TrialRecord, spec: TrialSpec, error: Exception) -> None:
+        """Gives a crashed attempt's trial back now: queued again while crash retries
+        (and attempts) remain, else done with an infrastructure outcome naming the crash,
+        finalized first (or the outcome the attempt had already finalized) so its group
+        completes. If the queue cannot be told, the lease expires and the reaper decides."""
+        trial_id = record.trial_id
+        what = f"attempt {record.attempt} crashed in worker {self.name}: {type(error).__name__}: {error}"
+        try:
+            if record.crashes < self.settings.crash_retries and record.attempt < self.settings.max_attempts:
+                await self.queue.requeue(trial_id, self.name, what)
+                log.warning("crashed trial requeued", extra={"kv": {"trial": trial_id, "crashes": record.crashes + 1}})
+                return
+            outcome = crashed_outcome(what, record.crashes + 1)
+            try:
+                finalized = await self.runner.finalized_outcome(spec)
+                if finalized is None:
+                    await self.runner.finalize(spec, outcome)
+                else:  # the attempt crashed after FinalizeTrajectory: that is the outcome
+                    outcome = finalized
+            except Exception:
+                log.exception("finalizing a crashed trial failed", extra={"kv": {"trial": trial_id}})
+            await self.queue.finish(trial_id, self.name, outcome)
+            log.warning("crashed trial finished", extra={"kv": {"trial": trial_id, "crashes": record.crashes + 1}})
+        except LeaseLost:
+            log.warning("lease lost after a crash", extra={"kv": {"trial": trial_id}})
+        except Exception:
+            log.exception("giving a crashed trial back failed", extra={"kv": {"trial": trial_id}})
 
     async def _heartbeat(self, trial_id: str, cancel: asyncio.Event, lost: asyncio.Event) -> None:
         while True:

@@ -7,8 +7,12 @@ Semantics both implementations keep (and the same tests check):
 - A worker renews its lease with ``heartbeat``; a lease that expires is reaped:
   the trial goes back to QUEUED (attempt + 1) while attempts remain, else it is
   DONE with an infrastructure reason and the error says why. Never dropped.
-- Only the lease holder may move a trial (``set_state``, ``finish``); a worker
-  that lost its lease gets LeaseLost and must discard its result.
+- Only the lease holder may move a trial (``set_state``, ``finish``,
+  ``requeue``); a worker that lost its lease gets LeaseLost and must discard
+  its result.
+- ``requeue`` gives a leased trial back at once (its attempt crashed in the
+  worker): QUEUED at the front, ``crashes`` + 1, the error kept; the worker
+  decides whether retries remain (``crash_retries``, ``max_attempts``).
 - ``cancel`` finishes a queued trial at once and asks a running one to stop
   (its worker sees CANCEL on its next heartbeat).
 """
@@ -36,6 +40,17 @@ def lost_outcome(attempts: int) -> TrialOutcome:
         termination_reason=TerminationReason.ENV_SETUP_FAILED,
         error=f"the trial's worker lost its lease {attempts} time(s); no attempts left",
         events=["lease_expired"],
+    )
+
+
+def crashed_outcome(error: str, crashes: int) -> TrialOutcome:
+    """The outcome of a trial whose attempts kept raising out of the worker's own
+    code (usually deterministic: retrying again would crash the same way):
+    infrastructure, weight 0, the error naming the last crash."""
+    return TrialOutcome(
+        termination_reason=TerminationReason.ENV_SETUP_FAILED,
+        error=f"{error}; crashed {crashes} time(s), no retries left",
+        events=["worker_crash"],
     )
 
 
@@ -72,6 +87,11 @@ class TrialQueue(abc.ABC):
     @abc.abstractmethod
     async def finish(self, trial_id: str, worker: str, outcome: TrialOutcome) -> TrialRecord:
         """Records the outcome (state DONE) and releases the lease. Raises LeaseLost."""
+
+    @abc.abstractmethod
+    async def requeue(self, trial_id: str, worker: str, error: str) -> TrialRecord:
+        """Puts a leased trial back at the front of the queue (its attempt crashed),
+        counting the crash and keeping ``error``. Raises LeaseLost."""
 
     @abc.abstractmethod
     async def cancel(self, trial_id: str) -> bool:

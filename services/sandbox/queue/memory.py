@@ -96,6 +96,14 @@ class MemoryQueue(TrialQueue):
         del self._leases[trial_id]
         return self._put(record.transition(TrialState.DONE, outcome=outcome))
 
+    async def requeue(self, trial_id: str, worker: str, error: str) -> TrialRecord:
+        record = self._held(trial_id, worker)
+        del self._leases[trial_id]
+        queued = self._put(record.transition(TrialState.QUEUED, worker="", error=error, crashes=record.crashes + 1))
+        self._pending.appendleft(trial_id)
+        await self._notify()
+        return queued
+
     async def cancel(self, trial_id: str) -> bool:
         record = await self.get(trial_id)
         if record.state == TrialState.DONE:

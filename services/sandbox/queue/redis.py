@@ -3,7 +3,7 @@ worker that dies between two commands can never leave a trial half-claimed.
 
 Keys (prefix ``hrl:sandbox:``)::
 
-    trial:<id>   hash: spec (JSON), state, attempt, worker, cancel, outcome (JSON), error, updated_at
+    trial:<id>   hash: spec (JSON), state, attempt, crashes, worker, cancel, outcome (JSON), error, updated_at
     queue        list of queued trial ids (retries go to the front)
     leases       zset trial id -> lease expiry (ms since epoch)
     run:<run>    set of the run's trial ids
@@ -87,6 +87,23 @@ redis.call('PUBLISH', KEYS[3], ARGV[1])
 return 'ok'
 """
 
+# KEYS: trial key, leases, queue, wake, events. ARGV: id, worker, allowed-from (space separated), now, error.
+_REQUEUE = """
+if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[2] or not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  return 'lost'
+end
+local state = redis.call('HGET', KEYS[1], 'state')
+if not string.find(' ' .. ARGV[3] .. ' ', ' ' .. state .. ' ', 1, true) then return 'bad:' .. state end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'queued', 'worker', '', 'error', ARGV[5], 'updated_at', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'crashes', 1)
+redis.call('LPUSH', KEYS[3], ARGV[1])
+redis.call('LPUSH', KEYS[4], 1)
+redis.call('LTRIM', KEYS[4], 0, 63)
+redis.call('PUBLISH', KEYS[5], ARGV[1])
+return 'ok'
+"""
+
 # KEYS: trial key, queue, events. ARGV: id, now, cancelled outcome.
 _CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -142,6 +159,7 @@ class RedisQueue(TrialQueue):
                 "claim": _CLAIM,
                 "heartbeat": _HEARTBEAT,
                 "move": _MOVE,
+                "requeue": _REQUEUE,
                 "cancel": _CANCEL,
                 "reap": _REAP,
             }.items()
@@ -204,6 +222,19 @@ class RedisQueue(TrialQueue):
     async def finish(self, trial_id: str, worker: str, outcome: TrialOutcome) -> TrialRecord:
         return await self._move(trial_id, worker, TrialState.DONE, outcome.model_dump_json())
 
+    async def requeue(self, trial_id: str, worker: str, error: str) -> TrialRecord:
+        allowed = " ".join(src for src, dsts in VALID_TRANSITIONS.items() if TrialState.QUEUED in dsts)
+        answer = await self._run(
+            "requeue",
+            [P + "trial:" + trial_id, P + "leases", P + "queue", P + "wake", P + "events"],
+            [trial_id, worker, allowed, time.time(), error],
+        )
+        if answer == "lost":
+            raise LeaseLost(f"worker {worker} does not hold the lease of trial {trial_id}")
+        if answer != "ok":
+            raise ValueError(f"trial {trial_id}: invalid transition {answer[4:]} -> {TrialState.QUEUED}")
+        return await self.get(trial_id)
+
     async def cancel(self, trial_id: str) -> bool:
         answer = await self._run(
             "cancel",
@@ -261,6 +292,7 @@ def _record(data: dict[str, str]) -> TrialRecord:
         spec=TrialSpec.model_validate(json.loads(data["spec"])),
         state=TrialState(data["state"]),
         attempt=int(data.get("attempt", 0)),
+        crashes=int(data.get("crashes", 0)),
         worker=data.get("worker", ""),
         cancel_requested=data.get("cancel") == "1",
         outcome=outcome,
