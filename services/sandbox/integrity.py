@@ -132,7 +132,7 @@ def _protected(rel: str, globs: tuple[str, ...], dirs: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(parts[-1], pattern) for pattern in globs)
 
 
-def _walk_files(root: Path) -> dict[str, os.stat_result]:
+def walk_files(root: Path) -> dict[str, os.stat_result]:
     """Relative path -> lstat of every non-directory under root (skipping .git)."""
     found: dict[str, os.stat_result] = {}
     stack = [root]
@@ -158,18 +158,18 @@ def restore_protected(workspace: Path, pristine: Path, globs: tuple[str, ...], d
     snapshot: modified or deleted ones are restored, ones the agent added are
     removed. Returns one tamper event per change."""
     events: list[str] = []
-    before = {rel: st for rel, st in _walk_files(pristine).items() if _protected(rel, globs, dirs)}
-    now = {rel: st for rel, st in _walk_files(workspace).items() if _protected(rel, globs, dirs)}
+    before = {rel: st for rel, st in walk_files(pristine).items() if _protected(rel, globs, dirs)}
+    now = {rel: st for rel, st in walk_files(workspace).items() if _protected(rel, globs, dirs)}
     for rel in sorted(set(now) - set(before)):
         (workspace / rel).unlink(missing_ok=True)
         events.append(f"removed {rel} (added by the agent)")
     for rel in sorted(before):
         src, dst = pristine / rel, workspace / rel
-        if _replace_symlinked_parents(workspace, rel):
+        if replace_symlinked_parents(workspace, rel):
             events.append(f"restored {rel} (a parent directory was replaced by a symlink)")
         if rel not in now:
             events.append(f"restored {rel} (deleted)")
-        elif stat.S_ISLNK(now[rel].st_mode) != stat.S_ISLNK(before[rel].st_mode) or not _same(src, dst):
+        elif stat.S_ISLNK(now[rel].st_mode) != stat.S_ISLNK(before[rel].st_mode) or not same_file(src, dst):
             events.append(f"restored {rel} (modified)")
         else:
             continue
@@ -180,13 +180,15 @@ def restore_protected(workspace: Path, pristine: Path, globs: tuple[str, ...], d
     return events
 
 
-def _same(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     if a.is_symlink() or b.is_symlink():
         return a.is_symlink() and b.is_symlink() and os.readlink(a) == os.readlink(b)
     return filecmp.cmp(a, b, shallow=False)
 
 
-def _replace_symlinked_parents(root: Path, rel: str) -> bool:
+def replace_symlinked_parents(root: Path, rel: str) -> bool:
+    """Replaces each parent of ``rel`` that is a symlink or a file (the agent's) by nothing, so a
+    restore writes into the workspace, never through a link. True when one was replaced."""
     current = root
     replaced = False
     for part in rel.split("/")[:-1]:

@@ -52,7 +52,7 @@ from opentelemetry.context import Context
 
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
-from services.sandbox import dockerfile, integrity
+from services.sandbox import dockerfile, integrity, runner_guard
 from services.sandbox.backends.base import (
     Backend,
     ExecRequest,
@@ -347,14 +347,16 @@ class TrialRunner:
     async def _verify(self, t: _Trial, cancel: asyncio.Event) -> None:
         assert t.task is not None and t.sandbox is not None
         sandbox, cfg = t.sandbox, t.task.config.verifier
-        if self.settings.integrity.restore_pristine_files:
+        policy = self.settings.integrity
+        if policy.restore_pristine_files or policy.guard_runner_routes:
             t.tamper = await self.backend.restore_protected(sandbox)
         await self.backend.upload(sandbox, t.task.tests_dir, sandbox.paths.tests)
         network = Network.PUBLIC if (cfg.network_mode or NetworkMode.NO_NETWORK) == NetworkMode.PUBLIC else Network.NONE
+        env = {**_agent_env(sandbox, {}), **cfg.env}
         request = ExecRequest(
             argv=["/bin/bash", str(sandbox.paths.tests / "test.sh")],
             phase=Phase.VERIFY,
-            env={**_agent_env(sandbox, {}), **cfg.env},
+            env=runner_guard.verifier_env(env) if policy.harden_verifier_env else env,
             timeout_s=t.spec.verifier_timeout_s or cfg.timeout_sec or self.settings.default_verifier_timeout_s,
             network=network,
         )

@@ -11,28 +11,14 @@ from pydantic_settings import SettingsConfigDict
 from harnessrl import paths
 from harnessrl.config import ServiceSettings
 
-# Files that decide a verifier's outcome. Restored from the pristine snapshot
-# before verify when they existed there, deleted when the agent created them.
-DEFAULT_PROTECTED = (
-    "conftest.py",
-    "pytest.ini",
-    "tox.ini",
-    "setup.cfg",
-    "pyproject.toml",
-    "sitecustomize.py",
-    "usercustomize.py",
-    "*.pth",
-    "test_*.py",
-    "*_test.py",
-    # Modules that would shadow the test runner (``python -m pytest`` puts the cwd first on sys.path).
-    "pytest.py",
-    "py.py",
-    "pluggy.py",
-    "unittest.py",
-    "nose.py",
-)
+# The test files a task ships in its workspace: restored from the pristine
+# snapshot before verify when they existed there, deleted when the agent created
+# them. What the runner or the interpreter loads implicitly (config files,
+# conftest.py, plugins, .pth, shadowing modules, bytecode) is not a list of names
+# but ``runner_guard``'s routes (``guard_runner_routes``).
+DEFAULT_PROTECTED = ("test_*.py", "*_test.py")
 # Directories whose every file is protected the same way.
-DEFAULT_PROTECTED_DIRS = ("tests", "test", "pytest", "_pytest", "pluggy", "unittest")
+DEFAULT_PROTECTED_DIRS = ("tests", "test")
 
 
 class IntegrityPolicy(BaseModel):
@@ -44,7 +30,20 @@ class IntegrityPolicy(BaseModel):
 
     squash_git_history: bool = Field(default=True, description="One-commit history; no original object reachable.")
     hide_tests_and_solution: bool = Field(default=True, description="Tests and solution absent during the agent phase.")
-    restore_pristine_files: bool = Field(default=True, description="Restore tests/config files before verify.")
+    restore_pristine_files: bool = Field(
+        default=True, description="Restore the workspace's test files (protected_globs/dirs) before verify."
+    )
+    guard_runner_routes: bool = Field(
+        default=True,
+        description="Before verify, revert every change of the agent's that the test runner or the interpreter "
+        "would load implicitly (config files, conftest, plugin metadata, .pth, shadowing modules, bytecode); "
+        "see runner_guard.py.",
+    )
+    harden_verifier_env: bool = Field(
+        default=True,
+        description="The verifier runs with PYTHONPYCACHEPREFIX at a fresh directory (no __pycache__ is read) "
+        "and PYTHONNOUSERSITE=1.",
+    )
     isolate_network: bool = Field(default=True, description="Agent phase reaches only the proxy.")
     kill_agent_processes: bool = Field(default=True, description="Every agent-phase process dead before verify.")
     protect_reward_files: bool = Field(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import integrity
+from services.sandbox import integrity, runner_guard
 from services.sandbox.errors import VerifierError
-from services.sandbox.settings import DEFAULT_PROTECTED, DEFAULT_PROTECTED_DIRS
+from services.sandbox.settings import IntegrityPolicy
 
 FIX = "def add(a, b):\n    return a + b  # THE-FIX\n"
 BUG = "def add(a, b):\n    return a - b\n"
@@ -91,7 +91,8 @@ async def test_squash_without_git_is_a_no_op(tmp_path: Path) -> None:
 
 
 def _restore(ws: Path, pristine: Path) -> list[str]:
-    return integrity.restore_protected(ws, pristine, DEFAULT_PROTECTED, DEFAULT_PROTECTED_DIRS)
+    """Every file defence of the default policy (test files, then the runner's routes)."""
+    return runner_guard.restore_for_verify(ws, pristine, IntegrityPolicy())
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -127,12 +128,18 @@ def test_restore_undoes_every_kind_of_tampering(tmp_path: Path) -> None:
     for rel, text in files.items():
         if rel != "calc.py":
             assert (ws / rel).read_text() == text, rel
-    for added in ("conftest.py", "sitecustomize.py", "evil.pth", "pytest.ini", "tests/test_new.py"):
+    assert "removed tests/test_new.py (added by the agent)" in events
+    for added, route in [
+        ("conftest.py", "conftest"),
+        ("sitecustomize.py", "startup"),
+        ("evil.pth", "startup"),
+        ("pytest.ini", "config"),
+    ]:
         assert not (ws / added).exists()
-        assert f"removed {added} (added by the agent)" in events
+        assert f"removed {added} (added; {route})" in events
     assert "restored tests/test_calc.py (modified)" in events
     assert "restored tests/data/expected.txt (deleted)" in events
-    assert "restored pyproject.toml (modified)" in events
+    assert "restored pyproject.toml (modified; config)" in events
     assert _restore(ws, pristine) == []  # idempotent: nothing left to undo
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.sandbox import integrity, tarsafe
+from services.sandbox import runner_guard, tarsafe
 from services.sandbox.errors import CapabilityError
 from services.sandbox.paths import SandboxPaths, TrialDirs
 from services.sandbox.settings import EnforcedLimit, IntegrityPolicy
@@ -173,17 +173,17 @@ class Backend(abc.ABC):
         """Copies a sandbox file or directory to the host."""
 
     async def restore_protected(self, sandbox: Sandbox) -> list[str]:
-        """Restores the files that decide the verifier's outcome from the pristine
-        snapshot; returns the tamper events. Generic version: round-trips the
-        workspace through the host (backends override it with something cheaper)."""
+        """The file defences before verify, as the integrity policy switches them: the
+        workspace's test files restored from the pristine snapshot and every change a
+        test runner would load implicitly reverted (``runner_guard``); returns the
+        tamper events. Generic version: round-trips the workspace through the host
+        (backends override it with something cheaper)."""
         dirs, paths = sandbox.spec.dirs, sandbox.paths
         pristine, current = dirs.root / "pristine", dirs.root / "current"
         if not pristine.exists():
             raise RuntimeError("snapshot_pristine was not called at start")
         await self.download(sandbox, paths.workdir, current)
-        events = integrity.restore_protected(
-            current, pristine, self.integrity.protected_globs, self.integrity.protected_dirs
-        )
+        events = await asyncio.to_thread(runner_guard.restore_for_verify, current, pristine, self.integrity)
         if events:
             await self.upload(sandbox, current, paths.workdir)
         return events

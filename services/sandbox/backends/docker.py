@@ -338,17 +338,16 @@ class DockerBackend(Backend):
         handle.pristine = cache / "tree"
 
     async def restore_protected(self, sandbox: Sandbox) -> list[str]:
-        from services.sandbox import integrity
+        """The file defences before verify (test files, the runner's routes) on a host copy
+        of the workspace, copied back whole when anything changed."""
+        from services.sandbox import runner_guard
 
         handle, paths = _handle(sandbox), sandbox.paths
         if handle.pristine is None:
             raise RuntimeError("snapshot_pristine was not called at start")
         current = sandbox.spec.dirs.root / "current"
         await self.download(sandbox, paths.workdir, current)
-        policy = self.integrity
-        events = await asyncio.to_thread(
-            integrity.restore_protected, current, handle.pristine, policy.protected_globs, policy.protected_dirs
-        )
+        events = await asyncio.to_thread(runner_guard.restore_for_verify, current, handle.pristine, self.integrity)
         if events:
             await self.upload(sandbox, current, paths.workdir)
         return events

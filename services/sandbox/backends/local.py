@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from services.sandbox import integrity
+from services.sandbox import runner_guard
 from services.sandbox.backends import bwrap
 from services.sandbox.backends.base import (
     Backend,
@@ -224,15 +224,13 @@ class LocalBackend(Backend):
         """Nothing to do: the cached layer, read-only, is the pristine snapshot."""
 
     async def restore_protected(self, sandbox: Sandbox) -> list[str]:
-        """Restores protected files from the layer (the pristine snapshot, read-only in the cache)."""
-        layer, policy = _handle(sandbox).layer, self.integrity
+        """The file defences before verify (test files, the runner's routes), against the
+        layer: the pristine snapshot, read-only in the cache. Only the workspace outlives
+        a phase here (the rest of the root is the read-only layer, /tmp and HOME are per exec)."""
+        layer = _handle(sandbox).layer
         pristine = layer.host_path(layer.workdir)
         return await asyncio.to_thread(
-            integrity.restore_protected,
-            sandbox.spec.dirs.workspace,
-            pristine,
-            policy.protected_globs,
-            policy.protected_dirs,
+            runner_guard.restore_for_verify, sandbox.spec.dirs.workspace, pristine, self.integrity
         )
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
