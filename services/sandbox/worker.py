@@ -155,7 +155,7 @@ class Worker:
             log.warning("lease lost at finish", extra={"kv": {"trial": trial_id}})
         except Exception as e:
             log.exception("trial crashed in the worker", extra={"kv": {"trial": trial_id}})
-            heart.cancel()
+            # The heartbeat keeps the lease while the crash is reported (finalize may be slow).
             if not lost.is_set():
                 await self._crashed(record, spec, e)
         finally:
