@@ -33,6 +33,7 @@ def sampling_from_proto(msg: gateway_pb2.SamplingParams) -> Sampling:
         seed=msg.seed,
         return_routed_experts=msg.return_routed_experts,
         top_logprobs=msg.top_logprobs,
+        stop=tuple(msg.stop),
     )
 
 

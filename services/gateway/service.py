@@ -33,6 +33,9 @@ from services.gateway.router import EJECTED, HEALTHY, Replica, Router
 from services.gateway.settings import Settings
 
 MAX_TOP_LOGPROBS = 20  # what OpenAI clients may ask for
+# Bounds on stop strings: the proxy forwards a client's (OpenAI allows 4) and tool forcing's markers.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1000
 SAMPLED = metrics.TOKENS.labels("gateway", "sampled")  # counted per chunk: the labelled child looked up once
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,11 @@ def validate_sampling(sampling: Sampling, vocab_size: int) -> None:
     bad = [i for i in sampling.stop_token_ids if not 0 <= i < vocab_size]
     if bad:
         raise InvalidArgument(f"sampling.stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if len(sampling.stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in sampling.stop):
+        raise InvalidArgument(
+            f"sampling.stop must hold at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} "
+            f"characters, got {len(sampling.stop)} of lengths {sorted({len(s) for s in sampling.stop})[:5]}"
+        )
 
 
 class _Coalescer:

@@ -28,7 +28,10 @@ class Sampling:
     those filters; ``max_tokens`` 0 means "until the context window is full";
     ``seed`` 0 means unseeded. A stop id is included in the output.
     ``top_logprobs`` asks for that many most likely tokens at each position
-    (reported, never used to sample).
+    (reported, never used to sample). ``stop``: strings that end generation once
+    the reply's text contains one; the ids through the token completing it are
+    returned (vLLM's behaviour). Engines that cannot watch text ignore them (the
+    local engine: it has no detokenizer); the caller cuts and aborts.
     """
 
     temperature: float = 1.0
@@ -39,6 +42,7 @@ class Sampling:
     seed: int = 0
     return_routed_experts: bool = False
     top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

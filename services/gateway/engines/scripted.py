@@ -18,7 +18,10 @@ Script format (see INTERFACES.md)::
 Optional keys: ``chunk_tokens`` (stream the reply in chunks of that many
 tokens; 0 = one chunk), ``chunk_delay_s`` (sleep between chunks, to test
 streaming, pause and abort), ``log_path`` (JSONL generation log; relative to
-the script's folder), ``model`` (served model name). Entry keys: ``content``,
+the script's folder), ``model`` (served model name), ``honour_stop_strings``
+(default true: a reply ends at the token completing a ``sampling.stop`` string,
+as vLLM ends it; false plays an engine that cannot watch text, the local one,
+whose reply runs on past the string until the caller aborts). Entry keys: ``content``,
 ``reasoning`` (rendered ``<think>...</think>`` first), ``tool_calls``, or ``raw``
 (exact text, nothing added but the eos; for malformed-output tests).
 """
@@ -37,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from tokenizers.decoders import DecodeStream
 
 from harnessrl.config import format_validation_error
 from harnessrl.errors import ConfigError
@@ -71,6 +75,7 @@ class Script(BaseModel):
     chunk_delay_s: float = Field(0.0, ge=0, le=60)
     log_path: str | None = None
     model: str | None = None
+    honour_stop_strings: bool = True
 
     @field_validator("threads")
     @classmethod
@@ -167,6 +172,23 @@ def _rows(
     if top_ids is None or top_lps is None:
         return None, None
     return top_ids[start:end], top_lps[start:end]
+
+
+def stop_string_end(tokenizer: Any, ids: npt.NDArray[np.int32], stops: tuple[str, ...]) -> int:
+    """How many of ``ids`` a reply keeps under stop strings, as vLLM cuts it: through
+    the token whose text completes the first string found (its text is decoded as
+    the proxy decodes it, special tokens skipped); all of them when none occurs."""
+    stream = DecodeStream(skip_special_tokens=True)
+    longest = max(len(s) for s in stops)
+    text = ""
+    for i, token in enumerate(ids.tolist()):
+        piece = stream.step(tokenizer, token)
+        if piece:
+            start = max(0, len(text) - longest + 1)  # a string completed now ends in the new piece
+            text += piece
+            if any(s in text[start:] for s in stops):
+                return i + 1
+    return int(ids.shape[0])
 
 
 class GenerationLog:
@@ -310,6 +332,8 @@ class ScriptedEngine(Engine):
         hits = np.flatnonzero(np.isin(ids, list(stops)))
         if hits.size:
             ids = ids[: hits[0] + 1]
+        if request.sampling.stop and self.script.honour_stop_strings:
+            ids = ids[: stop_string_end(self._tokenizer, ids, request.sampling.stop)]
         if ids.shape[0] > request.budget:
             return ids[: request.budget], "length", index
         return ids, "stop", index

@@ -29,6 +29,10 @@ def sampling_fields(request: GenerateInput) -> dict[str, Any]:
     }
     if s.stop_token_ids:
         fields["stop_token_ids"] = list(s.stop_token_ids)
+    if s.stop:
+        # vLLM ends the reply at the token completing a stop string (its ids stop
+        # there, its text is cut), so no event carries tokens sampled past one.
+        fields["stop"] = list(s.stop)
     if s.seed:
         fields["seed"] = s.seed % (2**63)
     return fields
