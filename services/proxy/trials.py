@@ -71,6 +71,7 @@ class Trial:
     max_turns_reached: bool = False
     malformed_tool_calls: int = 0
     dropped_tool_calls: int = 0  # parsed calls not returned: past parallel_tool_calls=false's first
+    stop_cut_tokens: int = 0  # sampled past a stop string, never given to the harness: not captured
     # Requests this proxy refused itself (a 4xx of its own) and failures inside it:
     # either makes the trial an infrastructure failure (termination reason proxy_error).
     refused_requests: int = 0
@@ -138,6 +139,7 @@ class Trial:
             "max_turns_reached": self.max_turns_reached,
             "malformed_tool_calls": self.malformed_tool_calls,
             "dropped_tool_calls": self.dropped_tool_calls,
+            "stop_cut_tokens": self.stop_cut_tokens,
             "refused_requests": self.refused_requests,
             "proxy_errors": self.proxy_errors,
             "refusals": list(self.refusals),

@@ -22,6 +22,7 @@ from harnessrl import metrics, telemetry
 from harnessrl.arrays import I32, U8
 from harnessrl.logs import kv
 from harnessrl.v1 import gateway_pb2, records_pb2
+from services.proxy.capture import stopcut
 from services.proxy.capture.state import OurTurn, Plan, Sampled
 from services.proxy.chat.conversation import Conversation
 from services.proxy.chat.render import SampledIds
@@ -32,6 +33,9 @@ from services.proxy.gateway_client import EngineContextOverflow
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
+# The gateway's bounds on sampling.stop (services/gateway/service.py): stops past them
+# are watched by the proxy alone, whose cut of the capture holds either way.
+ENGINE_MAX_STOPS, ENGINE_MAX_STOP_CHARS = 64, 1000
 
 
 @dataclass
@@ -157,6 +161,7 @@ class ModelCall:
             stop_token_ids=core.model.tokenizer.stop_ids,
             return_routed_experts=s.return_routed_experts,
             top_logprobs=self.params.top_logprobs,
+            stop=_engine_stops(self.params.stops),
         )
         request = gateway_pb2.GenerateRequest(
             request_id=self.request_id,
@@ -217,8 +222,8 @@ class ModelCall:
                     break
                 chunk = await anext(self._chunks, None)
             if stopper.hit is not None:
-                # Every id received so far was sampled in this context and is kept;
-                # the engine stops sampling the rest.
+                # The engine may still be sampling (one that cannot watch text): stop it;
+                # what it sent past the stop is cut from the capture below.
                 await self._stop_engine()
             else:
                 await self._chunks.aclose()  # type: ignore[attr-defined]
@@ -231,6 +236,8 @@ class ModelCall:
                     yield sent
             engine_finish = "stop" if stopper.hit is not None else last.finish_reason or "stop"
             sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
+            if stopper.hit is not None:
+                sampled = self._cut_at_stop(sampled, stopper.seen_chars)
             # Each call keeps the id its first streamed delta carried and the arguments
             # text its deltas spelled out.
             calls = [
@@ -329,6 +336,38 @@ class ModelCall:
         finally:
             self._end_span()
 
+    def _cut_at_stop(self, sampled: Sampled, chars: int) -> Sampled:
+        """The capture without the tokens the harness was not given: from the first
+        whose text ends past character ``chars``, where what it was given before the stop
+        string ends (dropped, not masked: see ``stopcut``); counted in the trial's
+        ``stop_cut_tokens``."""
+        tok = self.core.model.tokenizer
+        keep = stopcut.tokens_before(tok, np.frombuffer(sampled.ids, I32), chars)
+        dropped = sampled.num_tokens - keep
+        if not dropped:
+            return sampled
+        self.trial.stop_cut_tokens += dropped
+        metrics.TOKENS.labels("proxy", "cut_at_stop").inc(dropped)
+        self._trim_received(keep)
+        return stopcut.cut(sampled, keep, tok.stop_ids)
+
+    def _trim_received(self, keep: int) -> None:
+        """The arrays routes report logprobs from, cut like the capture: a client
+        that asked for logprobs gets those of the tokens it was given."""
+        left = keep
+        for i, chunk in enumerate(self.received_ids):
+            n = len(chunk) // 4
+            if n > left:
+                self.received_ids[i] = chunk[: 4 * left]
+                self.received_logprobs[i] = self.received_logprobs[i][: 4 * left]
+                if i < len(self.received_top):
+                    top, k = self.received_top[i], self.received_top[i].k
+                    ids, lps = top.ids[: 4 * left * k], top.logprobs[: 4 * left * k]
+                    self.received_top[i] = gateway_pb2.TopLogprobs(k=k, ids=ids, logprobs=lps)
+                del self.received_ids[i + 1 :], self.received_logprobs[i + 1 :], self.received_top[i + 1 :]
+                return
+            left -= n
+
     async def _stop_engine(self) -> None:
         if self._chunks is not None:
             await self._chunks.aclose()  # type: ignore[attr-defined]
@@ -368,6 +407,15 @@ def _prefilled(plan: Plan, ids: bytes) -> Plan:
     """``plan`` with ``ids`` ending its prompt: context (mask 0) the engine sees and the segment keeps."""
     delta = plan.delta + ids if plan.extends is not None else plan.delta
     return dataclasses.replace(plan, prompt=plan.prompt + ids, delta=delta)
+
+
+def _engine_stops(stops: list[str]) -> list[str]:
+    """The stop strings the engine is asked to end at (so it samples nothing past them),
+    or none when they exceed the gateway's bounds."""
+    stops = [s for s in stops if s]
+    if len(stops) > ENGINE_MAX_STOPS or any(len(s) > ENGINE_MAX_STOP_CHARS for s in stops):
+        return []
+    return stops
 
 
 def _tracer() -> trace.Tracer:

@@ -158,7 +158,12 @@ class StopStrings:
     def __init__(self, stops: list[str]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._buf = ""
+        self._passed = 0  # characters fed and passed on (the buffer starts there)
+        self._blank = 0  # how many of them end it as whitespace
         self.hit: str | None = None
+        # With a hit: how much of all the text fed a harness is given, the text before
+        # the hit less its trailing whitespace (content and reasoning go out stripped).
+        self.seen_chars = -1
 
     def feed(self, text: str) -> str:
         if not self._stops or self.hit is not None:
@@ -168,10 +173,18 @@ class StopStrings:
         if found:
             cut, self.hit = min(found)
             out, self._buf = self._buf[:cut], ""
+            self._pass(out)
+            self.seen_chars = self._passed - self._blank
             return out
         keep = _partial_suffix(self._buf, self._stops)
         out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+        self._pass(out)
         return out
+
+    def _pass(self, out: str) -> None:
+        self._passed += len(out)
+        solid = len(out.rstrip())
+        self._blank = len(out) - solid if solid else self._blank + len(out)
 
     def flush(self) -> str:
         out, self._buf = self._buf, ""

@@ -112,6 +112,11 @@ class IncrementalDecoder:
             self._text.append(text)
         return text or ""
 
+    @property
+    def holding(self) -> bool:
+        """The ids so far end inside a character: their text comes with the next ids."""
+        return self._holding
+
     def flush(self) -> str:
         """What the last chunks hold once no more ids come: their complete
         characters (a trailing partial one has no text), as one id at a time gives."""

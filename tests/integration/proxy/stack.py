@@ -42,21 +42,30 @@ def script(tmp: Path, threads: dict[str, list[dict[str, Any]]], **extra: Any) ->
 
 
 class Stack:
-    def __init__(self, tmp: Path, script_path: Path | None, engine: str | None = None, **proxy_settings: Any) -> None:
-        """``engine``: the gateway's engine selection; default ``scripted:<script_path>``."""
+    def __init__(
+        self,
+        tmp: Path,
+        script_path: Path | None,
+        engine: str | None = None,
+        gateway: dict[str, Any] | None = None,
+        **proxy_settings: Any,
+    ) -> None:
+        """``engine``: the gateway's engine selection; default ``scripted:<script_path>``;
+        ``gateway``: more gateway settings (a vLLM engine's ``vllm_urls``)."""
         self.tmp = tmp
         self.log_path = tmp / "engine.jsonl"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.run(self._start(engine or f"scripted:{script_path}", proxy_settings))
+        self.run(self._start(engine or f"scripted:{script_path}", gateway or {}, proxy_settings))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return fut.result(timeout=120)
 
-    async def _start(self, engine: str, proxy_settings: dict[str, Any]) -> None:
-        self.gateway = await create_gateway(GatewaySettings(engine=engine, scripted_log_path=self.log_path))
+    async def _start(self, engine: str, gateway: dict[str, Any], proxy_settings: dict[str, Any]) -> None:
+        settings = GatewaySettings(engine=engine, scripted_log_path=self.log_path, **gateway)
+        self.gateway = await create_gateway(settings)
         self.store_port = free_port()
         await self.start_store()
         base: dict[str, Any] = {

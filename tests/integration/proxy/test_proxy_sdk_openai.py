@@ -146,7 +146,7 @@ def test_responses_api_streaming_and_not(stack: Stack) -> None:
     check_faithful(stack.export("oa-5"), stack.engine_log(), "oa-5")
 
 
-def test_stop_strings_cut_the_text_and_keep_every_sampled_token(stack: Stack) -> None:
+def test_stop_strings_cut_the_text_and_the_capture_alike(stack: Stack) -> None:
     c = client(stack, "oa-6")
     messages: list[dict[str, object]] = [{"role": "system", "content": "Agent."}, {"role": "user", "content": "Go."}]
     r1 = c.chat.completions.create(model=MODEL, messages=messages, tools=[BASH], stop=["look"])  # type: ignore[arg-type]
