@@ -32,6 +32,13 @@ class SandboxLost(EnvSetupError):
     removed): an infrastructure failure, env_setup_failed with weight 0."""
 
 
+class ContainerEngineError(EnvSetupError):
+    """The container engine (Docker) refused or did not answer a call that set up a trial,
+    not through the task's fault (an engine that is down, an internal error): an
+    infrastructure failure, env_setup_failed with weight 0. The message names the engine
+    and its answer."""
+
+
 class UnsupportedInstruction(EnvSetupError):
     """A Dockerfile instruction the local backend cannot replay."""
 

@@ -25,12 +25,16 @@ Isolation and integrity, phase by phase:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from docker.errors import APIError, NotFound
+from requests.exceptions import RequestException
 
 from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import (
@@ -50,6 +54,8 @@ from services.sandbox.errors import BackendUnavailable, EnvSetupError, SandboxLo
 from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import Settings
 from services.sandbox.tasks import NetworkMode
+
+log = logging.getLogger(__name__)
 
 LABEL_MANAGED = "io.harnessrl.managed"
 LABEL_TRIAL = "io.harnessrl.trial"
@@ -149,7 +155,11 @@ class DockerBackend(Backend):
         self.watch_layers = Path(info.get("DockerRootDir") or "/nonexistent").is_dir()
         self.cgroup_root = self.cfg.cgroup_root
         self.images = images.ImageStore(
-            self.client, build_network=self.cfg.build_network, pull=self.cfg.pull, cache_dir=settings.cache_dir
+            self.client,
+            build_network=self.cfg.build_network,
+            pull=self.cfg.pull,
+            cache_dir=settings.cache_dir,
+            engine=self.cfg.host or os.environ.get("DOCKER_HOST") or "at the default socket",
         )
         self.capabilities = Capabilities(
             builds_dockerfile=True,
@@ -224,8 +234,12 @@ class DockerBackend(Backend):
         await handle.close_relay()
         try:
             await asyncio.to_thread(handle.container.remove, force=True)
-        except Exception:  # noqa: BLE001 - already gone (engine restarted, reaped)
-            pass
+        except (APIError, RequestException) as e:
+            # Gone already (404), or the engine is down: stopping must not replace the trial's
+            # outcome; a container left by a down engine is stopped with it, and reaped by
+            # cleanup_orphans. Anything else is a bug and raises.
+            if not isinstance(e, NotFound):
+                log.warning("container not removed", extra={"kv": {"trial": sandbox.spec.trial_id, "error": str(e)}})
         if not self.settings.keep_trial_dirs:
             await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
 
@@ -301,9 +315,7 @@ class DockerBackend(Backend):
         if fresh:
             try:
                 await self._api(handle.container.put_archive, str(dst.parent), data)
-            except SandboxLost:
-                raise
-            except Exception:  # noqa: BLE001 - the parent does not exist yet: make it below
+            except NotFound:  # the parent does not exist yet: make it below
                 fresh = False
         if not fresh:
             await handle.root(f"mkdir -p {_q(str(dst.parent))} && rm -rf {_q(str(dst))}")
