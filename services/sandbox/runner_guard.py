@@ -30,6 +30,10 @@ plugin-metadata  ``*.dist-info``/``*.egg-info``/``*.egg``/``*.egg-link``: entry 
             pytest`` puts the cwd first on sys.path.
 startup     ``*.pth``, ``sitecustomize``, ``usercustomize``: run by ``site`` at
             interpreter start (a workspace may hold a venv).
+environment  anything in a virtual environment in the workspace (a directory with
+            ``pyvenv.cfg``) or under ``site-packages``/``dist-packages``: the runner
+            itself, its plugins and its interpreter live there. The verifier runs
+            the task's environment, not one the agent edited or made.
 bytecode    anything under ``__pycache__`` and sourceless ``*.pyc``: Python validates a
             cached pyc by its source's mtime and size (the restore keeps mtimes),
             pytest's assertion rewriter (``_pytest/assertion/rewrite.py`` ``_read_pyc``;
@@ -106,6 +110,9 @@ RUNNER_MODULES = frozenset(
         "xdist",
     }
 )
+_SITE_DIRS = frozenset({"site-packages", "dist-packages"})
+# Routes whose reverts are counted in one event, not listed: common and many.
+_COUNTED_ROUTES = ("bytecode", "environment")
 _MODULE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pyd", ".pyw")
 VERIFY_PYCACHE_PREFIX = "/tmp/harnessrl-pycache-"
 
@@ -129,40 +136,60 @@ def verifier_env(env: dict[str, str]) -> dict[str, str]:
 
 def guard_routes(workspace: Path, pristine: Path) -> list[str]:
     """Reverts each of the agent's changes that a route would load implicitly;
-    returns one tamper event per file (bytecode: one per route, it is common)."""
+    returns one tamper event per file (bytecode and environment: one per route,
+    an agent that runs Python or makes a venv writes many)."""
     before, now = integrity.walk_files(pristine), integrity.walk_files(workspace)
+    environments = _environments([*before, *now])
     events: list[str] = []
-    bytecode = 0
+    counted = dict.fromkeys(_COUNTED_ROUTES, 0)
     for rel in sorted(now):
         st, added = now[rel], rel not in before
-        route = classify(rel, added=added, workspace=workspace, st=st)
+        route = classify(rel, added=added, workspace=workspace, st=st, environments=environments)
         if route is None or (not added and _unchanged(workspace / rel, pristine / rel, st, before[rel])):
             continue
         if added:
             _remove(workspace, rel)
         else:
             _restore(workspace, pristine, rel)
-        if route == "bytecode":
-            bytecode += 1
+        if route in counted:
+            counted[route] += 1
         else:
             events.append(f"{'removed' if added else 'restored'} {rel} ({'added' if added else 'modified'}; {route})")
     for rel in sorted(set(before) - set(now)):
-        route = classify(rel, added=False, workspace=pristine, st=before[rel])
+        route = classify(rel, added=False, workspace=pristine, st=before[rel], environments=environments)
+        if route in counted:
+            counted[route] += 1
+        elif route is not None:
+            events.append(f"restored {rel} (deleted; {route})")
         if route is not None:
             _restore(workspace, pristine, rel)
-            events.append(f"restored {rel} (deleted; {route})")
-    if bytecode:
-        events.append(f"removed or restored {bytecode} bytecode file(s) the agent phase wrote (bytecode)")
+    events += [f"reverted {n} file(s) the agent phase changed ({route})" for route, n in counted.items() if n]
     return events
 
 
-def classify(rel: str, *, added: bool, workspace: Path, st: os.stat_result | None = None) -> str | None:
+def _environments(rels: Iterable[str]) -> frozenset[str]:
+    """The virtual environments in the workspace (directories holding ``pyvenv.cfg``;
+    not the workspace itself)."""
+    return frozenset(rel.rpartition("/")[0] for rel in rels if rel.endswith("/pyvenv.cfg"))
+
+
+def classify(
+    rel: str,
+    *,
+    added: bool,
+    workspace: Path,
+    st: os.stat_result | None = None,
+    environments: frozenset[str] = frozenset(),
+) -> str | None:
     """The route through which the runner or the interpreter would load ``rel``
-    implicitly, or None for an ordinary file."""
+    implicitly, or None for an ordinary file. ``environments``: the workspace's
+    virtual environments (``_environments``)."""
     parts = rel.split("/")
     name = parts[-1]
     if "__pycache__" in parts[:-1]:
         return "bytecode"
+    if _SITE_DIRS & set(parts[:-1]) or any(rel.startswith(env + "/") for env in environments):
+        return "environment"
     if ".pytest_cache" in parts[:-1] or name == ".pytest_cache":
         return "runner-state"
     if any(part.endswith(_METADATA_SUFFIXES) for part in parts):
@@ -206,11 +233,14 @@ def _module_name(parts: list[str]) -> tuple[str | None, bool]:
 
 
 def _top_level(workspace: Path, parts: list[str], is_package: bool) -> bool:
-    """Whether the module's directory could itself be a sys.path entry: it is not
-    inside a package (pytest's rootdir insertion stops at the first directory
-    without ``__init__.py``; the cwd and PYTHONPATH are such directories)."""
+    """Whether the module's directory could itself be a sys.path entry: the
+    workdir, or a directory that is not a package (pytest's rootdir insertion
+    stops at the first directory without ``__init__.py``). Not seen: a task whose
+    PYTHONPATH names a package directory of the workspace."""
     holder = parts[:-2] if is_package else parts[:-1]
-    directory = workspace.joinpath(*holder) if holder else workspace
+    if not holder:
+        return True  # the workdir: the cwd of ``python -m``, first on sys.path, package or not
+    directory = workspace.joinpath(*holder)
     return not any((directory / f"__init__{suffix}").exists() for suffix in (".py", ".pyc"))
 
 

@@ -18,6 +18,8 @@ PRISTINE = {
     "pkg/json.py": "# the task's own module named like the stdlib\n",
     "__pycache__/calc.cpython-311.pyc": "pristine bytecode",
     "types.py": "# the task shadows the stdlib itself\n",
+    ".venv/pyvenv.cfg": "home = /usr/bin\n",
+    ".venv/lib/python3.11/site-packages/_pytest/runner.py": "# pytest's runner\n",
 }
 
 
@@ -47,7 +49,10 @@ def trees(tmp_path: Path) -> tuple[Path, Path]:
         ("conftest.cpython-311-x86_64-linux-gnu.so", "conftest"),
         ("evil-1.0.dist-info/entry_points.txt", "plugin-metadata"),
         ("evil.egg-info/entry_points.txt", "plugin-metadata"),
-        (".venv/lib/python3.11/site-packages/evil.pth", "startup"),
+        ("evil.pth", "startup"),
+        (".venv/lib/python3.11/site-packages/evil.pth", "environment"),
+        (".venv/bin/python3", "environment"),
+        ("vendor/site-packages/pytest_evil.py", "environment"),
         ("sitecustomize.py", "startup"),
         ("usercustomize/__init__.py", "startup"),
         ("__pycache__/conftest.cpython-311-pytest-9.2.0.pyc", "bytecode"),
@@ -70,10 +75,9 @@ def test_an_added_file_on_a_route_is_removed(trees: tuple[Path, Path], rel: str,
     _tree(ws, {rel: "import os\n"})
     events = runner_guard.guard_routes(ws, pristine)
     assert not (ws / rel).exists()
+    counted = route in ("bytecode", "environment")
     assert events == (
-        [f"removed {rel} (added; {route})"]
-        if route != "bytecode"
-        else ["removed or restored 1 bytecode file(s) the agent phase wrote (bytecode)"]
+        [f"reverted 1 file(s) the agent phase changed ({route})"] if counted else [f"removed {rel} (added; {route})"]
     )
 
 
@@ -99,12 +103,29 @@ def test_modified_and_deleted_route_files_are_restored(trees: tuple[Path, Path])
     (ws / "conftest.py").write_text("pytest_plugins = ['evil']\n")
     (ws / "pytest.ini").unlink()
     (ws / "__pycache__" / "calc.cpython-311.pyc").write_text("planted")
+    (ws / ".venv/lib/python3.11/site-packages/_pytest/runner.py").write_text("# every test passes\n")
     events = runner_guard.guard_routes(ws, pristine)
     assert "restored conftest.py (modified; conftest)" in events
     assert "restored pytest.ini (deleted; config)" in events
-    for rel in ("conftest.py", "pytest.ini", "__pycache__/calc.cpython-311.pyc"):
+    assert "reverted 1 file(s) the agent phase changed (environment)" in events
+    venv_runner = ".venv/lib/python3.11/site-packages/_pytest/runner.py"
+    for rel in ("conftest.py", "pytest.ini", "__pycache__/calc.cpython-311.pyc", venv_runner):
         assert (ws / rel).read_text() == PRISTINE[rel]
     assert runner_guard.guard_routes(ws, pristine) == []  # idempotent
+
+
+def test_a_venv_the_agent_made_is_removed(trees: tuple[Path, Path]) -> None:
+    ws, pristine = trees
+    _tree(ws, {"myenv/pyvenv.cfg": "home = /usr/bin\n", "myenv/bin/activate": "", "myenv/lib/x.py": ""})
+    assert runner_guard.guard_routes(ws, pristine) == ["reverted 3 file(s) the agent phase changed (environment)"]
+    assert not (ws / "myenv").exists()
+
+
+def test_the_workdir_is_on_sys_path_even_as_a_package(trees: tuple[Path, Path]) -> None:
+    """``python -m`` puts the cwd first whatever it holds: an ``__init__.py`` there hides nothing."""
+    ws, pristine = trees
+    _tree(ws, {"__init__.py": "", "argparse.py": "import sys\nsys.exit(0)\n"})
+    assert runner_guard.guard_routes(ws, pristine) == ["removed argparse.py (added; stdlib-shadow)"]
 
 
 def test_an_emptied_dist_info_is_removed_too(trees: tuple[Path, Path]) -> None:
