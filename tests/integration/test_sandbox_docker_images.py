@@ -25,14 +25,15 @@ from services.sandbox.tasks import load_task
 from tests.sandbox_support import make_task, settings_for
 
 GIT = "git -c user.name=t -c user.email=t@t"
-# One image, two workspaces: /app (the image's WORKDIR) and /srv, whose history holds the fix.
+# One image, two workspaces: /app (the image's WORKDIR) and /srv, whose history holds the
+# fix. /srv is the sandbox user's already, so only its history stands between cheat and reward.
 TWO_WORKSPACES = f"""\
 FROM python:3.11-slim
 COPY nonce /nonce
 WORKDIR /srv
 COPY repo/ /srv/
 RUN git init -q -b main && git add -A && {GIT} commit -qm "the fix" \\
-    && sed -i 's/a + b/a - b/' calc.py && {GIT} commit -qam "the bug"
+    && sed -i 's/a + b/a - b/' calc.py && {GIT} commit -qam "the bug" && chown -R 1000:1000 /srv
 WORKDIR /app
 """
 SRV_TEST = """\
@@ -86,6 +87,27 @@ async def test_a_second_workdir_on_one_image_gets_its_own_squashed_history(
     assert defended.reward == 0.0, "the second task's workspace kept the history that holds the fix"
     exposed = await run_trial(tmp_path / "off", host, second, "shell", HISTORY_CHEAT, squash_git_history=False)
     assert exposed.reward == 1.0, f"the cheat itself does not work: {exposed.error or exposed.verifier_summary}"
+    # A third workdir, absent from the image: made, and given to the sandbox user, for this task too.
+    third = make_task(
+        tmp_path / "c", "work", toml=TOML + 'workdir = "/work"\n', dockerfile=TWO_WORKSPACES, context=context
+    )
+    backend = DockerBackend(settings(tmp_path / "third", host))
+    box = await backend.start(sandbox_spec(backend, third, "third"))
+    try:
+        probe = ExecRequest(argv=["sh", "-c", "touch probe && stat -c %u ."], phase=Phase.AGENT, timeout_s=20)
+        result = await backend.exec(box, probe)
+    finally:
+        await backend.stop(box)
+    assert result.output.decode().strip() == "1000", result.output
+
+
+def sandbox_spec(backend: DockerBackend, task: Path, name: str) -> SandboxSpec:
+    return SandboxSpec(
+        trial_id=f"{name}-{time.monotonic_ns() % 10**9}",
+        task=load_task(task),
+        dirs=TrialDirs(backend.settings.work_dir / name),
+        limits=Limits(memory_mb=256, storage_mb=64, pids=64),
+    )
 
 
 def build_base(client: docker.DockerClient, ctx: Path, name: str, marker: str) -> str:
@@ -98,13 +120,7 @@ def build_base(client: docker.DockerClient, ctx: Path, name: str, marker: str) -
 
 async def marker_seen(backend: DockerBackend, task: Path, name: str) -> tuple[str, str]:
     """What /marker holds in a fresh sandbox of ``task``, and the image the sandbox ran."""
-    spec = SandboxSpec(
-        trial_id=f"{name}-{time.monotonic_ns() % 10**9}",
-        task=load_task(task),
-        dirs=TrialDirs(backend.settings.work_dir / name),
-        limits=Limits(memory_mb=256, storage_mb=64, pids=64),
-    )
-    box = await backend.start(spec)
+    box = await backend.start(sandbox_spec(backend, task, name))
     try:
         result = await backend.exec(box, ExecRequest(argv=["cat", "/marker"], phase=Phase.AGENT, timeout_s=20))
         return result.output.decode(), box.handle.image  # type: ignore[attr-defined]
