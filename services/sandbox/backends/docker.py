@@ -1,7 +1,7 @@
 """The Docker backend: one container per trial on a Docker engine (docker SDK),
 from the task's own image (``docker_images.ImageStore``: built from
 ``environment/Dockerfile``, or ``[environment] docker_image``; squashed once
-per image).
+per image and workdir).
 
 Isolation and integrity, phase by phase:
 - The container runs with ``--network none``: only ``lo``. The agent reaches
