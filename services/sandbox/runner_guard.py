@@ -16,7 +16,7 @@ Routes (pytest sources cited from 9.2; older versions read a subset):
 config      a file pytest reads configuration from, by name, in any directory
             (``locate_config`` walks up from every argument):
             ``_pytest/config/findpaths.py`` ``CONFIG_LOADERS_BY_NAME``: pytest.toml and
-            .pytest.toml (9.0+), pytest.ini, .pytest.ini (8.x+), pyproject.toml
+            .pytest.toml (9.0+), pytest.ini, .pytest.ini (7.2+), pyproject.toml
             ([tool.pytest] 9.0+, [tool.pytest.ini_options] 6.0+), tox.ini, setup.cfg.
             ``addopts`` there carries ``-p plugin``, ``-c``, ``--rootdir``, ``-o``.
 conftest    ``conftest.py`` in any form (``.py``, a package, an extension module):
@@ -57,7 +57,7 @@ symlink-escape  a symlink the agent made that points out of the workspace: what 
 
 Besides the files, the verify exec's environment is hardened
 (``verifier_env``): ``PYTHONPYCACHEPREFIX`` at a fresh, unguessable directory
-(Python and pytest >= 7 then read no ``__pycache__`` at all) and
+(Python >= 3.8 and pytest >= 6.0 then read no ``__pycache__`` at all) and
 ``PYTHONNOUSERSITE=1``. PYTEST_ADDOPTS/PYTEST_PLUGINS reach the verifier only
 from the task (its image's ENV and ``[verifier] env``): no backend passes the
 worker's environment through, so there is nothing of the agent's to strip.
@@ -148,7 +148,7 @@ def guard_routes(workspace: Path, pristine: Path) -> list[str]:
         if route is None or (not added and _unchanged(workspace / rel, pristine / rel, st, before[rel])):
             continue
         if added:
-            _remove(workspace, rel)
+            _remove(workspace, pristine, rel)
         else:
             _restore(workspace, pristine, rel)
         if route in counted:
@@ -267,18 +267,19 @@ def _unchanged(current: Path, original: Path, st: os.stat_result, st0: os.stat_r
     return integrity.same_file(original, current)
 
 
-def _remove(workspace: Path, rel: str) -> None:
+def _remove(workspace: Path, pristine: Path, rel: str) -> None:
     path = workspace / rel
     if path.is_symlink() or path.exists():
         path.unlink()
-    _prune_empty(workspace, rel.split("/")[:-1])
+    _prune_empty(workspace, pristine, rel.split("/")[:-1])
 
 
-def _prune_empty(workspace: Path, parents: Iterable[str]) -> None:
+def _prune_empty(workspace: Path, pristine: Path, parents: Iterable[str]) -> None:
     """Removes the directories a removed file leaves empty (an empty ``x.dist-info``
-    is still a distribution to importlib.metadata), up to the workspace."""
+    is still a distribution to importlib.metadata), up to the workspace or the
+    first one the pristine snapshot has."""
     holder = list(parents)
-    while holder:
+    while holder and not pristine.joinpath(*holder).is_dir():
         directory = workspace.joinpath(*holder)
         try:
             directory.rmdir()

@@ -129,11 +129,15 @@ def test_the_workdir_is_on_sys_path_even_as_a_package(trees: tuple[Path, Path]) 
 
 
 def test_an_emptied_dist_info_is_removed_too(trees: tuple[Path, Path]) -> None:
-    """An empty ``x.dist-info`` directory is still a distribution to importlib.metadata."""
+    """An empty ``x.dist-info`` directory is still a distribution to importlib.metadata;
+    an empty directory of the task's stays."""
     ws, pristine = trees
+    (pristine / "empty").mkdir()
     _tree(ws, {"evil-1.0.dist-info/METADATA": "Name: evil\n", "evil-1.0.dist-info/entry_points.txt": ""})
+    _tree(ws, {"empty/conftest.py": "pytest_plugins = ['evil']\n"})
     runner_guard.guard_routes(ws, pristine)
     assert not (ws / "evil-1.0.dist-info").exists()
+    assert (ws / "empty").is_dir() and not any((ws / "empty").iterdir())
 
 
 def test_load_tests_in_a_package_init_is_reverted(trees: tuple[Path, Path]) -> None:
