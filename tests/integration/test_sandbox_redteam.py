@@ -336,3 +336,14 @@ async def test_a_solution_with_a_new_module_still_scores_one(
     outcome = await run_trial(tmp_path, cache_dir, redteam_task, "shell", script, kind=backend_kind)
     assert (outcome.termination_reason, outcome.reward) == (TerminationReason.COMPLETED, 1.0), outcome.verifier_summary
     assert outcome.tamper_events == []
+
+
+async def test_a_symlink_out_of_the_workspace_is_removed_not_an_infra_failure(
+    tmp_path: Path, cache_dir: Path, redteam_task: Path, backend_kind: dict[str, object]
+) -> None:
+    """A failing attempt must not be able to end as an infrastructure failure (weight 0)
+    by leaving a link the worker's copy of the workspace would refuse."""
+    script = "ln -s /etc/passwd /app/outside && ln -s ../../etc /app/up"
+    outcome = await run_trial(tmp_path, cache_dir, redteam_task, "shell", script, kind=backend_kind)
+    assert (outcome.termination_reason, outcome.reward) == (TerminationReason.COMPLETED, 0.0), outcome.error
+    assert "removed outside (added; symlink-escape)" in outcome.tamper_events, outcome.tamper_events

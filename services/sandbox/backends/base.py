@@ -239,9 +239,10 @@ def _check_limits(name: str, caps: Capabilities, accepted: Collection[str]) -> N
         log.info("resource limits enforced", extra={"kv": {"backend": name, "detail": caps.limits_detail}})
 
 
-def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:
+def unpack_tar(data: bytes, src: PurePosixPath, dst: Path, policy: tarsafe.Policy = "data") -> None:
     """Unpacks a tar of sandbox path ``src`` (arcname = its name) so that it lands
-    at ``dst`` (merged into what is there), whatever ``dst`` is named."""
+    at ``dst`` (merged into what is there), whatever ``dst`` is named. ``policy``:
+    ``tarsafe``'s (``tar`` keeps symlinks as they are, for copies of a workspace)."""
     import io
     import shutil
     import tarfile
@@ -250,11 +251,11 @@ def unpack_tar(data: bytes, src: PurePosixPath, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         if dst.name == src.name:
-            tarsafe.extractall(tar, dst.parent, "data")
+            tarsafe.extractall(tar, dst.parent, policy)
             return
         scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dst.parent))
         try:
-            tarsafe.extractall(tar, scratch, "data")
+            tarsafe.extractall(tar, scratch, policy)
             unpacked = scratch / src.name
             if unpacked.is_dir() and not unpacked.is_symlink():
                 shutil.copytree(unpacked, dst, symlinks=True, dirs_exist_ok=True)

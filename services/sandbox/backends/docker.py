@@ -36,6 +36,7 @@ from typing import Any
 from docker.errors import APIError, NotFound
 from requests.exceptions import RequestException
 
+from services.sandbox import tarsafe
 from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import (
     Backend,
@@ -327,12 +328,15 @@ class DockerBackend(Backend):
             host = sandbox.spec.dirs.agent_logs / src.relative_to(sandbox.paths.agent_logs)
             await asyncio.to_thread(_copy_out, host, dst, sandbox.spec.trial_id, src)
             return
+        await self._download(sandbox, src, dst, "data")
+
+    async def _download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path, policy: tarsafe.Policy) -> None:
         try:
             stream, _ = await asyncio.to_thread(_handle(sandbox).container.get_archive, str(src))
             data = await asyncio.to_thread(b"".join, stream)
         except Exception as e:
             raise FileNotFoundError(f"{src} does not exist in sandbox {sandbox.spec.trial_id}") from e
-        await asyncio.to_thread(unpack_tar, data, src, dst)
+        await asyncio.to_thread(unpack_tar, data, src, dst, policy)
 
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:
         """One host copy of the workspace per image (every trial of it starts the same)."""
@@ -341,7 +345,8 @@ class DockerBackend(Backend):
         async with handle.pristine_lock(cache):
             if not (cache / "tree").exists():
                 partial = cache / f"partial-{uuid.uuid4().hex[:8]}"
-                await self.download(sandbox, sandbox.paths.workdir, partial / "tree")
+                # Symlinks kept as they are (repositories have absolute ones), as in the restore.
+                await self._download(sandbox, sandbox.paths.workdir, partial / "tree", "tar")
                 try:
                     (partial / "tree").rename(cache / "tree")
                 except OSError:  # another worker was first: same content
@@ -358,7 +363,10 @@ class DockerBackend(Backend):
         if handle.pristine is None:
             raise RuntimeError("snapshot_pristine was not called at start")
         current = sandbox.spec.dirs.root / "current"
-        await self.download(sandbox, paths.workdir, current)
+        # Every symlink as it is: one the "data" policy refuses (absolute, or out of the
+        # tree) would fail the copy, turning the agent's attempt into an infrastructure
+        # failure; the guard removes the agent's (symlink-escape) instead.
+        await self._download(sandbox, paths.workdir, current, "tar")
         events = await asyncio.to_thread(runner_guard.restore_for_verify, current, handle.pristine, self.integrity)
         if events:
             await self.upload(sandbox, current, paths.workdir)
