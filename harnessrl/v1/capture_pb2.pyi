@@ -46,7 +46,7 @@ class AppendSegmentResponse(_message.Message):
     def __init__(self, duplicate: _Optional[bool] = ..., segment_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalizeTrajectoryRequest(_message.Message):
-    __slots__ = ("run_id", "trial_id", "task_id", "group_id", "group_size", "step", "harness", "reward", "has_reward", "termination_reason", "timings", "verifier_summary", "harness_exit_code", "metadata")
+    __slots__ = ("run_id", "trial_id", "task_id", "group_id", "group_size", "step", "harness", "reward", "has_reward", "termination_reason", "timings", "verifier_summary", "harness_exit_code", "metadata", "rewards")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,13 @@ class FinalizeTrajectoryRequest(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RewardsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +75,7 @@ class FinalizeTrajectoryRequest(_message.Message):
     VERIFIER_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     HARNESS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trial_id: str
     task_id: str
@@ -82,7 +90,8 @@ class FinalizeTrajectoryRequest(_message.Message):
     verifier_summary: str
     harness_exit_code: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., verifier_summary: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    rewards: _containers.ScalarMap[str, float]
+    def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., verifier_summary: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., rewards: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class FinalizeTrajectoryResponse(_message.Message):
     __slots__ = ("group_ready", "duplicate")

@@ -26,7 +26,7 @@ TRIAL_STATE_TEARDOWN: TrialState
 TRIAL_STATE_DONE: TrialState
 
 class TrialSpec(_message.Message):
-    __slots__ = ("trial_id", "run_id", "task_path", "task_id", "group_id", "group_size", "step", "harness", "policy_version", "max_turns", "agent_timeout_s", "verifier_timeout_s", "harness_options", "model", "gateway_target")
+    __slots__ = ("trial_id", "run_id", "task_path", "task_id", "group_id", "group_size", "step", "harness", "policy_version", "max_turns", "agent_timeout_s", "verifier_timeout_s", "harness_options", "model", "gateway_target", "reward_key", "reward_weights")
     class HarnessOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,13 @@ class TrialSpec(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RewardWeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +56,8 @@ class TrialSpec(_message.Message):
     HARNESS_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_TARGET_FIELD_NUMBER: _ClassVar[int]
+    REWARD_KEY_FIELD_NUMBER: _ClassVar[int]
+    REWARD_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     run_id: str
     task_path: str
@@ -64,7 +73,9 @@ class TrialSpec(_message.Message):
     harness_options: _containers.ScalarMap[str, str]
     model: str
     gateway_target: str
-    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., task_path: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., policy_version: _Optional[int] = ..., max_turns: _Optional[int] = ..., agent_timeout_s: _Optional[float] = ..., verifier_timeout_s: _Optional[float] = ..., harness_options: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., gateway_target: _Optional[str] = ...) -> None: ...
+    reward_key: str
+    reward_weights: _containers.ScalarMap[str, float]
+    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., task_path: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., policy_version: _Optional[int] = ..., max_turns: _Optional[int] = ..., agent_timeout_s: _Optional[float] = ..., verifier_timeout_s: _Optional[float] = ..., harness_options: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., gateway_target: _Optional[str] = ..., reward_key: _Optional[str] = ..., reward_weights: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SubmitTrialRequest(_message.Message):
     __slots__ = ("spec",)

@@ -93,7 +93,16 @@ def trajectory_proto(
         msg.verifier_summary = final.verifier_summary
         msg.harness_exit_code = final.harness_exit_code
         msg.metadata.update(final.metadata)
+        msg.rewards.update(final_rewards(final))
     return msg
+
+
+def final_rewards(final: capture_pb2.FinalizeTrajectoryRequest) -> dict[str, float]:
+    """Every value the verifier wrote; a finalize from before ``rewards`` existed
+    (wire-compatible: the field is simply absent) reads as ``{"reward": reward}``."""
+    if final.rewards:
+        return dict(final.rewards)
+    return {"reward": final.reward} if final.has_reward else {}
 
 
 def estimated_bytes(seg: rec.SegRec) -> int:

@@ -28,6 +28,8 @@ def segment_objects(traj: records_pb2.Trajectory, with_routes: bool = False) -> 
     """One JSON-ready object per segment of ``traj`` (read with tokens)."""
     outcome = {
         "reward": traj.reward if traj.has_reward else None,
+        # Every value the verifier wrote; "reward" above is the one the run trained on.
+        "rewards": dict(traj.rewards),
         "termination_reason": reason_name(traj.termination_reason) if traj.finalized else None,
         "finalized": traj.finalized,
     }
@@ -73,6 +75,7 @@ PARQUET_SCHEMA = pa.schema(
         ("finalized", pa.bool_()),
         ("finalized_at", pa.float64()),
         ("reward", pa.float64()),  # null when the verifier gave none
+        ("rewards", pa.map_(pa.string(), pa.float64())),  # every value the verifier wrote
         ("termination_reason", pa.string()),
         ("harness_exit_code", pa.int32()),
         ("setup_s", pa.float64()),
@@ -105,6 +108,7 @@ def metadata_row(traj: records_pb2.Trajectory) -> dict[str, Any]:
         "finalized": traj.finalized,
         "finalized_at": traj.finalized_at if traj.finalized else None,
         "reward": traj.reward if traj.has_reward else None,
+        "rewards": sorted(traj.rewards.items()),
         "termination_reason": reason_name(traj.termination_reason) if traj.finalized else None,
         "harness_exit_code": traj.harness_exit_code,
         "setup_s": t.setup_s,

@@ -27,6 +27,7 @@ THREAD_KINDS = ("main", "subagent", "side")
 MAX_TEXT = 256
 MAX_SUMMARY = 16 * 1024
 MAX_METADATA = 64
+MAX_REWARDS = 64
 MAX_GROUP_SIZE = 4096
 VALID_REASONS = set(records_pb2.TerminationReason.values()) - {records_pb2.TERMINATION_REASON_UNSPECIFIED}
 
@@ -147,3 +148,11 @@ def check_finalize(req: capture_pb2.FinalizeTrajectoryRequest) -> None:
     for k, v in req.metadata.items():
         check_text(k, "metadata key")
         check_text(v, f"metadata[{k!r}]", 4096)
+    if len(req.rewards) > MAX_REWARDS:
+        raise InvalidArgument(f"rewards has {len(req.rewards)} entries; the limit is {MAX_REWARDS}")
+    for k, v in req.rewards.items():
+        if not k:
+            raise InvalidArgument("rewards has an empty key")
+        check_text(k, "rewards key")
+        if not math.isfinite(v):
+            raise InvalidArgument(f"rewards[{k!r}] {v} is not finite")

@@ -60,6 +60,7 @@ def row(traj: records_pb2.Trajectory) -> dict[str, Any]:
         "step": traj.step,
         "harness": traj.harness,
         "reward": traj.reward if traj.has_reward else None,
+        "rewards": dict(traj.rewards),
         "termination_reason": reason,
         "infra": reason in INFRA_REASONS,
         "finalized": traj.finalized,

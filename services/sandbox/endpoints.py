@@ -143,6 +143,7 @@ class CaptureFinalizer:
             harness=spec.harness,
             reward=outcome.reward or 0.0,
             has_reward=outcome.reward is not None,
+            rewards=outcome.rewards,
             termination_reason=REASON_TO_PROTO[outcome.termination_reason],
             timings=outcome.timings.to_proto(),
             verifier_summary=outcome.verifier_summary[-4000:],
@@ -174,6 +175,7 @@ class CaptureFinalizer:
         return TrialOutcome(
             termination_reason=_REASON_FROM_PROTO[traj.termination_reason],
             reward=traj.reward if traj.has_reward else None,
+            rewards=dict(traj.rewards),
             timings=PhaseTimings(**{f: getattr(traj.timings, f) for f in PhaseTimings.model_fields}),
             num_segments=len(traj.segments),
             harness_exit_code=traj.harness_exit_code,

@@ -33,6 +33,8 @@ _GIT_ENV = {
 }
 _LEFTOVER_SUFFIXES = (".orig", ".rej")
 MAX_REWARD_FILE_BYTES = 64 * 1024
+MAX_REWARD_KEYS = 64
+MAX_REWARD_KEY_CHARS = 128
 
 
 async def _git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
@@ -199,14 +201,26 @@ def replace_symlinked_parents(root: Path, rel: str) -> bool:
     return replaced
 
 
-def read_reward(verifier_dir: Path) -> float:
-    """The reward: ``reward.json`` (a number, or an object with ``reward`` or a
-    single numeric value) if present, else ``reward.txt``. Missing, empty,
-    non-numeric or non-finite is a VerifierError, never a 0."""
+def read_rewards(verifier_dir: Path) -> dict[str, float]:
+    """Every value the verifier wrote, read as Harbor 0.26's ``Verifier`` reads them
+    (``harbor/verifier/verifier.py``): ``reward.json`` wins over ``reward.txt``; a JSON
+    object keeps every key (``{"correctness": 1, "performance": 0}``); ``reward.txt``
+    is ``{"reward": v}``. Missing, empty, non-numeric or non-finite is a VerifierError,
+    never a 0. Where we differ from Harbor, on purpose (services/sandbox/README.md):
+
+    - a bare number in ``reward.json`` is ``{"reward": v}`` (Harbor's ``VerifierResult``
+      refuses it): it is unambiguous, and older tasks of ours write it;
+    - ``true``/``false`` are refused (Harbor lets them through as 1/0, since a Python bool
+      is an int): a grader that writes a bool meant a pass flag, say so with a number;
+    - an empty object is refused here (Harbor records it and marks the trial's reward
+      invalid, which is our verifier_error);
+    - symlinks, files over 64 KiB, more than ``MAX_REWARD_KEYS`` keys or keys over
+      ``MAX_REWARD_KEY_CHARS`` characters are refused (the verifier's dir is written by
+      the task's tests; the keys travel to the capture store)."""
     json_file, txt_file = verifier_dir / "reward.json", verifier_dir / "reward.txt"
     if _regular(json_file):
-        value = _parse_json_reward(_read_small(json_file))
-    elif _regular(txt_file):
+        return _parse_json_rewards(_read_small(json_file))
+    if _regular(txt_file):
         text = _read_small(txt_file).strip()
         if not text:
             raise VerifierError("reward.txt is empty")
@@ -214,11 +228,48 @@ def read_reward(verifier_dir: Path) -> float:
             value = float(text)
         except ValueError as e:
             raise VerifierError(f"reward.txt is not a number: {text[:80]!r}") from e
-    else:
-        raise VerifierError("the verifier wrote no reward file (reward.txt or reward.json)")
-    if not math.isfinite(value):
-        raise VerifierError(f"reward is not finite: {value}")
-    return value
+        if not math.isfinite(value):
+            raise VerifierError(f"reward.txt is not finite: {value}")
+        return {"reward": value}
+    raise VerifierError("the verifier wrote no reward file (reward.txt or reward.json)")
+
+
+def select_reward(rewards: dict[str, float], key: str = "", weights: dict[str, float] | None = None) -> float:
+    """The value that trains, as the run chose it (``TrialSpec.reward_key`` /
+    ``reward_weights``): ``weights`` is the sum of weight x value over its keys (keys it
+    does not name count 0); ``key`` is that key's value; neither is what Harbor reports
+    as a trial's reward (``harbor/cli/jobs.py`` ``_primary_reward``): the key
+    ``reward``, else the only key. Harbor has none for several keys without
+    ``reward`` (it reports each key's mean); a run must then choose, and until it does
+    the trial is a VerifierError naming the keys. A named key the verifier did not
+    write is a VerifierError naming it and the keys present."""
+    present = sorted(rewards)[:MAX_REWARD_KEYS]
+    if weights:
+        missing = sorted(set(weights) - set(rewards))
+        if missing:
+            raise VerifierError(
+                f"reward_weights names {missing}, which the verifier did not write; keys present: {present}"
+            )
+        value = math.fsum(w * rewards[k] for k, w in weights.items())
+        if not math.isfinite(value):
+            raise VerifierError(f"the weighted reward is not finite: {value}")
+        return value
+    if key:
+        if key not in rewards:
+            raise VerifierError(f"reward_key {key!r} is not among the verifier's rewards; keys present: {present}")
+        return rewards[key]
+    if "reward" in rewards:
+        return rewards["reward"]
+    if len(rewards) == 1:
+        return next(iter(rewards.values()))
+    raise VerifierError(
+        f"reward.json has keys {present} and no 'reward': choose what trains with [run] reward_key or reward_weights"
+    )
+
+
+def read_reward(verifier_dir: Path, key: str = "", weights: dict[str, float] | None = None) -> float:
+    """The value that trains (``select_reward`` over ``read_rewards``)."""
+    return select_reward(read_rewards(verifier_dir), key, weights)
 
 
 def _regular(path: Path) -> bool:
@@ -234,18 +285,33 @@ def _read_small(path: Path) -> str:
         raise VerifierError(f"{path.name} is not UTF-8") from e
 
 
-def _parse_json_reward(text: str) -> float:
+def _parse_json_rewards(text: str) -> dict[str, float]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise VerifierError(f"reward.json is not valid JSON: {e}") from e
-    if isinstance(data, dict):
-        if "reward" in data:
-            data = data["reward"]
-        elif len(data) == 1:
-            data = next(iter(data.values()))
-        else:
-            raise VerifierError(f"reward.json has keys {sorted(data)[:5]} and no 'reward'")
-    if isinstance(data, bool) or not isinstance(data, int | float):
-        raise VerifierError(f"reward.json value is not a number: {str(data)[:80]!r}")
-    return float(data)
+    if not isinstance(data, dict):
+        return {"reward": _number(data, "reward.json")}
+    if not data:
+        raise VerifierError("reward.json is an empty object: the verifier wrote no reward")
+    if len(data) > MAX_REWARD_KEYS:
+        raise VerifierError(f"reward.json has {len(data)} keys; at most {MAX_REWARD_KEYS}")
+    rewards = {}
+    for key, value in data.items():
+        if not key or len(key) > MAX_REWARD_KEY_CHARS or not key.isprintable():
+            raise VerifierError(f"reward.json key {key[:80]!r}: 1-{MAX_REWARD_KEY_CHARS} printable characters")
+        rewards[key] = _number(value, f"reward.json key {key!r}")
+    return rewards
+
+
+def _number(value: object, where: str) -> float:
+    """A JSON number, finite; bools, strings, null, arrays and objects are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise VerifierError(f"{where} is not a number: {json.dumps(value)[:80]}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond a float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise VerifierError(f"{where} is not finite: {str(value)[:80]}")
+    return number

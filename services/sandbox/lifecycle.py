@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harnessrl.rpc import check_target
 from harnessrl.v1 import records_pb2, sandbox_pb2
+
+# A weight of a reward: a real finite number (no bool, no numeric string, no NaN/inf).
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 class TrialState(StrEnum):
@@ -137,11 +140,23 @@ class TrialSpec(BaseModel):
     # trial's spans join the trace of the trainer step that enqueued it. Not in the
     # proto spec and not part of a spec's identity (``same_as``).
     trace_context: dict[str, str] = Field(default_factory=dict)
+    # Which of the verifier's rewards trains, per run (``integrity.select_reward``):
+    # both unset is what Harbor reports as a trial's reward ("reward", or the only key).
+    reward_key: str = Field(default="", max_length=128)
+    reward_weights: dict[str, FiniteFloat] = Field(default_factory=dict, max_length=64)
 
     @field_validator("gateway_target")
     @classmethod
     def _dialable(cls, target: str) -> str:
         return check_target(target) if target else target
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> TrialSpec:
+        if self.reward_key and self.reward_weights:
+            raise ValueError("set reward_key or reward_weights, not both")
+        if any(not key for key in self.reward_weights):
+            raise ValueError("reward_weights has an empty key")
+        return self
 
     def same_as(self, other: TrialSpec) -> bool:
         return self.model_copy(update={"trace_context": {}}) == other.model_copy(update={"trace_context": {}})
@@ -150,6 +165,7 @@ class TrialSpec(BaseModel):
     def from_proto(cls, msg: sandbox_pb2.TrialSpec) -> TrialSpec:
         data: dict[str, Any] = {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
         data["harness_options"] = dict(msg.harness_options)
+        data["reward_weights"] = dict(msg.reward_weights)
         return cls.model_validate(data)
 
     def to_proto(self) -> sandbox_pb2.TrialSpec:
@@ -160,7 +176,11 @@ class TrialOutcome(BaseModel):
     """What a finished run of a trial produced (the runner's result)."""
 
     termination_reason: TerminationReason
+    # The value that trains: the run's selection over ``rewards``; None when there is none.
     reward: float | None = None
+    # Every value the verifier wrote (each key of reward.json; {"reward": v} for reward.txt),
+    # kept even when the run's selection did not match them (then reward is None).
+    rewards: dict[str, float] = Field(default_factory=dict)
     timings: PhaseTimings = Field(default_factory=PhaseTimings)
     num_segments: int = 0
     harness_exit_code: int = 0

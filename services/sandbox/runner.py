@@ -111,6 +111,7 @@ class _Trial:
     timings: PhaseTimings = field(default_factory=PhaseTimings)
     flags: dict[str, bool] = field(default_factory=dict)
     reward: float | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
     exit_code: int = 0
     tamper: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -374,7 +375,8 @@ class TrialRunner:
         verifier_dir = t.artifacts / "verifier"
         try:
             await self.backend.download(sandbox, sandbox.paths.verifier_logs, verifier_dir)
-            t.reward = integrity.read_reward(verifier_dir)
+            t.rewards = integrity.read_rewards(verifier_dir)
+            t.reward = integrity.select_reward(t.rewards, t.spec.reward_key, t.spec.reward_weights)
         except (VerifierError, FileNotFoundError) as e:
             detail = f" (test.sh exited {result.exit_code})" if result.exit_code else ""
             self._fail(t, "verifier_failed", f"verifier: {e}{detail}")
@@ -412,6 +414,7 @@ class TrialRunner:
         outcome = TrialOutcome(
             termination_reason=reason,
             reward=None if no_reward else t.reward,
+            rewards={} if no_reward else t.rewards,
             timings=t.timings,
             num_segments=t.summary.num_segments,
             harness_exit_code=t.exit_code,
