@@ -246,12 +246,9 @@ async def _run_trials(
     k: int,
     record: list[str] | None = None,
 ) -> EvalTrials:
-    r = cfg.run
     eval_run = f"{cfg.run_id}-eval"
-    template = TrialTemplate(
-        eval_run, r.harness, cfg.model_name, k, r.max_turns, r.agent_timeout_s, r.verifier_timeout_s,
-        dict(r.harness_options),
-    )  # fmt: skip
+    # The run's own template (harness, limits, which reward counts) under the eval run's id.
+    template = dataclasses.replace(TrialTemplate.for_run(cfg), run_id=eval_run, group_size=k)
     nonce = secrets.token_hex(3)
     specs, groups = [], {}
     for t, task in enumerate(tasks):

@@ -24,6 +24,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -32,6 +33,9 @@ from harnessrl.captured import list_trajectories
 from harnessrl.errors import Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
+
+if TYPE_CHECKING:
+    from stack.runconfig import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,26 @@ class TrialTemplate:
     agent_timeout_s: float = 0.0
     verifier_timeout_s: float = 0.0
     harness_options: dict[str, str] | None = None
+    # Which of the verifier's rewards trains ([run] reward_key / reward_weights).
+    reward_key: str = ""
+    reward_weights: dict[str, float] | None = None
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig) -> TrialTemplate:
+        """The template of ``cfg``'s trials: what ``[run]`` says every trial shares."""
+        r = cfg.run
+        return cls(
+            run_id=cfg.run_id,
+            harness=r.harness,
+            model=cfg.model_name,
+            group_size=r.group_size,
+            max_turns=r.max_turns,
+            agent_timeout_s=r.agent_timeout_s,
+            verifier_timeout_s=r.verifier_timeout_s,
+            harness_options=dict(r.harness_options),
+            reward_key=r.reward_key or "",
+            reward_weights=dict(r.reward_weights or {}),
+        )
 
     def spec(self, trial: PlannedTrial, policy_version: int) -> sandbox_pb2.TrialSpec:
         return sandbox_pb2.TrialSpec(
@@ -98,6 +122,8 @@ class TrialTemplate:
             verifier_timeout_s=self.verifier_timeout_s,
             harness_options=dict(self.harness_options or {}),
             model=self.model,
+            reward_key=self.reward_key,
+            reward_weights=dict(self.reward_weights or {}),
         )
 
 

@@ -265,19 +265,9 @@ def _trainer_settings(cfg: RunConfig, ends: Endpoints) -> Any:
 
 def _launcher(cfg: RunConfig, ends: Endpoints, train: Sequence[Path]) -> SandboxLauncher:
     r = cfg.run
-    template = TrialTemplate(
-        run_id=cfg.run_id,
-        harness=r.harness,
-        model=cfg.model_name,
-        group_size=r.group_size,
-        max_turns=r.max_turns,
-        agent_timeout_s=r.agent_timeout_s,
-        verifier_timeout_s=r.verifier_timeout_s,
-        harness_options=dict(r.harness_options),
-    )
     assert ends.sandbox_target is not None
     return SandboxLauncher(
-        template,
+        TrialTemplate.for_run(cfg),
         train,
         sandbox_target=ends.sandbox_target,
         capture_target=ends.capture_target,

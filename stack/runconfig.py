@@ -37,6 +37,7 @@ from services.capture_store.settings import Settings as CaptureSettings
 from services.dashboard.settings import Settings as DashboardSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
+from services.sandbox.lifecycle import FiniteFloat
 from services.sandbox.settings import Settings as SandboxSettings
 from services.trainer.settings import Settings as TrainerSettings
 
@@ -84,11 +85,33 @@ class RunSection(BaseModel):
     gateway_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Connect to this gateway.")
     sandbox_target: str | None = Field(None, pattern=TARGET_PATTERN, description="Submit trials to this sandbox.")
     service_token: SecretStr | None = Field(None, description="Bearer token for the remote services.")
+    reward_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="Train on this key of the verifier's reward.json; unset: Harbor's trial reward "
+        "(the key 'reward', or the only key). A trial whose verifier did not write it is verifier_error.",
+    )
+    reward_weights: dict[str, FiniteFloat] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Train on the weighted sum of these reward.json keys, e.g. {correctness = 1.0, "
+        "performance = 0.5}; keys not named count 0. Set reward_key or reward_weights, not both.",
+    )
 
     @model_validator(mode="after")
     def _control_evaluates(self) -> RunSection:
         if self.evaluate_only and not (self.eval_every and self.eval_tasks):
             raise ValueError("evaluate_only needs eval_tasks and eval_every > 0: the evaluations are all it runs")
+        return self
+
+    @model_validator(mode="after")
+    def _one_reward_selection(self) -> RunSection:
+        if self.reward_key is not None and self.reward_weights is not None:
+            raise ValueError("set reward_key or reward_weights, not both")
+        if any(not key or len(key) > 128 for key in self.reward_weights or {}):
+            raise ValueError("reward_weights keys must be 1-128 characters (keys of the verifier's reward.json)")
         return self
 
     @field_validator("harness")
