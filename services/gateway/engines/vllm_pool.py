@@ -2,7 +2,11 @@
 
 Generation, by default (``vllm_stream_interval`` > 1): ``POST /inference/v1/generate``,
 vLLM's token endpoint (``vllm_tokens``): events of that many tokens, versions from the
-weight-version spans it reports; a server without it (403/404) gets the per-token path.
+weight-version spans it reports; a server without it (403/404) gets the per-token path,
+and the token endpoint is asked again after a bounded backoff (``TOKEN_RETRY_S`` doubling
+up to ``TOKEN_RETRY_MAX_S``): the next request after it is the probe. A 403 may be a
+replica restarting with other flags, or a proxy in front of it briefly refusing, so
+one refusal must not cost the replica its wide events for good.
 A whole reply (``GenerateInput.whole``) asks for events of its whole budget: two events,
 its first token and the rest with its end. A reply whose caller watches no stop string
 (``GenerateInput.wide``) asks for events of ``vllm_stream_interval_wide``.
@@ -42,6 +46,7 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -68,6 +73,10 @@ REQUIRED_SERVER_FLAGS: tuple[tuple[str, str], ...] = (("--logprobs-mode", "proce
 REQUIRED_SERVER_ENV: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
 # vllm_stream_interval > 1 only: the token endpoint (vllm_tokens) is behind this flag.
 STREAM_INTERVAL_SERVER_FLAGS: tuple[str, ...] = ("--enable-scale-out",)
+# After the token endpoint answers 403/404: per-token requests for this long, then one probe;
+# each further refusal doubles the wait, up to the cap (see the module docstring).
+TOKEN_RETRY_S = 30.0
+TOKEN_RETRY_MAX_S = 600.0
 # MoE policies only (routes for R3): the server must return them.
 MOE_SERVER_FLAGS: tuple[str, ...] = ("--enable-return-routed-experts",)
 
@@ -123,7 +132,11 @@ class VllmEngine(Engine):
         self._http: HttpPool | None = None  # streamed completions: one event per token (see vllm_http)
         self._tls: tls.TlsSettings | None = None  # how the client verifies an https replica (None: system CAs)
         self._running: dict[str, Response | None] = {}
-        self._serves_tokens = True  # until the token endpoint answers 403/404 (see generate)
+        # Token endpoint refused (403/404): per-token requests until ``_tokens_retry_at``
+        # (monotonic), then the next request probes it; the wait doubles per refusal.
+        self.token_retry_s, self.token_retry_max_s = TOKEN_RETRY_S, TOKEN_RETRY_MAX_S
+        self._tokens_retry_at = 0.0
+        self._tokens_backoff = 0.0
         self._aborted: set[str] = set()
 
     @property
@@ -204,17 +217,25 @@ class VllmEngine(Engine):
             raise EngineUnavailable(f"vLLM replica {self.name} is not started")
         # Events of many tokens come from the token endpoint (vllm_tokens: exact versions);
         # a server that does not serve it gets per-token events from /v1/completions.
-        tokens_api = self.settings.vllm_stream_interval > 1 and self._serves_tokens
+        tokens_api = self.settings.vllm_stream_interval > 1 and time.monotonic() >= self._tokens_retry_at
         try:
             async for chunk in self._stream(request, tokens_api):
                 yield chunk
         except _NoTokenEndpoint as e:
-            self._serves_tokens = False
+            self._tokens_backoff = min(max(self._tokens_backoff * 2, self.token_retry_s), self.token_retry_max_s)
+            self._tokens_retry_at = time.monotonic() + self._tokens_backoff
             flags = " ".join(STREAM_INTERVAL_SERVER_FLAGS)
-            why = f"{e}: one event per token from now on (start vLLM with {flags} for vllm_stream_interval)"
+            why = (
+                f"{e}: one event per token for {self._tokens_backoff:g} s, then asked again "
+                f"(start vLLM with {flags} for vllm_stream_interval)"
+            )
             log.warning("vLLM replica has no token endpoint", extra={"kv": {"replica": self.name, "why": why}})
             async for chunk in self._stream(request, False):
                 yield chunk
+            return
+        if tokens_api and self._tokens_backoff:
+            log.info("vLLM replica serves the token endpoint again", extra={"kv": {"replica": self.name}})
+            self._tokens_backoff = 0.0
 
     async def _stream(self, request: GenerateInput, tokens_api: bool) -> AsyncGenerator[Chunk, None]:
         assert self._http is not None
