@@ -8,25 +8,31 @@ A task is a directory::
     tests/test.sh        writes /logs/verifier/reward.txt or reward.json
     solution/solve.sh    the oracle's solution
 
-Every error names the task directory and the offending field. Fields Harbor
-defines that harnessrl cannot honour (multi-step tasks, GPUs, Windows) are
-rejected with a clear message rather than silently ignored.
+Every error names the task directory and the offending field. What each field
+of Harbor's schema does here (supported, mapped differently, refused) is the
+table in ``services.sandbox.harbor_fields``: a refused field fails loading by
+name and why, never silently; a key Harbor's schema lacks is ignored, as Harbor
+ignores it, with a warning naming it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harnessrl.config import format_validation_error
+from services.sandbox import harbor_fields
 from services.sandbox.errors import TaskError
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -42,8 +48,8 @@ class NetworkMode(StrEnum):
 
 
 class _Section(BaseModel):
-    # Unknown keys are typos until proven otherwise: a misspelt timeout must not
-    # silently fall back to the default.
+    # Keys Harbor's schema lacks are dropped with a warning before validation
+    # (load_task); one that still gets here is ours to reject, not to ignore.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -93,17 +99,10 @@ class VerifierConfig(PhaseNetwork):
     timeout_sec: float = Field(default=600.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
     user: str | int | None = None
-    environment_mode: str | None = None
+    # Refused values (separate environments, collect hooks) are refused by harbor_fields.
+    environment_mode: Literal["shared", "separate"] | None = None
     environment: dict[str, Any] | None = None
     collect: list[dict[str, Any]] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _shared_only(self) -> VerifierConfig:
-        if self.environment_mode not in (None, "shared") or self.environment is not None:
-            raise ValueError("only environment_mode = 'shared' is supported (no separate verifier environment)")
-        if self.collect:
-            raise ValueError("[[verifier.collect]] hooks (compose services) are not supported")
-        return self
 
 
 class EnvironmentConfig(PhaseNetwork):
@@ -117,6 +116,7 @@ class EnvironmentConfig(PhaseNetwork):
     storage_mb: int | None = Field(default=None, gt=0)
     gpus: int | None = Field(default=None, ge=0)
     gpu_types: list[str] | None = None
+    tpu: dict[str, Any] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     skills_dir: str | None = None
@@ -124,19 +124,27 @@ class EnvironmentConfig(PhaseNetwork):
     mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
     allow_internet: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_sizes(cls, data: Any) -> Any:
+        # Harbor's deprecated memory = "2G" / storage = "10G" become memory_mb / storage_mb.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old in ("memory", "storage"):
+            if old not in data:
+                continue
+            size = _size_mb(old, data.pop(old))
+            new = f"{old}_mb"
+            if data.get(new, size) != size:
+                raise ValueError(f"{old} = {size} MB conflicts with {new} = {data[new]!r}")
+            data[new] = size
+        return data
+
     @field_validator("os")
     @classmethod
-    def _linux(cls, v: str) -> str:
-        if v.lower() != "linux":
-            raise ValueError(f"only 'linux' tasks are supported, got {v!r}")
-        return "linux"
-
-    @field_validator("gpus")
-    @classmethod
-    def _no_gpus(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("GPU tasks are not supported by the sandbox service")
-        return v
+    def _lower(cls, v: str) -> str:
+        return v.lower()  # other values than linux are refused by harbor_fields
 
     @field_validator("workdir")
     @classmethod
@@ -170,7 +178,7 @@ class TaskConfig(_Section):
     source: str | None = None
     artifacts: list[Any] = Field(default_factory=list)
     steps: list[Any] | None = None
-    multi_step_reward_strategy: str | None = None
+    multi_step_reward_strategy: Literal["mean", "final"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -188,13 +196,6 @@ class TaskConfig(_Section):
             raise ValueError(f"unknown schema version {text!r}; supported: {list(SUPPORTED_SCHEMA_VERSIONS)}")
         return text
 
-    @field_validator("steps")
-    @classmethod
-    def _single_step(cls, v: list[Any] | None) -> list[Any] | None:
-        if v:
-            raise ValueError("multi-step tasks are not supported")
-        return v
-
 
 class Task(BaseModel):
     """A parsed task directory."""
@@ -204,6 +205,7 @@ class Task(BaseModel):
     path: Path
     config: TaskConfig
     instruction: str
+    warnings: tuple[str, ...] = ()  # what Harbor ignores and so does harnessrl, named
 
     @property
     def task_id(self) -> str:
@@ -253,7 +255,7 @@ def load_task(path: str | Path) -> Task:
     name = str(root)
     if not root.is_dir():
         raise TaskError(name, "not a directory")
-    config = _load_config(root, name)
+    config, warnings = _load_config(root, name)
     instruction_file = root / "instruction.md"
     if not instruction_file.is_file():
         raise TaskError(name, "missing instruction.md")
@@ -268,18 +270,82 @@ def load_task(path: str | Path) -> Task:
     env = config.environment
     if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file():
         raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
-    return Task(path=root.resolve(), config=config, instruction=instruction)
+    for warning in warnings:
+        log.warning("task %s: %s", name, warning)
+    return Task(path=root.resolve(), config=config, instruction=instruction, warnings=tuple(warnings))
 
 
-def _load_config(root: Path, name: str) -> TaskConfig:
+def read_task_toml(root: Path, name: str) -> dict[str, Any]:
+    """The parsed task.toml of ``root``; TaskError when missing or not TOML."""
     toml_file = root / "task.toml"
     if not toml_file.is_file():
         raise TaskError(name, "missing task.toml")
     try:
-        data = tomllib.loads(toml_file.read_text())
+        return tomllib.loads(toml_file.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TaskError(name, f"task.toml is not valid TOML: {e}") from e
+
+
+def harbor_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Each harbor_fields.FIELDS path ``data`` sets, with its value, and the dotted keys
+    Harbor's schema lacks. A section that is not a table is left to validation."""
+    known: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in data.items():
+        if key in harbor_fields.SECTIONS and isinstance(value, dict):
+            for sub, sub_value in value.items():
+                path = f"{key}.{sub}"
+                if path in harbor_fields.FIELDS:
+                    known[path] = sub_value
+                else:
+                    unknown.append(path)
+        elif key in harbor_fields.FIELDS or key in harbor_fields.SECTIONS:
+            known[key] = value
+        else:
+            unknown.append(key)
+    return known, unknown
+
+
+def refusals(root: Path, known: dict[str, Any]) -> list[str]:
+    """Why the task at ``root`` cannot run as Harbor would run it: one line per field or file."""
+    lines = []
+    for path, value in known.items():
+        why = harbor_fields.refusal(path, value) if path in harbor_fields.FIELDS else None
+        if why is not None:
+            lines.append(f"task.toml: {path}: {why}")
+    lines += [f"{file}: {why}" for file, why in harbor_fields.file_refusals(root).items()]
+    return lines
+
+
+def _load_config(root: Path, name: str) -> tuple[TaskConfig, list[str]]:
+    data = read_task_toml(root, name)
+    known, unknown = harbor_keys(data)
+    refused = refusals(root, known)
+    if refused:
+        raise TaskError(name, "; ".join(refused))
+    for dotted in unknown:
+        section, _, key = dotted.rpartition(".")
+        if section:
+            data[section] = {k: v for k, v in data[section].items() if k != key}
+        else:
+            del data[dotted]
+    warnings = []
+    if unknown:
+        warnings.append(
+            f"task.toml: unknown key(s) {', '.join(unknown)}: not in Harbor's task schema, ignored as Harbor "
+            "ignores them (a misspelt field keeps its default)"
+        )
     try:
-        return TaskConfig.model_validate(data)
+        return TaskConfig.model_validate(data), warnings
     except ValidationError as e:
         raise TaskError(name, f"task.toml: {format_validation_error(e)}") from e
+
+
+def _size_mb(field: str, value: Any) -> int:
+    """Harbor's legacy sizes: '2G' (GiB), '512M', '2048K'."""
+    text = value.strip().upper() if isinstance(value, str) else ""
+    units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+    try:
+        return int(float(text[:-1]) * units[text[-1:]])
+    except (KeyError, ValueError):
+        raise ValueError(f"{field} must be a size like '2G' or '512M', got {value!r}") from None

@@ -38,7 +38,6 @@ def _expect(task: Path, *fragments: str) -> None:
     [
         ('schema_version = "9.9"\n', ["schema_version", "9.9", "unknown schema version"]),
         ("[agent]\ntimeout_sec = 'soon'\n", ["agent.timeout_sec"]),
-        ("[agent]\ntimout_sec = 5\n", ["agent.timout_sec", "unknown setting"]),
         ("[verifier]\ntimeout_sec = -1\n", ["verifier.timeout_sec"]),
         ("[environment]\ngpus = 1\n", ["environment.gpus", "GPU"]),
         ("[environment]\nos = 'windows'\n", ["environment.os"]),

@@ -46,7 +46,7 @@ from requests.exceptions import RequestException
 
 from services.sandbox import dockerfile, integrity, tarsafe
 from services.sandbox.errors import ContainerEngineError, EnvSetupError
-from services.sandbox.tasks import NetworkMode, Task
+from services.sandbox.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +178,21 @@ class ImageStore:
             raise EnvSetupError(f"task {task.task_id}: docker build ran past {timeout}s") from e
         return str(image.id)
 
+    def build_kwargs(self, task: Task, tag: str) -> dict[str, Any]:
+        """``docker build``'s arguments. The build always has ``build_network``: Harbor's
+        network_mode / allow_internet govern the running phases, never the image build."""
+        return {
+            "path": str(task.environment_dir),
+            "tag": tag,
+            "rm": True,
+            "forcerm": True,
+            "pull": False,
+            "network_mode": self.build_network,
+        }
+
     def _build(self, task: Task, tag: str) -> Any:
-        # No network for the build unless the task allows its setup one (allowlist: stricter, none).
-        open_net = task.config.environment.network_mode in (None, NetworkMode.PUBLIC)
         try:
-            image, _ = self.client.images.build(
-                path=str(task.environment_dir),
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                network_mode=self.build_network if open_net else "none",
-            )
+            image, _ = self.client.images.build(**self.build_kwargs(task, tag))
         except BuildError as e:
             tail = "".join(str(part.get("stream") or part.get("error") or "") for part in e.build_log)[-1500:]
             missing = [name for name in base_images(task) or [] if not self._present(name)]

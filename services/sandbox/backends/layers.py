@@ -42,7 +42,7 @@ from services.sandbox import dockerfile, dockerignore, integrity, tarsafe
 from services.sandbox.backends import bwrap
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.settings import LocalBackendSettings
-from services.sandbox.tasks import NetworkMode, Task
+from services.sandbox.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,6 @@ class _Builder:
             self.add_root(self.cwd, ins)
         mounts = [bwrap.Mount(self.layer.host_path(r), r, writable=True) for r in self.layer.roots]
         env = {"HOME": "/tmp", **self.args, **self.layer.env}  # ARGs are RUN's env, as in docker
-        net = self.task.config.environment.network_mode
         # The RUN's / is a capture directory, not bubblewrap's tmpfs: what it writes outside the
         # roots is kept (or refused) by keep_writes, never lost with the tmpfs.
         capture = self.layer.path / "capture"
@@ -246,7 +245,9 @@ class _Builder:
                 env=env,
                 cwd=self.cwd,
                 uid_inside=0 if self.layer.user in ("root", "0", "") else bwrap.SANDBOX_UID,
-                share_net=net in (None, NetworkMode.PUBLIC),
+                # A RUN has the host's network whatever the task's network_mode, as in Harbor,
+                # whose policy governs the running phases, never the image build.
+                share_net=True,
                 root=capture,
                 tmp_dir=self.tmp,
             )

@@ -1,0 +1,288 @@
+"""Every field of Harbor's task schema and what harnessrl does with it: one table.
+
+``services.sandbox.tasks`` refuses a task from this table (a field whose rule says
+so, by name and why), warns about keys Harbor's schema lacks (Harbor ignores them,
+so refusing would reject tasks Harbor runs) and ``docs/harbor.md`` is rendered from
+it (``python -m services.sandbox.harbor_fields --write docs/harbor.md``), so the
+code, the check command and the documentation cannot disagree.
+
+Facts about Harbor are from the PyPI package ``harbor`` 0.26 (``models/task/config.py``,
+``environments/docker``, ``verifier/verifier.py``), schema versions 1.0-1.4.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+
+class Status(StrEnum):
+    SUPPORTED = "supported"  # honoured with Harbor's meaning
+    MAPPED = "mapped"  # runs, with a meaning that differs on purpose (the note says how)
+    REFUSED = "refused"  # a task that sets it is refused by name
+
+
+# A refusal test: the reason a value is refused, or None when it runs.
+Refuse = Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class Rule:
+    status: Status
+    note: str
+    refuse: Refuse | None = None  # for supported/mapped fields refused only for some values
+
+
+SECTIONS = ("task", "verifier", "agent", "environment", "solution")
+
+# Harbor resolves a whole value of this form from the host's environment.
+_HOST_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
+
+
+def is_set(value: Any) -> bool:
+    """Harbor treats None, empty strings, lists and tables as absent."""
+    return value not in (None, "", [], {})
+
+
+def _host_templates(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    names = sorted(k for k, v in value.items() if isinstance(v, str) and _HOST_TEMPLATE.fullmatch(v))
+    if not names:
+        return None
+    return (
+        f"{', '.join(names)}: '${{VAR}}' values are read from the host's environment in Harbor; harnessrl "
+        "never passes the worker's environment into a sandbox (it holds credentials): write the value itself"
+    )
+
+
+def _not_linux(value: Any) -> str | None:
+    if isinstance(value, str) and value.lower() != "linux":
+        return f"only 'linux' tasks run here (bubblewrap and Linux containers), got {value!r}"
+    return None
+
+
+def _gpus(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return f"GPU tasks are not supported by the sandbox service (got {value})"
+    return None
+
+
+def _separate(value: Any) -> str | None:
+    if value == "separate":
+        return "only environment_mode = 'shared' is supported: the verifier runs in the agent's sandbox"
+    return None
+
+
+_USER = (
+    "not supported yet: every phase runs as the sandbox user 'agent' (uid 1000) so that the agent "
+    "cannot write where rewards are written; remove it (the task must work for a non-root user)"
+)
+_NET_PHASES = (
+    "the agent reaches only the model proxy whatever is set (invariant 6); the verifier has no network "
+    "unless [verifier] network_mode = 'public'. Never applies to the image build, as in Harbor"
+)
+
+FIELDS: dict[str, Rule] = {
+    # -- top level --------------------------------------------------------------------------
+    "schema_version": Rule(
+        Status.SUPPORTED, "1.0-1.4 (Harbor's current is 1.4); other versions are refused, Harbor reads any string"
+    ),
+    "version": Rule(Status.SUPPORTED, "the legacy name of schema_version, as in Harbor"),
+    "source": Rule(Status.SUPPORTED, "informational, as in Harbor"),
+    "metadata": Rule(
+        Status.SUPPORTED, "free-form table; harnessrl reads difficulty, category, split and repo (pools, disjointness)"
+    ),
+    "steps": Rule(
+        Status.REFUSED,
+        "multi-step tasks ([[steps]], steps/NAME/) are not supported yet: the runner has one agent phase and "
+        "one verify phase per trial; split the task into single-step tasks",
+    ),
+    "multi_step_reward_strategy": Rule(
+        Status.SUPPORTED, "applies only with [[steps]] (refused); on a single-step task it has no effect, as in Harbor"
+    ),
+    "artifacts": Rule(
+        Status.REFUSED,
+        "task-level artifacts are not collected yet: a trial keeps /logs/agent and /logs/verifier only; "
+        "copy what you need into /logs/verifier from tests/test.sh",
+    ),
+    # -- [task] -------------------------------------------------------------------------------
+    "task.name": Rule(Status.SUPPORTED, "org/name; the task's id"),
+    "task.version": Rule(Status.SUPPORTED, "informational"),
+    "task.description": Rule(Status.SUPPORTED, "informational"),
+    "task.authors": Rule(Status.SUPPORTED, "informational (name, email)"),
+    "task.keywords": Rule(Status.SUPPORTED, "informational"),
+    # -- [verifier] ---------------------------------------------------------------------------
+    "verifier.timeout_sec": Rule(Status.SUPPORTED, "a trial's verifier_timeout overrides it, as Harbor's job does"),
+    "verifier.env": Rule(
+        Status.SUPPORTED, "added to tests/test.sh's environment; '${VAR}' host templates are refused", _host_templates
+    ),
+    "verifier.user": Rule(Status.REFUSED, _USER),
+    "verifier.network_mode": Rule(
+        Status.MAPPED,
+        "'public' and 'no-network' as Harbor ('public' is refused at start by the docker backend, whose "
+        "containers run with --network none); 'allowlist' runs with no network (stricter); unset means no "
+        "network, where Harbor inherits [environment] (default public)",
+    ),
+    "verifier.allowed_hosts": Rule(Status.MAPPED, "none of them is reachable: 'allowlist' runs with no network"),
+    "verifier.environment_mode": Rule(Status.SUPPORTED, "'shared' only; 'separate' is refused", _separate),
+    "verifier.environment": Rule(
+        Status.REFUSED, "a separate verifier environment is not supported yet: the verifier runs in the agent's sandbox"
+    ),
+    "verifier.collect": Rule(
+        Status.REFUSED, "[[verifier.collect]] hooks run in compose services, which are not supported yet"
+    ),
+    # -- [agent] ------------------------------------------------------------------------------
+    "agent.timeout_sec": Rule(Status.SUPPORTED, "a trial's agent_timeout overrides it; unset: default_agent_timeout_s"),
+    "agent.user": Rule(Status.REFUSED, _USER),
+    "agent.network_mode": Rule(Status.MAPPED, "the agent reaches only the model proxy, whatever is set (invariant 6)"),
+    "agent.allowed_hosts": Rule(Status.MAPPED, "the agent reaches only the model proxy, whatever is set"),
+    # -- [environment] ------------------------------------------------------------------------
+    "environment.build_timeout_sec": Rule(Status.SUPPORTED, "limit of the image build (docker build or local replay)"),
+    "environment.docker_image": Rule(
+        Status.SUPPORTED, "a prebuilt image (docker, kubernetes); the local backend replays a Dockerfile only"
+    ),
+    "environment.os": Rule(Status.SUPPORTED, "'linux' only; 'windows' is refused", _not_linux),
+    "environment.cpus": Rule(Status.SUPPORTED, "CPU quota of the sandbox"),
+    "environment.memory_mb": Rule(Status.SUPPORTED, "memory limit, capped at the sandbox's max_memory_mb"),
+    "environment.storage_mb": Rule(Status.SUPPORTED, "disk limit, capped at the sandbox's max_storage_mb"),
+    "environment.memory": Rule(Status.SUPPORTED, "legacy size ('2G', '512M'): becomes memory_mb, as in Harbor"),
+    "environment.storage": Rule(Status.SUPPORTED, "legacy size ('10G'): becomes storage_mb, as in Harbor"),
+    "environment.gpus": Rule(Status.SUPPORTED, "0 or unset only; a task asking for GPUs is refused", _gpus),
+    "environment.gpu_types": Rule(Status.REFUSED, "GPU tasks are not supported by the sandbox service"),
+    "environment.tpu": Rule(Status.REFUSED, "TPU tasks are not supported by the sandbox service"),
+    "environment.env": Rule(
+        Status.SUPPORTED,
+        "environment of every phase (after the image's ENV); '${VAR}' host templates are refused",
+        _host_templates,
+    ),
+    "environment.workdir": Rule(Status.SUPPORTED, "absolute path; overrides the image's WORKDIR"),
+    "environment.skills_dir": Rule(
+        Status.REFUSED,
+        "not supported yet: the harness adapters do not install skills; remove it, or put the skills where "
+        "the harness reads them from the Dockerfile",
+    ),
+    "environment.mcp_servers": Rule(
+        Status.REFUSED,
+        "not supported yet: the harness adapters do not configure MCP servers, and a sandbox reaches only "
+        "the model proxy",
+    ),
+    "environment.healthcheck": Rule(
+        Status.REFUSED,
+        "not supported yet: no readiness check runs before the agent; start what the task needs from the "
+        "Dockerfile's image or the instruction",
+    ),
+    "environment.network_mode": Rule(Status.MAPPED, "'no-network' as Harbor; 'public' and 'allowlist': " + _NET_PHASES),
+    "environment.allowed_hosts": Rule(Status.MAPPED, "none of them is reachable: " + _NET_PHASES),
+    "environment.allow_internet": Rule(
+        Status.MAPPED, "deprecated: false is network_mode 'no-network', true is 'public' (see there), as in Harbor"
+    ),
+    # -- [solution] ---------------------------------------------------------------------------
+    "solution.env": Rule(
+        Status.SUPPORTED,
+        "environment of solution/solve.sh (the oracle); '${VAR}' host templates are refused",
+        _host_templates,
+    ),
+}
+
+# Files of a task directory, by path relative to it.
+FILES: dict[str, Rule] = {
+    "instruction.md": Rule(Status.SUPPORTED, "the agent's instruction; required, UTF-8, not empty"),
+    "environment/Dockerfile": Rule(
+        Status.SUPPORTED,
+        "built with the build network (docker: build_network, default host; local: the host's) whatever the "
+        "task's network_mode, as Harbor builds",
+    ),
+    "environment/docker-compose.yaml": Rule(
+        Status.REFUSED,
+        "multi-container environments (compose services, sidecars) are not supported yet on any backend: "
+        "local, docker and kubernetes all run one sandbox per trial; run the task with Harbor or remove the file",
+    ),
+    "tests/test.sh": Rule(
+        Status.MAPPED,
+        "run with /bin/bash as the sandbox user (Harbor: [verifier] user or the image's USER) after the "
+        "agent phase; writes /logs/verifier/reward.txt or reward.json",
+    ),
+    "solution/solve.sh": Rule(Status.SUPPORTED, "the oracle harness runs it"),
+}
+
+
+def refusal(path: str, value: Any) -> str | None:
+    """Why ``path`` (a FIELDS key) set to ``value`` is refused, or None."""
+    rule = FIELDS[path]
+    if rule.status == Status.REFUSED:
+        return rule.note if is_set(value) else None
+    return rule.refuse(value) if rule.refuse is not None else None
+
+
+def file_refusals(root: Path) -> dict[str, str]:
+    """The refused files ``root`` holds: path -> why."""
+    return {name: rule.note for name, rule in FILES.items() if rule.status == Status.REFUSED and (root / name).exists()}
+
+
+def render() -> str:
+    """docs/harbor.md."""
+    lines = [
+        "# Harbor tasks in harnessrl",
+        "",
+        "<!-- generated from services/sandbox/harbor_fields.py: "
+        "python -m services.sandbox.harbor_fields --write docs/harbor.md -->",
+        "",
+        "harnessrl reads Harbor-format tasks natively (`services/sandbox/tasks.py`). Every field of Harbor's",
+        "task schema (versions 1.0-1.4) is **supported** (Harbor's meaning), **mapped** (runs, with a",
+        "meaning that differs on purpose, written here) or **refused** (loading the task fails naming the",
+        "file, the field and why). A key Harbor's schema lacks is ignored by Harbor; harnessrl ignores it",
+        "too but warns, naming it. Check a task or a dataset before running it:",
+        "",
+        "    harnessrl tasks check-harbor DIR [--json]",
+        "",
+        "## task.toml",
+        "",
+        "| field | status | note |",
+        "| --- | --- | --- |",
+    ]
+    for path, rule in FIELDS.items():
+        section, _, key = path.rpartition(".")
+        name = f"[{section}] {key}" if section else path
+        lines.append(f"| `{name}` | {rule.status} | {rule.note} |")
+    lines += ["", "## Files", "", "| file | status | note |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {rule.status} | {rule.note} |" for name, rule in FILES.items()]
+    lines += [
+        "",
+        "## Differences that are not a field",
+        "",
+        "- **User.** Harbor runs the agent and the verifier as the image's USER (root unless the Dockerfile",
+        "  says otherwise); harnessrl runs every phase as the sandbox user `agent` (uid 1000), so nothing",
+        "  the agent runs can write where rewards are written.",
+        "- **Network.** Harbor's default for both phases is `public`; harnessrl's agent reaches only the",
+        "  model proxy and its verifier has no network unless `[verifier] network_mode = 'public'`.",
+        "  `network_mode` and `allow_internet` never switch off the image build's network, in Harbor or here.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        sys.stdout.write(render())
+        return 0
+    if len(argv) == 2 and argv[0] in ("--write", "--check"):
+        target = Path(argv[1])
+        if argv[0] == "--write":
+            target.write_text(render())
+            return 0
+        if target.is_file() and target.read_text() == render():
+            return 0
+        sys.stderr.write(f"{target} is out of date: python -m services.sandbox.harbor_fields --write {target}\n")
+        return 1
+    sys.stderr.write("usage: python -m services.sandbox.harbor_fields [--write FILE | --check FILE]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
