@@ -243,11 +243,13 @@ async def model_stack(
     model: str | None,
     temperature: float | None = None,
     capture_dir: Path | None = None,
+    proxy_fields: dict[str, Any] | None = None,
+    gateway_fields: dict[str, Any] | None = None,
 ) -> AsyncIterator[Endpoints]:
     """One trial's services: the capture store (embedded in ``capture_dir``, default
     ``workdir/capture``) always; the gateway with ``engine`` and the proxy (sampling at
     ``temperature``, unset: the proxy's default; its socket in ``workdir``) when an
-    engine is given."""
+    engine is given. ``proxy_fields`` / ``gateway_fields``: more settings (a trial's config)."""
     from services.capture_store.settings import Settings as CaptureSettings
 
     stoppers: list[_Stopper] = []
@@ -261,10 +263,11 @@ async def model_stack(
             from services.gateway.settings import Settings as GatewaySettings
             from services.proxy.settings import Settings as ProxySettings
 
-            gateway = await start_gateway(GatewaySettings.model_validate({"port": 0, "engine": engine}))
+            gateway_table = {**(gateway_fields or {}), "port": 0, "engine": engine}
+            gateway = await start_gateway(GatewaySettings.model_validate(gateway_table))
             stoppers.append(_Stopper("gateway", gateway))
             ends.gateway_target = f"127.0.0.1:{gateway.port}"
-            fields: dict[str, Any] = {"port": 0}
+            fields: dict[str, Any] = {**(proxy_fields or {}), "port": 0}
             if model:
                 fields["served_model_names"] = [model]
             if temperature is not None:

@@ -325,7 +325,9 @@ async def preflight_only(cfg: RunConfig) -> preflight.Report:
         return report
     with tempfile.TemporaryDirectory(prefix="hrl-preflight-") as tmp:
         check_cfg, _, _ = _eval_config(cfg, Path(tmp) / "capture")
-        check_cfg = dataclasses.replace(check_cfg, gateway=cfg.gateway, run_dir=Path(tmp) / "run")
+        # Nothing of the check lands in the run directory: its trials' artifacts stay in tmp too.
+        sandbox = cfg.sandbox.model_copy(update={"artifacts_dir": Path(tmp) / "artifacts"})
+        check_cfg = dataclasses.replace(check_cfg, gateway=cfg.gateway, run_dir=Path(tmp) / "run", sandbox=sandbox)
         try:
             async with services(check_cfg) as ends:
                 assert ends.sandbox_target is not None

@@ -64,9 +64,17 @@ class Outcome:
 
 
 def resolve_tasks(cfg: RunConfig) -> tuple[list[Path], list[Path]]:
-    train = pool.expand(cfg.run.train_tasks, cfg.run.families)
-    evaluation = pool.expand(cfg.run.eval_tasks, cfg.run.eval_families) if cfg.run.eval_tasks else []
+    """The train and eval task folders; a bad path is an error naming the config file and field."""
+    train = _expand(cfg, "train_tasks", cfg.run.train_tasks, cfg.run.families)
+    evaluation = _expand(cfg, "eval_tasks", cfg.run.eval_tasks, cfg.run.eval_families) if cfg.run.eval_tasks else []
     return train, evaluation
+
+
+def _expand(cfg: RunConfig, name: str, paths: Sequence[Path], families: Sequence[str]) -> list[Path]:
+    try:
+        return pool.expand(paths, families)
+    except ConfigError as e:
+        raise ConfigError(f"{cfg.path}: [run] {name}: {e}") from e
 
 
 def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Path]) -> list[str]:

@@ -42,6 +42,12 @@ class RunDirectory:
 
     def create(self, *, resume: bool) -> None:
         """A fresh run refuses an existing run; a resumed one needs it, and not live."""
+        self.check(resume=resume)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "config.toml").write_text(self.cfg.resolved_toml())
+
+    def check(self, *, resume: bool) -> None:
+        """What ``create`` refuses, checked without writing: the CLI asks before preflight."""
         exists = self.info_path.exists()
         if resume:
             if not exists:
@@ -58,8 +64,6 @@ class RunDirectory:
                 )
         elif exists:
             raise AlreadyExists(f"run {self.cfg.run_id!r} exists at {self.path}; use --resume {self.cfg.run_id}")
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.toml").write_text(self.cfg.resolved_toml())
 
     def _recorded_seed(self) -> int | None:
         try:
@@ -84,6 +88,8 @@ class RunDirectory:
             "group_size": cfg.run.group_size,
             "batch_groups": cfg.run.groups_per_step,
             "model": cfg.model_name,
+            # The folder whose tokenizer made the captured tokens: the dashboard decodes with it.
+            "tokenizer": str(cfg.proxy.model_dir if cfg.proxy is not None else cfg.model_dir),
             "harness": cfg.run.harness,
             "engine": cfg.run.engine,
             "steps_planned": cfg.run.steps,

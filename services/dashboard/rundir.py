@@ -49,6 +49,8 @@ class RunInfo(BaseModel):
     group_size: int | None = Field(None, ge=1)
     batch_groups: int | None = Field(None, ge=1)
     model: str | None = None
+    # The folder of the tokenizer the run's tokens were made with (absent in older runs: ``model``).
+    tokenizer: str | None = None
     harness: str | None = None
     engine: str | None = None
     steps_planned: int | None = Field(None, ge=0)

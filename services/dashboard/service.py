@@ -136,7 +136,8 @@ class DashboardService:
         except ConfigError as e:
             state.problems.append(f"{e}; tool calls parsed as hermes")
             state.parser = tool_parser("hermes")
-        model_dir = resolve_model_dir(self.settings.model_dir, run.info.model if run.info else None)
+        named = (run.info.tokenizer or run.info.model) if run.info else None
+        model_dir = resolve_model_dir(self.settings.model_dir, named)
         if model_dir is None:
             state.problems.append("no model named: tokens are shown as ids, tool calls are not parsed")
             return

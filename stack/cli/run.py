@@ -32,6 +32,7 @@ def run(
     from harnessrl import logs
     from stack import runconfig
     from stack.run import EXIT_DONE, exit_now, run_blocking
+    from stack.rundir import RunDirectory
 
     if name is not None and resume is not None:
         raise typer.BadParameter("--run-id names a fresh run; --resume the run to continue", param_hint="--run-id")
@@ -40,6 +41,7 @@ def run(
     if no_preflight:
         overrides["preflight"] = False
     cfg = runconfig.load(config, run_id=resume, overrides=overrides)
+    RunDirectory(cfg).check(resume=resume is not None)  # a wrong --resume fails first, before preflight
     logs.configure("WARNING")
     outcome = run_blocking(cfg, resume=resume is not None)
     typer.echo(f"run {cfg.run_id} {outcome.status} after {outcome.steps_done} step(s): {cfg.run_dir}")

@@ -24,30 +24,36 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from harnessrl import paths
-from stack.cli.common import ConfigOption
+if TYPE_CHECKING:
+    from stack.trialconfig import TrialConfig
 
 app = typer.Typer(help="Run single trials end to end.", no_args_is_help=True)
 
 
 class TrialRunInfo:
     """``run.json`` of a single trial's run directory, in the shape the dashboard
-    reads (``services/dashboard/rundir.py``); written atomically."""
+    reads (``services/dashboard/rundir.py``); written atomically. ``model`` and
+    ``tokenizer`` (the folder the proxy rendered and tokenized with) let the
+    dashboard decode the captured tokens."""
 
-    def __init__(self, run_dir: Path, trial_id: str, harness: str, engine: str | None, model: str | None) -> None:
+    def __init__(self, run_dir: Path, trial_id: str, cfg: TrialConfig) -> None:
         self.path = run_dir / "run.json"
+        served = cfg.engine is not None
         self.fields: dict[str, Any] = {
             "run_id": trial_id,
             "kind": "trial",
             "created_at": time.time(),
             "group_size": 1,
-            "harness": harness,
-            "engine": engine,
-            "model": model,
+            "harness": cfg.harness,
+            "engine": cfg.engine,
+            "model": (cfg.model or cfg.model_dir.name) if served else None,
+            "tokenizer": str(cfg.model_dir) if served else None,
+            "temperature": cfg.temperature if served else None,
+            "harness_options": cfg.harness_options or None,
             "capture": {"backend": "embedded", "dir": "capture"},
             "pid": os.getpid(),
         }
@@ -60,53 +66,52 @@ class TrialRunInfo:
         os.replace(tmp, self.path)
 
 
-async def run_trial(
-    *,
-    task: Path,
-    harness: str,
-    engine: str | None,
-    agent_script: Path | None,
-    config: Path | None,
-    model: str | None,
-    max_turns: int,
-) -> dict[str, Any]:
-    from harnessrl.config import load_section
+async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) -> dict[str, Any]:
+    from pydantic import SecretStr
+
     from services.sandbox.factory import build_runner
     from services.sandbox.harnesses import ModelAccess, get_harness
     from services.sandbox.lifecycle import TrialSpec
-    from services.sandbox.settings import Settings
     from stack.embedded import model_stack
 
-    adapter = get_harness(harness)
-    if engine is None and adapter.model_access == ModelAccess.REQUIRED:
-        engine = "local"
-    options = {"script_path": str(agent_script)} if agent_script else {}
+    if cfg.engine is None and get_harness(cfg.harness).model_access == ModelAccess.REQUIRED:
+        cfg.engine = "local"
+    options = dict(cfg.harness_options)
+    if agent_script:
+        options["script_path"] = str(agent_script)
     trial_id = f"trial-{uuid.uuid4().hex[:12]}"
-    run_dir = paths.runs_dir() / trial_id
-    info = TrialRunInfo(run_dir, trial_id, harness, engine, model)
+    run_dir = cfg.runs_dir / trial_id
+    info = TrialRunInfo(run_dir, trial_id, cfg)
     spec = TrialSpec(
         trial_id=trial_id,
         run_id=trial_id,
         group_id=trial_id,
         task_path=str(task),
-        harness=harness,
+        harness=cfg.harness,
         group_size=1,
         harness_options=options,
-        model=model or "",
-        max_turns=max_turns,
+        model=cfg.model or "",
+        max_turns=cfg.max_turns,
+        agent_timeout_s=cfg.agent_timeout_s,
+        verifier_timeout_s=cfg.verifier_timeout_s,
     )
     info.write("running")
     # Sockets stay in a short temporary directory (a Unix socket path has 108 bytes at most).
     with tempfile.TemporaryDirectory(prefix="hrl-trial-") as tmp:
         try:
-            async with model_stack(engine, Path(tmp), model, capture_dir=run_dir / "capture") as ends:
-                overrides: dict[str, Any] = {"capture_target": ends.capture_target}
-                overrides["artifacts_dir"] = run_dir / "artifacts"
+            async with model_stack(
+                cfg.engine,
+                Path(tmp),
+                cfg.model,
+                capture_dir=run_dir / "capture",
+                proxy_fields=cfg.proxy_fields,
+                gateway_fields=cfg.gateway_fields,
+            ) as ends:
+                update: dict[str, Any] = {"capture_target": ends.capture_target, "artifacts_dir": run_dir / "artifacts"}
                 if ends.proxy_url:
-                    overrides |= {"proxy_url": ends.proxy_url, "proxy_admin_token": ends.admin_token}
-                    overrides["proxy_uds_path"] = ends.proxy_uds
-                settings = load_section(Settings, config, "sandbox", overrides)
-                runner = build_runner(settings)
+                    update |= {"proxy_url": ends.proxy_url, "proxy_admin_token": SecretStr(ends.admin_token or "")}
+                    update["proxy_uds_path"] = ends.proxy_uds
+                runner = build_runner(cfg.sandbox.model_copy(update=update))
                 outcome = await runner.run(spec)
                 await runner.finalize(spec, outcome)
         except BaseException as e:
@@ -117,8 +122,11 @@ async def run_trial(
         "trial_id": spec.trial_id,
         "run_dir": str(run_dir),
         "task_id": outcome.task_id,
-        "harness": harness,
-        "engine": engine,
+        "harness": cfg.harness,
+        "engine": cfg.engine,
+        "harness_options": cfg.harness_options,
+        "temperature": cfg.temperature,
+        "max_turns": cfg.max_turns,
         "reward": outcome.reward,
         "termination_reason": outcome.termination_reason.value,
         "timings": outcome.timings.model_dump(),
@@ -134,36 +142,68 @@ async def run_trial(
 @app.command()
 def run(
     task: Annotated[Path, typer.Option(help="Task directory (Harbor format).")],
-    harness: Annotated[str, typer.Option(help="claude-code, opencode, codex, mini-swe-agent, openhands-sdk, shell...")],
+    harness: Annotated[
+        str | None,
+        typer.Option(
+            help="claude-code, opencode, codex, mini-swe-agent, openhands-sdk, shell... (default mini-swe-agent)."
+        ),
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(help="local | vllm | scripted:FILE | module:Class (default local for model harnesses)."),
     ] = None,
     agent_script: Annotated[Path | None, typer.Option(help="Script the 'shell' harness runs as the agent.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name the harness is told to use.")] = None,
-    max_turns: Annotated[int, typer.Option(min=0, help="Turn limit (0: the harness's own).")] = 0,
-    config: ConfigOption = None,
+    harness_option: Annotated[
+        list[str] | None, typer.Option("--harness-option", "-o", help="KEY=VALUE passed to the harness (repeatable).")
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option(min=0.0, max=5.0, help="Policy sampling temperature (a run's [run] temperature).")
+    ] = None,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(min=0, help="Turn limit (0: the harness's own; default 3 with the quickstart's settings)."),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="TOML file: [run] fields that apply to one trial (harness, harness_options, engine, model_path, "
+            "model, temperature, max_turns, agent_timeout_s, verifier_timeout_s, runs_dir), [sandbox], [proxy], "
+            "[gateway]; anything else is refused.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
 ) -> None:
-    """Run one trial and print trial_id, reward, termination_reason, timings, captured segments."""
+    """Run one trial and print trial_id, reward, termination_reason, timings, captured segments.
+
+    With the default model and mini-swe-agent it runs as the quickstart does (compact config,
+    temperature 0.7, 3 turns) unless -o config=... says otherwise."""
     from harnessrl.errors import InvalidArgument
     from services.sandbox.tasks import load_task
+    from stack.trialconfig import TrialFlags, describe, parse_options, resolve
 
+    if not task.exists():
+        raise InvalidArgument(f"--task {task}: not a directory")
     load_task(task)  # a typo is an error here, not a trial that fails its setup
+    flags = TrialFlags(
+        harness=harness,
+        engine=engine,
+        model=model,
+        harness_options=parse_options(harness_option),
+        temperature=temperature,
+        max_turns=max_turns,
+    )
+    cfg = resolve(flags, config)
     if agent_script is not None and not agent_script.is_file():
         raise InvalidArgument(f"--agent-script {agent_script}: not a file")
-    if harness == "shell" and agent_script is None:
+    if cfg.harness == "shell" and agent_script is None:
         raise InvalidArgument("--harness shell needs --agent-script FILE")
+    if not as_json and (note := describe(cfg)):
+        typer.echo(note, err=True)
     result = asyncio.run(
-        run_trial(
-            task=task.resolve(),
-            harness=harness,
-            engine=engine,
-            agent_script=agent_script.resolve() if agent_script else None,
-            config=config,
-            model=model,
-            max_turns=max_turns,
-        )
+        run_trial(task=task.resolve(), cfg=cfg, agent_script=agent_script.resolve() if agent_script else None)
     )
     if as_json:
         typer.echo(json.dumps(result))

@@ -138,7 +138,8 @@ def test_mini_swe_agent_without_a_model_name_completes(tmp_path: Path) -> None:
     task = make_task(tmp_path / "tasks", toml="[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n")
     engine = tmp_path / "script.json"
     engine.write_text(json.dumps({"context_window": 32768, "threads": {"main": tools_script("mini-swe-agent")}}))
-    out = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "mini-swe-agent",
+    # -o config=default: mini-swe-agent's own tool-calling config (the default model's is compact).
+    out = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "mini-swe-agent", "-o", "config=default",
               "--engine", f"scripted:{engine}", "--json", timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
