@@ -19,8 +19,16 @@ function timingBar(t) {
   );
 }
 
+// Every key the verifier wrote (reward.json); shown unless it is only the trained {"reward": r}.
+function rewardKeys(rewards) {
+  const keys = Object.keys(rewards || {}).sort();
+  if (!keys.length || (keys.length === 1 && keys[0] === 'reward')) return null;
+  return h('span', { id: 'verifier-rewards' }, keys.map((k) => h('span.rewardkey', { 'data-key': k, 'data-value': rewards[k] }, `${k} ${fmt(rewards[k])} `)));
+}
+
 function header(t) {
   const kv = (k, v) => h('div.fact', h('span.k', k), h('span.v', v));
+  const keys = rewardKeys(t.rewards);
   return panel(
     'trajectory-header',
     `Trajectory ${t.trial_id}`,
@@ -32,6 +40,7 @@ function header(t) {
       kv('step', t.step),
       kv('harness', t.harness || '—'),
       kv('reward', h('strong', { 'data-reward': t.reward ?? '' }, t.reward === null ? 'none' : fmt(t.reward))),
+      keys ? kv('verifier rewards', keys) : null,
       kv('termination', h(`span.reason.${t.infra ? 'infra' : 'policy'}`, { 'data-reason': t.termination_reason }, t.termination_reason)),
       kv('harness exit', t.harness_exit_code),
       kv('policy versions', t.policy_versions.join(', ') || '—'),
