@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -71,17 +72,43 @@ class EngineClient:
             raise map_rpc_error(e) from e
 
     async def generate(self, request: gateway_pb2.GenerateRequest) -> AsyncIterator[gateway_pb2.GenerateChunk]:
-        """Yields chunks as the engine samples; cancelling the iteration cancels the call."""
+        """Yields chunks as the engine samples; cancelling the iteration cancels the call.
+
+        The timeout (``engine_timeout_s``) bounds the wait for the *next* chunk, not the
+        call: a long reply that keeps streaming never hits it, and a silence while the
+        gateway reports itself paused (a weight update holding the reply, partial
+        rollout) does not count. Only a silence of the timeout with the gateway not
+        paused fails the call (EngineUnavailable, as a gRPC deadline did)."""
         call = None
+        read: asyncio.Future[Any] | None = None
         try:
-            call = self._stub.Generate(request, timeout=self._timeout)
-            async for chunk in call:
+            call = self._stub.Generate(request)
+            while True:
+                read = asyncio.ensure_future(call.read())
+                while not (await asyncio.wait({read}, timeout=self._timeout))[0]:
+                    if not await self._paused():
+                        raise EngineUnavailable(
+                            f"engine unavailable: no token for {self._timeout:g} s (engine_timeout_s) "
+                            "and the gateway is not paused"
+                        )
+                chunk, read = read.result(), None
+                if chunk is grpc.aio.EOF:
+                    return
                 yield chunk
         except RPC_ERRORS as e:
             raise map_rpc_error(e) from e
         finally:
+            if read is not None:
+                read.cancel()
             if call is not None and not call.done():
                 call.cancel()
+
+    async def _paused(self) -> bool:
+        """Whether the gateway holds replies for a weight update (unreachable: not paused)."""
+        try:
+            return bool((await self.health()).paused)
+        except (EngineUnavailable, EngineFailure):
+            return False
 
     async def abort(self, request_id: str) -> None:
         try:

@@ -96,7 +96,11 @@ class Settings(ServiceSettings):
     gc_tuning: bool = Field(
         True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
     )
-    engine_timeout_s: float = Field(600.0, gt=0, description="Deadline of one Generate call.")
+    engine_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest wait for the next chunk of a Generate call (time the gateway is paused excluded).",
+    )
     gateway_idle_s: float = Field(
         60.0,
         ge=0,
