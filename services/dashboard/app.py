@@ -29,6 +29,7 @@ from services.dashboard.settings import Settings
 from services.dashboard.sources import CaptureOpener
 
 SSE_KEEPALIVE_S = 15.0
+FINISHED_RETRY_MS = 60_000
 
 
 def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastAPI:
@@ -169,7 +170,11 @@ def create_app(settings: Settings, opener: CaptureOpener | None = None) -> FastA
 
 
 async def _events(service: DashboardService, run_id: str, request: Request, poll_s: float) -> AsyncIterator[str]:
-    """``update`` whenever the run's fingerprint changes (first one at once); comments keep it open."""
+    """``update`` whenever the run's fingerprint changes (first one at once); comments keep it open.
+
+    A run that is not live (done, failed, stopped) gets its last update and the stream
+    ends: nothing polls a finished run (the page closes its EventSource on that update;
+    ``retry`` slows down any other client that reconnects)."""
     last: dict[str, Any] | None = None
     quiet = 0.0
     while not await request.is_disconnected():
@@ -177,10 +182,14 @@ async def _events(service: DashboardService, run_id: str, request: Request, poll
             current = await service.fingerprint(run_id)
         except HarnessError as e:
             current = {"error": str(e)}
-        if current != last:
+        changed = current != last
+        if changed:
             last, quiet = current, 0.0
             yield f"event: update\ndata: {json.dumps(current)}\n\n"
-        elif quiet >= SSE_KEEPALIVE_S:
+        if current.get("live") is False:
+            yield f"retry: {FINISHED_RETRY_MS}\n\n"
+            return
+        if not changed and quiet >= SSE_KEEPALIVE_S:
             quiet = 0.0
             yield ": keepalive\n\n"
         await asyncio.sleep(poll_s)

@@ -36,6 +36,46 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
 MASKED_PREFIX = "harnessrl/masked/"
 
 
+# metrics.jsonl (and the trainer's Metrics RPC, and verl's file logger) key a record by the
+# optimizer step that wrote it, 1, 2, ...: step k trains on the rollouts enqueued at step
+# k - 1. Every chart uses the rollout step (README "Steps"), so a record moves back one.
+TRAINER_STEP_OFFSET = 1
+
+
+def on_rollout_axis(metrics: list[StepRecord]) -> list[StepRecord]:
+    """The trainer's records keyed by the rollout step whose batch each one trained on."""
+    return [StepRecord(m.step - TRAINER_STEP_OFFSET, m.wall_time, m.values) for m in metrics]
+
+
+def metrics_json(metrics: list[StepRecord]) -> list[dict[str, Any]]:
+    """The records as the page gets them: ``step`` on the rollout axis, ``trainer_step`` as written."""
+    return [{**m.as_json(), "step": m.step - TRAINER_STEP_OFFSET, "trainer_step": m.step} for m in metrics]
+
+
+def agreement_gaps(metrics: list[StepRecord]) -> dict[int, str]:
+    """Why a step (rollout axis) has no train/inference agreement, from what the trainer recorded.
+
+    The trainer measures agreement only on tokens sampled by the very weights it is
+    training (services/trainer/agreement.py): a batch sampled entirely by older weights
+    (staleness >= 1) records ``agreement/tokens = 0`` and no Pearson."""
+    if not any(metric(m.values, "agreement/pearson") is not None for m in metrics):
+        return {}  # the trainer records none at all: the panel says so once
+    out: dict[int, str] = {}
+    for m in metrics:
+        v = m.values
+        if metric(v, "agreement/pearson") is not None:
+            continue
+        if v.get("agreement/tokens") == 0:
+            stale = v.get("staleness/mean")
+            behind = f"; mean staleness {stale:g} versions" if stale else ""
+            out[m.step] = f"no token of this batch was sampled by the weights being trained (all stale{behind})"
+        elif "skipped/zero_variance_groups" in v and "batch/samples" not in v:
+            out[m.step] = "no optimizer update: every group's rewards were equal, nothing was trained"
+        else:
+            out[m.step] = "the trainer recorded no agreement for this step"
+    return out
+
+
 def metric(values: dict[str, float], name: str) -> float | None:
     for key in METRIC_ALIASES.get(name, (name,)):
         if key in values:
@@ -265,21 +305,24 @@ def summarize(
     group_size: int | None,
     alert_cfg: AlertSettings,
 ) -> dict[str, Any]:
+    """Every panel's data; per-step series are keyed by the rollout step (``on_rollout_axis``)."""
+    axis = on_rollout_axis(metrics)
     summary: dict[str, Any] = {
-        "metrics": [m.as_json() for m in metrics],
+        "metrics": metrics_json(metrics),
+        "agreement_gaps": agreement_gaps(axis),
         "termination": termination(rows),
         "groups": groups(rows, threshold, group_size),
         "tasks": task_grid(rows, threshold),
         "behaviour": behaviour(rows, digests),
         "failures": failures(rows, threshold),
-        "staleness_hist": staleness(rows, metrics),
-        "masking": masking(metrics),
+        "staleness_hist": staleness(rows, axis),
+        "masking": masking(axis),
         "validation": validation(eval_rows),
-        "rollout_tokens_per_s": rollout_throughput(rows, metrics),
+        "rollout_tokens_per_s": rollout_throughput(rows, axis),
         "success_threshold": threshold,
         "success_rate": success_rate(rows, threshold),
         "trajectories": len(rows),
         "finalized": sum(r["finalized"] for r in rows),
     }
-    summary["alerts"] = alerts(summary, metrics, alert_cfg)
+    summary["alerts"] = alerts(summary, axis, alert_cfg)
     return summary

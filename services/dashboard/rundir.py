@@ -175,7 +175,9 @@ def _check_files(run: RunDir) -> None:
             tomllib.loads(run.config_text() or "")
         except tomllib.TOMLDecodeError as e:
             run.problems.append(f"config.toml is not valid TOML: {e}")
-    if not (path / "metrics.jsonl").exists() and not (info and info.live and info.trainer_target):
+    # An evaluation that never trained (``steps_planned = 0``) has no trainer metrics by design.
+    evaluation = info is not None and info.steps_planned == 0
+    if not (path / "metrics.jsonl").exists() and not (info and info.live and info.trainer_target) and not evaluation:
         run.problems.append("metrics.jsonl is missing: no trainer metrics (training panels are empty)")
     if info is None:
         return

@@ -17,7 +17,7 @@ from typing import Any
 from harnessrl.errors import ConfigError, HarnessError, InvalidArgument, NotFound
 from harnessrl.logs import kv
 from harnessrl.v1 import records_pb2
-from services.dashboard import heldout, panels, rundir, trajectories
+from services.dashboard import heldout, panels, rundir, runlist, trajectories
 from services.dashboard.rundir import RunDir, StepRecord
 from services.dashboard.settings import Settings
 from services.dashboard.sources import CaptureOpener, Readers, TargetOpener
@@ -67,27 +67,9 @@ class DashboardService:
         return rundir.list_run_ids(self.settings.runs_dir)
 
     async def list_runs(self) -> list[dict[str, Any]]:
-        out = []
-        for run_id in self.run_ids():
-            run = rundir.open_run(self.settings.root(), run_id)
-            info = run.info.model_dump(mode="json") if run.info else {}
-            metrics, _ = rundir.read_metrics(run)
-            out.append(
-                {
-                    "run_id": run_id,
-                    "status": info.get("status", "unknown"),
-                    "created_at": info.get("created_at"),
-                    "model": info.get("model"),
-                    "harness": info.get("harness"),
-                    "steps": metrics[-1].step if metrics else None,
-                    "steps_planned": info.get("steps_planned"),
-                    "reward": panels.metric(metrics[-1].values, "reward") if metrics else None,
-                    "problems": len(run.problems),
-                }
-            )
-        # Newest first (run.json's created_at, Unix seconds), then by name.
-        out.sort(key=lambda r: (-r["created_at"] if isinstance(r["created_at"], int | float) else 0.0, r["run_id"]))
-        return out
+        """Every run directory's row (``runlist``): training runs, evaluations, single trials."""
+        rows = [runlist.row(rundir.open_run(self.settings.root(), run_id)) for run_id in self.run_ids()]
+        return runlist.ordered(rows)
 
     async def gather(self, run_id: str, *, with_rows: bool = True) -> RunState:
         state = RunState(self.open(run_id))
@@ -280,15 +262,19 @@ class DashboardService:
         raise NotFound(f"no run under {self.settings.root()} holds a trial {trial_id!r}")
 
     def trace_link(self, view: dict[str, Any]) -> str | None:
+        """The trial's trace in the configured trace UI; None when none is configured
+        (a link to a UI that is not running is worse than no link)."""
+        template = self.settings.trace_url
         trace_id = view["metadata"].get("trace_id")
-        if not trace_id and "{trace_id}" in self.settings.trace_url:
+        if template is None or (not trace_id and "{trace_id}" in template):
             return None
-        return self.settings.trace_url.format(trace_id=trace_id or "", trial_id=view["trial_id"], run_id=view["run_id"])
+        return template.format(trace_id=trace_id or "", trial_id=view["trial_id"], run_id=view["run_id"])
 
     async def fingerprint(self, run_id: str) -> dict[str, Any]:
         """What changes when a live run moves on: SSE sends an update when it does."""
         state = await self.gather(run_id)
         return {
+            "live": state.run.live,
             "status": state.run.info.status if state.run.info else None,
             "last_step": state.metrics[-1].step if state.metrics else None,
             "trajectories": len(state.rows),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from harnessrl import paths
@@ -81,15 +81,32 @@ class Settings(ServiceSettings):
     tool_parser: str | None = Field(
         None, description="Tool-call format of the captured text; default: the run's [proxy] tool_parser, else hermes."
     )
-    trace_url: str = Field(
-        "http://127.0.0.1:16686/trace/{trace_id}",
-        description="Link to a trial's trace; {trace_id}, {trial_id} and {run_id} are filled in (Jaeger's UI).",
+    trace_url: str | None = Field(
+        None,
+        description="Link to a trial's trace in a running trace UI, e.g. Jaeger's "
+        "http://127.0.0.1:16686/trace/{trace_id}; {trace_id}, {trial_id} and {run_id} are filled in. "
+        "Unset: trajectories show no trace link.",
     )
     max_token_view: int = Field(
         20_000, ge=100, description="Tokens per segment sent to the token-level view; the rest is summarised."
     )
     analysis: AnalysisSettings = Field(default_factory=lambda: AnalysisSettings.model_validate({}))
     alerts: AlertSettings = Field(default_factory=lambda: AlertSettings.model_validate({}))
+
+    @field_validator("trace_url")
+    @classmethod
+    def _trace_url_template(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        try:
+            v.format(trace_id="t", trial_id="t", run_id="r")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"{v!r}: only {{trace_id}}, {{trial_id}} and {{run_id}} may be filled in ({type(e).__name__}: {e})"
+            ) from e
+        return v
 
     @model_validator(mode="after")
     def _refuse_open_non_loopback(self) -> Settings:

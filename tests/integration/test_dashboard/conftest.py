@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +18,7 @@ from fastapi import FastAPI
 
 from harnessrl.paths import PROJECT_ROOT, default_model_dir
 from tests.asgi_support import serve
-from tests.integration.test_dashboard.recorder import RUN_ID, Recorded, record
+from tests.integration.test_dashboard.recorder import RUN_ID, Extras, Recorded, record, record_extras
 
 TOKEN = "dashboard-test-token"
 
@@ -42,6 +43,20 @@ def runs_root(recorded: Recorded, tmp_path: Path) -> Path:
     root = tmp_path / "runs"
     shutil.copytree(recorded.run_dir, root / RUN_ID)
     return root
+
+
+@pytest.fixture(scope="session")
+def extras(recorded: Recorded, tmp_path_factory: pytest.TempPathFactory) -> Extras:
+    """A single trial's run directory (the real ``harnessrl trial run``) and an evaluation-only one."""
+    return asyncio.run(record_extras(tmp_path_factory.mktemp("extras"), recorded))
+
+
+@pytest.fixture
+def mixed_root(runs_root: Path, extras: Extras) -> Path:
+    """The recorded run among the other kinds of directory: a single trial and an evaluation."""
+    for made in (extras.trial_dir, extras.eval_dir):
+        shutil.copytree(made, runs_root / made.name)
+    return runs_root
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +91,10 @@ async def dashboard(root: Path, **extra: Any) -> AsyncIterator[Served]:
 
 
 @pytest.fixture
-def artifacts() -> Iterator[Path]:
-    out = PROJECT_ROOT / "test-artifacts" / "dashboard"
+def artifacts(tmp_path: Path) -> Iterator[Path]:
+    """Where browser tests keep their screenshots: $HARNESSRL_TEST_SCREENSHOTS (kept after
+    the session, e.g. for a review), else the test's tmp_path."""
+    env = os.environ.get("HARNESSRL_TEST_SCREENSHOTS")
+    out = Path(env) if env else tmp_path / "screenshots"
     out.mkdir(parents=True, exist_ok=True)
     yield out

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
 from harnessrl import telemetry
 from harnessrl.localservers import free_port
 from harnessrl.paths import default_model_dir
@@ -196,6 +198,7 @@ async def record(root: Path) -> Recorded:
     behaviour, each pointed at that behaviour's proxy), then wait until they are done."""
     from services.sandbox.server import create_sandbox_server
 
+    _trace()
     run_dir = root / RUN_ID
     work = root / "work"
     tasks = {
@@ -258,6 +261,22 @@ async def record(root: Path) -> Recorded:
     _write_run_files(run_dir, started, metrics)
     (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
     return Recorded(run_dir, trials, {n: work / f"{n}.engine.jsonl" for n in BEHAVIOURS})
+
+
+class _Discard(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+_tracing: list[_Discard] = []
+
+
+def _trace() -> None:
+    """Spans are recorded only while something exports them (harnessrl.telemetry), and a
+    trajectory carries its trace id only then: as a traced deployment, export them (nowhere)."""
+    if not _tracing:
+        _tracing.append(_Discard())
+        telemetry.add_exporter(_tracing[0])
 
 
 async def _submit_step(step: int, specs: list[tuple[int, Any]]) -> None:
@@ -369,3 +388,84 @@ def _write_run_files(run_dir: Path, started: float, metrics: list[dict[str, Any]
         '[proxy]\ntool_parser = "hermes"\n\n[trainer.algo]\nadv_estimator = "grpo"\nsuccess_threshold = 1.0\n'
     )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+
+# -- the other kinds of run directory the runs list shows --------------------------
+EVAL_ONLY_ID = "ev-1"
+
+
+@dataclass
+class Extras:
+    """A single trial's run directory and an evaluation-only one, beside the training run."""
+
+    trial_dir: Path
+    eval_dir: Path
+
+
+async def record_extras(root: Path, recorded: Recorded) -> Extras:
+    """``harnessrl trial run`` itself (the real CLI, scripted engine) makes the trial's
+    directory; the evaluation's is written as ``harnessrl eval`` writes one for a config
+    that never trained (run.json ``steps_planned = 0``, eval.jsonl, an embedded store)."""
+    work = root / "extras-work"
+    trial_dir = await asyncio.to_thread(_trial_run, root / "runs", work)
+    return Extras(trial_dir, await _eval_only_run(root / "runs", recorded))
+
+
+def _trial_run(runs: Path, work: Path) -> Path:
+    import os
+    import subprocess
+    import sys
+
+    from harnessrl.paths import PROJECT_ROOT
+
+    task = make_task(work / "tasks", "hello")
+    script = work / "solve.json"
+    script.write_text(json.dumps({"context_window": 8192, "threads": {"main": BEHAVIOURS["solve_hello"], "*": TITLE}}))
+    (work / "agent.sh").write_text(AGENT)
+    env = {
+        **os.environ,
+        "HARNESSRL_RUNS_DIR": str(runs),
+        "HARNESSRL_SANDBOX_WORK_DIR": str(work / "trials"),
+        "HARNESSRL_SANDBOX_CACHE_DIR": str(work / "cache"),
+    }
+    args = ["--task", str(task), "--harness", "shell", "--agent-script", str(work / "agent.sh")]
+    args += ["--engine", f"scripted:{script}", "--model", default_model_dir().name, "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "trial", "run", *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"harnessrl trial run failed ({out.returncode}): {out.stderr[-3000:]}")
+    return Path(json.loads(out.stdout)["run_dir"])
+
+
+async def _eval_only_run(runs: Path, recorded: Recorded) -> Path:
+    from services.capture_store.server import create_server as create_capture
+    from services.capture_store.settings import Settings as CaptureSettings
+
+    run_dir = runs / EVAL_ONLY_ID
+    run_dir.mkdir(parents=True)
+    # The store holds no trajectory here: the runs list reads only run.json and eval.jsonl.
+    capture = await create_capture(CaptureSettings.model_validate({"store_dir": run_dir / "capture", "fsync": False}))
+    await capture.stop(0)
+    rows = [json.loads(line) for line in (recorded.run_dir / "eval.jsonl").read_text().splitlines()]
+    base = [r | {"checkpoint": "base"} for r in rows if r["step"] == 0]
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in base))
+    info = {
+        "run_id": EVAL_ONLY_ID,
+        "created_at": time.time(),
+        "status": "done",
+        "group_size": G,
+        "model": default_model_dir().name,
+        "harness": "shell",
+        "engine": "scripted",
+        "steps_planned": 0,
+        "capture": {"backend": "embedded", "dir": "capture"},
+    }
+    (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+    (run_dir / "config.toml").write_text(f'[run]\nrun_id = "{EVAL_ONLY_ID}"\nsteps = 0\nharness = "shell"\n')
+    return run_dir

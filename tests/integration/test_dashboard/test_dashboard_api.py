@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -82,9 +83,9 @@ async def test_runs_overview_and_panels_match_the_capture_store(runs_root: Path)
     assert s["behaviour"]["mean_turns"]["0"] == pytest.approx((4 + 1 + 2 + 4 + 4 + 1) / 6)
     assert s["failures"]["by_step"]["2"] == {"agent/infra": 3}
     kinds = {(a["kind"], a["step"]) for a in s["alerts"]}
-    assert {("infra_spike", 2), ("turn_collapse", 2), ("agreement_drop", 3)} <= kinds
+    assert {("infra_spike", 2), ("turn_collapse", 2), ("agreement_drop", 2)} <= kinds  # the rollout step axis
     assert not any(k == "infra_spike" and step != 2 for k, step in kinds)
-    assert [m["step"] for m in s["metrics"]] == [1, 2, 3]
+    assert [(m["step"], m["trainer_step"]) for m in s["metrics"]] == [(0, 1), (1, 2), (2, 3)]
 
 
 async def test_heldout_behaviour_per_evaluation_step_comes_from_the_evaluations_captures(runs_root: Path) -> None:
@@ -116,7 +117,8 @@ async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: 
     truth = {t.trial_id: t for t in await store_trajectories(runs_root, include_tokens=True)}
     engine = [json.loads(line) for line in recorded.engine_logs["explore"].read_text().splitlines()]
     trial = "s0-hello-0"  # an "explore" trial: four model calls, three tool calls
-    async with dashboard(runs_root) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
+    jaeger = "http://127.0.0.1:16686/trace/{trace_id}"
+    async with dashboard(runs_root, trace_url=jaeger) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         view = (await c.get(f"/api/runs/{RUN_ID}/trajectories/{trial}")).json()
         rows = (await c.get(f"/api/runs/{RUN_ID}/trajectories", params={"step": 0, "task": "hello"})).json()
     assert sorted((s["thread"], s["kind"]) for s in view["segments_detail"])[0][1] == "main"
@@ -191,7 +193,7 @@ async def test_a_broken_run_directory_says_what_is_missing(runs_root: Path) -> N
         summary = (await c.get("/api/runs/broken/summary")).json()
         assert any("metrics.jsonl line 2" in p for p in summary["problems"])
         assert any("metrics.jsonl line 3" in p for p in summary["problems"])
-        assert [m["step"] for m in summary["metrics"]] == [1]
+        assert [m["trainer_step"] for m in summary["metrics"]] == [1]
         half_problems = (await c.get("/api/runs/half/summary")).json()["problems"]
         assert any("capture store directory" in p and "missing" in p for p in half_problems)
         assert any("metrics.jsonl is missing" in p for p in half_problems)
@@ -219,6 +221,9 @@ async def test_token_protects_pages_and_api(runs_root: Path) -> None:
 
 
 async def test_sse_sends_an_update_when_the_run_moves_on(runs_root: Path) -> None:
+    info_path = runs_root / RUN_ID / "run.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps(info | {"status": "running"}))  # a live run (its metrics from the file)
     async with (
         dashboard(runs_root) as d,
         httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as c,
@@ -238,4 +243,13 @@ async def test_sse_sends_an_update_when_the_run_moves_on(runs_root: Path) -> Non
         with (runs_root / RUN_ID / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"step": 4, "wall_time": 0.0, "values": {"reward/mean": 0.9}}) + "\n")
         second = await asyncio.wait_for(next_update(), 20)
-        assert second["last_step"] == 4
+        assert second["last_step"] == 4 and second["live"]
+        info_path.write_text(json.dumps(info | {"status": "done"}))
+        last = await asyncio.wait_for(next_update(), 20)
+        assert last["live"] is False and last["status"] == "done"
+        rest = await asyncio.wait_for(_drain(lines), 20)
+        assert rest == [], "a finished run's stream ends after its last update"
+
+
+async def _drain(lines: Any) -> list[str]:
+    return [line async for line in lines if line.startswith("data: ")]

@@ -57,19 +57,19 @@ async def test_live_run_reads_the_trainer_over_grpc(runs_root: Path, trainer: tu
     assert overview["live"] and overview["status"]["groups_pending"] == 5
     assert overview["status"]["policy_version"] == 7
     # the trainer's metrics, not metrics.jsonl (which has steps 1-3 with other values)
-    assert summary["metrics"] == [
-        {"step": 1, "wall_time": wall_time, "values": {"reward/mean": 0.25, "agreement/pearson": 0.5}}
-    ]
+    values = {"reward/mean": 0.25, "agreement/pearson": 0.5}
+    # the trainer's step 1 trained the rollouts of step 0
+    assert summary["metrics"] == [{"step": 0, "trainer_step": 1, "wall_time": wall_time, "values": values}]
     assert all(served("trainer", m) > n for m, n in calls.items()), calls
     assert any(a["kind"] == "trainer" and "ESS" in a["message"] for a in summary["alerts"])
-    assert any(a["kind"] == "agreement_drop" and a["step"] == 1 for a in summary["alerts"])
+    assert any(a["kind"] == "agreement_drop" and a["step"] == 0 for a in summary["alerts"])
 
 
 async def test_unreachable_trainer_falls_back_to_the_file_and_says_so(runs_root: Path) -> None:
     make_live(runs_root, f"127.0.0.1:{free_port()}")
     async with dashboard(runs_root, rpc_timeout_s=2) as d, httpx.AsyncClient(base_url=d.url, headers=AUTH) as c:
         summary = (await c.get(f"/api/runs/{RUN_ID}/summary")).json()
-    assert [m["step"] for m in summary["metrics"]] == [1, 2, 3]
+    assert [m["trainer_step"] for m in summary["metrics"]] == [1, 2, 3]
     assert any("live trainer unreachable" in p for p in summary["problems"])
 
 

@@ -82,17 +82,18 @@ async def test_a_verl_runs_metrics_show_masked_rows_and_dropped_segments(
         summary = (await c.get(f"/api/runs/{RUN}/summary")).json()
     bad = [p for p in summary["problems"] if p.startswith("metrics.jsonl")]
     assert bad == ["metrics.jsonl line 2: not JSON (Expecting value)"], summary["problems"]
-    assert [m["step"] for m in summary["metrics"]] == [1, 2], "nothing but the torn line is lost"
+    assert [m["trainer_step"] for m in summary["metrics"]] == [1, 2], "nothing but the torn line is lost"
     step2 = summary["metrics"][1]["values"]
     assert step2["val-core/harnessrl/reward/mean@1"] == 0.25 and "critic/score/mean" in step2, "one step, merged"
     masking = summary["masking"]
-    assert masking["masked_rows"] == {"1": 3.0, "2": 3.0}
-    assert masking["dropped_segments"] == {"1": 0.0, "2": 3.0}
+    # verl's global step k trains the rollouts of step k - 1 (the charts' rollout step axis)
+    assert masking["masked_rows"] == {"0": 3.0, "1": 3.0}
+    assert masking["dropped_segments"] == {"0": 0.0, "1": 3.0}
     assert masking["by_reason"] == {
-        "infra": {"1": 2.0, "2": 2.0},
-        "infra/env_setup_failed": {"1": 1.0, "2": 1.0},
-        "infra/verifier_error": {"1": 1.0, "2": 1.0},
-        "response_too_long": {"1": 1.0, "2": 1.0},
+        "infra": {"0": 2.0, "1": 2.0},
+        "infra/env_setup_failed": {"0": 1.0, "1": 1.0},
+        "infra/verifier_error": {"0": 1.0, "1": 1.0},
+        "response_too_long": {"0": 1.0, "1": 1.0},
     }
 
 

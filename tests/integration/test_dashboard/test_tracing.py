@@ -300,7 +300,8 @@ async def test_one_trial_is_one_trace_across_every_service(
     from services.dashboard.settings import Settings
     from services.dashboard.trajectories import row
 
-    link = DashboardService(Settings(runs_dir=tmp_path)).trace_link(row(traj))
+    jaeger = Settings(runs_dir=tmp_path, trace_url="http://127.0.0.1:16686/trace/{trace_id}")
+    link = DashboardService(jaeger).trace_link(row(traj))
     assert link == f"http://127.0.0.1:16686/trace/{trace_id}"
     # Prometheus: the services' counters moved, and a gRPC service serves /metrics
     text = metrics.exposition()[0].decode()
