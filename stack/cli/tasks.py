@@ -156,3 +156,25 @@ def convert(
 
     written = convert_records(records, repos, out)
     typer.echo(f"wrote {len(written)} task(s) under {out}")
+
+
+@app.command("check-harbor")
+def check_harbor(
+    dirs: Annotated[list[Path], typer.Argument(help="Harbor task folders or dataset folders of tasks.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every field, not only refused ones.")] = False,
+) -> None:
+    """Which fields of each Harbor task run as in Harbor, run mapped differently, or are refused
+    (docs/harbor.md). Exit 1 when any task would be refused; nothing is built or started."""
+    from services.sandbox.harbor_check import check, format_report
+
+    reports = check(dirs)
+    if as_json:
+        typer.echo(json.dumps([r.as_json() for r in reports], indent=1))
+    else:
+        for r in reports:
+            typer.echo("\n".join(format_report(r, verbose=verbose)))
+        refused = sum(not r.runs for r in reports)
+        typer.echo(f"{len(reports) - refused} of {len(reports)} task(s) run; {refused} refused")
+    if not all(r.runs for r in reports):
+        raise typer.Exit(1)

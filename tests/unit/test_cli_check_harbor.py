@@ -1,0 +1,73 @@
+"""``harnessrl tasks check-harbor``: per task, which fields run, run mapped, are refused;
+exit 1 when a task would be refused, 0 otherwise, 2 (one line) on malformed input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli_support import run_cli
+from tests.sandbox_support import make_task
+
+RUNS = "[task]\nname = 'test/{name}'\n[agent]\ntimeout_sec = 30\n[environment]\nallow_internet = false\n"
+REFUSED = "[environment]\nskills_dir = '/skills'\n"
+
+
+def _dataset(root: Path) -> Path:
+    make_task(root, "ok", toml=RUNS + "colour = 'blue'\n")
+    make_task(root, "skills", toml=REFUSED)
+    make_task(root, "compose", toml=RUNS, context={"docker-compose.yaml": "services: {}\n"})
+    return root
+
+
+def test_a_task_that_runs_exits_0(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "ok", toml=RUNS)
+    proc = run_cli("tasks", "check-harbor", "--verbose", str(task))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("runs     test/ok")
+    assert "supported agent.timeout_sec" in proc.stdout
+    assert "mapped    environment.allow_internet" in proc.stdout
+    assert "1 of 1 task(s) run" in proc.stdout
+
+
+def test_a_dataset_names_each_refusal_and_exits_1(tmp_path: Path) -> None:
+    proc = run_cli("tasks", "check-harbor", str(_dataset(tmp_path / "ds")))
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout
+    assert "REFUSED" in out and "refused   environment.skills_dir: not supported yet" in out
+    assert "refused   environment/docker-compose.yaml: multi-container" in out
+    assert "unknown   environment.colour: ignored, as Harbor ignores them" in out
+    assert "1 of 3 task(s) run; 2 refused" in out
+
+
+def test_json_report(tmp_path: Path) -> None:
+    proc = run_cli("tasks", "check-harbor", "--json", str(_dataset(tmp_path / "ds")))
+    assert proc.returncode == 1
+    reports = {Path(r["path"]).name: r for r in json.loads(proc.stdout)}
+    assert [reports[n]["runs"] for n in ("compose", "ok", "skills")] == [False, True, False]
+    statuses = {f["field"]: f["status"] for f in reports["ok"]["fields"]}
+    assert statuses["agent.timeout_sec"] == "supported" and statuses["environment.allow_internet"] == "mapped"
+    assert reports["ok"]["unknown"] == ["environment.colour"] and reports["ok"]["task_id"] == "test/ok"
+    (refused,) = [f for f in reports["skills"]["fields"] if f["status"] == "refused"]
+    assert refused["field"] == "environment.skills_dir" and "harness adapters" in refused["note"]
+
+
+def test_an_invalid_task_is_named_and_exits_1(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "bad", toml="[agent]\ntimeout_sec = 'soon'\n")
+    proc = run_cli("tasks", "check-harbor", str(task))
+    assert proc.returncode == 1
+    assert "INVALID" in proc.stdout and "agent.timeout_sec" in proc.stdout
+
+
+def test_malformed_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    proc = run_cli("tasks", "check-harbor", str(missing))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and f"{missing}: not a directory" in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli("tasks", "check-harbor", str(empty))
+    assert proc.returncode == 2 and "no task.toml" in proc.stderr and proc.stdout == ""
+    broken = make_task(tmp_path, "broken", toml="[agent\n")
+    proc = run_cli("tasks", "check-harbor", str(broken))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert f"{broken}: task.toml is not valid TOML" in proc.stderr and proc.stdout == ""
