@@ -7,7 +7,11 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="bench", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks of each part (sandbox, proxy, gateway, capture, trainer, vLLM path), each against a baseline "
+    "measured in the same run.",
+    no_args_is_help=True,
+)
 
 
 @app.command()

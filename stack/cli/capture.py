@@ -126,7 +126,7 @@ def export(
     """Write one JSON object per segment of a trajectory (JSONL), with its reward and termination.
 
     Without --target/--store/--config, the trial is looked up by its id in the run
-    directories (``trial run`` keeps each trial as one)."""
+    directories ('harnessrl trial run' keeps each trial as one)."""
     from services.capture_store.export import segment_objects, write_jsonl
 
     _check_out(out)

@@ -22,7 +22,9 @@ def conformance(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's markdown table.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the full report as JSON here.")] = None,
 ) -> None:
-    """Harness × protocol × streaming × tool calls × sub-agent × compaction × chat template, with versions."""
+    """Run the installed real harnesses against a real proxy: one table of passed / failed / n/a cells.
+
+    Cells: harness × protocol × streaming × tool calls × sub-agent × compaction × chat template, with versions."""
     from stack.conformance import COLUMNS, Cell, render_markdown, render_text, resolve_harnesses, run_matrix
 
     names = harness or []

@@ -17,7 +17,7 @@ app = typer.Typer(help="Trainer: serve status/metrics and run training.", no_arg
 @app.command()
 def serve(config: ConfigOption = None, host: HostOption = None, port: PortOption = None) -> None:
     """Serve the trainer gRPC service until SIGTERM; with a capture store configured
-    (``capture_target``), also train on its ready groups, resuming from the newest checkpoint."""
+    (capture_target), also train on its ready groups, resuming from the newest checkpoint."""
     from services.trainer.app import TrainerApp
     from services.trainer.settings import Settings
 
