@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -69,17 +69,37 @@ def base_images(
     docker_host: Annotated[
         str | None, typer.Option(help="Engine to import into (default: DOCKER_HOST or the default socket).")
     ] = None,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(help="Only this image name (repeatable), e.g. ubuntu:24.04; default: every one."),
+    ] = None,
     rebuild: Annotated[bool, typer.Option(help="Build the rootfs again even if it is cached.")] = False,
-    build_only: Annotated[bool, typer.Option(help="Only build the rootfs tar; import into no engine.")] = False,
+    build_only: Annotated[bool, typer.Option(help="Only build the rootfs tars; import into no engine.")] = False,
 ) -> None:
-    """Build the offline base images (a Debian rootfs from Debian's packages) and
-    import them into a Docker engine under the names task Dockerfiles use in FROM."""
+    """Build the offline base images (Debian and Ubuntu root filesystems from their archives'
+    packages) and import them into a Docker engine under the names task Dockerfiles use in FROM."""
     from services.sandbox import baseimages
+    from services.sandbox.errors import EnvSetupError
 
-    fs = baseimages.rootfs(rebuild=rebuild)
-    typer.echo(f"rootfs {fs.tar} ({fs.tar.stat().st_size / 1e6:.0f} MB)")
-    if build_only:
-        return
+    try:
+        bases = {baseimages.base_of(name): None for name in image} if image else dict.fromkeys(baseimages.BASES)
+    except EnvSetupError as e:
+        typer.echo(f"error: --image: {e}", err=True)
+        raise typer.Exit(2) from e
+    client = None if build_only else _engine(docker_host)
+    for base in bases:
+        fs = baseimages.rootfs(base=base, rebuild=rebuild)
+        typer.echo(f"rootfs {fs.tar} ({fs.tar.stat().st_size / 1e6:.0f} MB)")
+        if client is None:
+            continue
+        names = tuple(n for n in base.names if not image or n in image)
+        tagged = baseimages.ensure_imported(client, fs, names)
+        for name in names:
+            typer.echo(f"{name}: {'imported' if name in tagged else 'present'}")
+
+
+def _engine(docker_host: str | None) -> Any:
+    """A docker SDK client of an engine that answers, or exit 2 naming the engine."""
     import docker
 
     try:
@@ -88,9 +108,7 @@ def base_images(
     except Exception as e:  # any failure to reach the engine
         typer.echo(f"no Docker engine reachable ({docker_host or 'DOCKER_HOST/default'}): {e}", err=True)
         raise typer.Exit(2) from e
-    tagged = baseimages.ensure_imported(client, fs)
-    for name in baseimages.NAMES:
-        typer.echo(f"{name}: {'imported' if name in tagged else 'present'}")
+    return client
 
 
 @app.command()
