@@ -10,6 +10,7 @@ task.toml, a family no task has) is a ConfigError naming the path.
 from __future__ import annotations
 
 import tomllib
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,3 +60,10 @@ def expand(paths: Sequence[Path], families: Sequence[str] = ()) -> list[Path]:
             shown = ", ".join(str(p) for p in paths)
             raise ConfigError(f"no task of families {sorted(wanted)} under {shown}")
     return tasks
+
+
+def pool_summary(path: Path) -> dict[str, object]:
+    """A task or pool's path, task count and tasks per family (sorted by family)."""
+    tasks = tasks_of(Path(path))
+    families = Counter(family(t) for t in tasks)
+    return {"path": str(path), "tasks": len(tasks), "families": dict(sorted(families.items()))}

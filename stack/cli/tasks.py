@@ -18,7 +18,7 @@ app = typer.Typer(
 
 @app.command()
 def validate(
-    dirs: Annotated[list[Path], typer.Argument(help="Task directories.")],
+    dirs: Annotated[list[Path], typer.Argument(help="Task directories or pools (folders of tasks).")],
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
 ) -> None:
@@ -30,9 +30,10 @@ def validate(
 
     settings = load_section(Settings, config, "sandbox")
     runner = build_runner(settings)
+    tasks = _tasks_or_pools(dirs)
 
     async def run() -> list:  # type: ignore[type-arg]
-        return [await validate_task(runner, d) for d in dirs]
+        return [await validate_task(runner, d) for d in tasks]
 
     reports = asyncio.run(run())
     if as_json:
@@ -46,6 +47,50 @@ def validate(
                 typer.echo(f"    {reason}")
     if not all(r.ok for r in reports):
         raise typer.Exit(1)
+
+
+def _tasks_or_pools(paths: list[Path]) -> list[Path]:
+    """Each path, or a pool's tasks in its place (``stack.pool``); anything else stays,
+    so its report says what is wrong with it."""
+    from stack import pool
+
+    out: list[Path] = []
+    for path in paths:
+        is_pool = path.is_dir() and not pool.is_task(path) and any(pool.is_task(p) for p in path.iterdir())
+        out += pool.tasks_of(path) if is_pool else [path]
+    return out
+
+
+@app.command("list")
+def list_(
+    pools: Annotated[
+        list[Path] | None, typer.Argument(help="Tasks or pools (default: the built-in pools, tasks/builtin/*).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the pools as JSON.")] = False,
+) -> None:
+    """List task pools and their families, with counts (the built-in pools when no path is given)."""
+    from stack.pool import pool_summary
+
+    rows = [pool_summary(p) for p in (pools or _builtin_pools())]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        typer.echo(f"{row['path']}  {row['tasks']} task(s)")
+        for name, count in row["families"].items():
+            typer.echo(f"  {name or '(no family)':12} {count:4}")
+    typer.echo("train on one: [run] train_tasks = [POOL] and families = [FAMILY] (examples/quickstart.toml)")
+
+
+def _builtin_pools() -> list[Path]:
+    from harnessrl.errors import NotFound
+    from harnessrl.paths import PROJECT_ROOT
+
+    root = PROJECT_ROOT / "tasks" / "builtin"
+    found = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not found:
+        raise NotFound(f"no built-in pools under {root}; name a pool: harnessrl tasks list POOL")
+    return found
 
 
 @app.command()
