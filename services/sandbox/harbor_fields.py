@@ -84,8 +84,8 @@ _USER = (
     "cannot write where rewards are written; remove it (the task must work for a non-root user)"
 )
 _NET_PHASES = (
-    "the agent reaches only the model proxy whatever is set (invariant 6); the verifier has no network "
-    "unless [verifier] network_mode = 'public'. Never applies to the image build, as in Harbor"
+    "the agent reaches only the model proxy whatever is set (invariant 6); the verifier inherits it unless "
+    "[verifier] network_mode is set, as in Harbor. Never applies to the image build, as in Harbor"
 )
 
 FIELDS: dict[str, Rule] = {
@@ -118,18 +118,25 @@ FIELDS: dict[str, Rule] = {
     "task.authors": Rule(Status.SUPPORTED, "informational (name, email)"),
     "task.keywords": Rule(Status.SUPPORTED, "informational"),
     # -- [verifier] ---------------------------------------------------------------------------
-    "verifier.timeout_sec": Rule(Status.SUPPORTED, "a trial's verifier_timeout overrides it, as Harbor's job does"),
+    "verifier.timeout_sec": Rule(
+        Status.SUPPORTED, "a trial's verifier_timeout overrides it; default 600 s as in Harbor"
+    ),
     "verifier.env": Rule(
         Status.SUPPORTED, "added to tests/test.sh's environment; '${VAR}' host templates are refused", _host_templates
     ),
-    "verifier.user": Rule(Status.REFUSED, _USER),
-    "verifier.network_mode": Rule(
-        Status.MAPPED,
-        "'public' and 'no-network' as Harbor ('public' is refused at start by the docker backend, whose "
-        "containers run with --network none); 'allowlist' runs with no network (stricter); unset means no "
-        "network, where Harbor inherits [environment] (default public)",
+    "verifier.user": Rule(
+        Status.SUPPORTED,
+        "tests/test.sh runs as it (a name or uid; unset: the image's USER, root for most images), as Harbor; "
+        "local has root and uid 1000 only (root is uid 0 of a user namespace: the host system stays read-only), "
+        "kubernetes numeric uids only",
     ),
-    "verifier.allowed_hosts": Rule(Status.MAPPED, "none of them is reachable: 'allowlist' runs with no network"),
+    "verifier.network_mode": Rule(
+        Status.SUPPORTED,
+        "the verify phase's network, as Harbor: unset inherits [environment] network_mode (default 'public'); "
+        "docker verifies in a fresh container from the agent's final filesystem with docker.verify_network "
+        "(default host); 'allowlist' (here or inherited) is refused at setup: no backend has an egress proxy",
+    ),
+    "verifier.allowed_hosts": Rule(Status.MAPPED, "only with 'allowlist', which is refused at setup"),
     "verifier.environment_mode": Rule(Status.SUPPORTED, "'shared' only; 'separate' is refused", _separate),
     "verifier.environment": Rule(
         Status.REFUSED, "a separate verifier environment is not supported yet: the verifier runs in the agent's sandbox"
@@ -205,8 +212,8 @@ FILES: dict[str, Rule] = {
     ),
     "tests/test.sh": Rule(
         Status.MAPPED,
-        "run with /bin/bash as the sandbox user (Harbor: [verifier] user or the image's USER) after the "
-        "agent phase; writes /logs/verifier/reward.txt or reward.json",
+        "run with /bin/bash as [verifier] user or the image's USER (root for most images), as Harbor, after the "
+        "agent phase (which runs as uid 1000); writes /logs/verifier/reward.txt or reward.json",
     ),
     "solution/solve.sh": Rule(Status.SUPPORTED, "the oracle harness runs it"),
 }
@@ -257,10 +264,10 @@ def render() -> str:
         "## Differences that are not a field",
         "",
         "- **User.** Harbor runs the agent and the verifier as the image's USER (root unless the Dockerfile",
-        "  says otherwise); harnessrl runs every phase as the sandbox user `agent` (uid 1000), so nothing",
-        "  the agent runs can write where rewards are written.",
+        "  says otherwise); harnessrl runs the agent as the sandbox user `agent` (uid 1000), so nothing it",
+        "  runs can write where rewards are written, and the verifier as Harbor does.",
         "- **Network.** Harbor's default for both phases is `public`; harnessrl's agent reaches only the",
-        "  model proxy and its verifier has no network unless `[verifier] network_mode = 'public'`.",
+        "  model proxy; its verifier gets what Harbor gives it (`public` unless the task says otherwise).",
         "  `network_mode` and `allow_internet` never switch off the image build's network, in Harbor or here.",
         "",
     ]
