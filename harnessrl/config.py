@@ -8,6 +8,7 @@ file, the section and the field, and nothing starts until the settings load.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,7 +95,28 @@ def validate(cls: type[S], data: dict[str, Any], where: str) -> S:
     try:
         return cls(**data)
     except ValidationError as e:
+        names = _from_environment(cls, data, e)
+        if names:  # the file did not set the field: blame the variable that did
+            where = f"environment {', '.join(names)} (under {where})"
         raise ConfigError(f"{where}: {format_validation_error(e)}") from e
+
+
+def _from_environment(cls: type[BaseSettings], data: dict[str, Any], e: ValidationError) -> list[str]:
+    """The environment variables behind the failing fields that ``data`` (the file) does not set."""
+    prefix = str(cls.model_config.get("env_prefix") or "")
+    if not prefix:
+        return []
+    env = {k.upper(): k for k in os.environ}
+    names: list[str] = []
+    for err in e.errors():
+        loc = [str(p) for p in err["loc"]]
+        if not loc or loc[0] in data:
+            continue
+        for var in ((prefix + "__".join(loc)).upper(), (prefix + loc[0]).upper()):
+            if var in env and env[var] not in names:
+                names.append(env[var])
+                break
+    return names
 
 
 def format_validation_error(e: ValidationError) -> str:
