@@ -168,6 +168,24 @@ def _local_store_of(trial: str, run: str | None) -> tuple[Path, str]:
     return found[0]
 
 
+def _local_store_of_run(run: str) -> Path:
+    """The embedded store of run directory ``run`` under the runs directory."""
+    from harnessrl.errors import NotFound
+    from harnessrl.paths import runs_dir
+    from services.dashboard.rundir import open_run
+
+    root = runs_dir()
+    hint = "give exactly one of --target HOST:PORT, --store DIR or --config FILE"
+    try:
+        opened = open_run(root, run)
+    except NotFound as e:
+        raise InvalidArgument(f"no run {run!r} under {root}; {hint}") from e
+    store = opened.capture_dir()
+    if store is None or not (store / "index.sqlite3").exists():
+        raise InvalidArgument(f"run {run!r} under {root} has no embedded capture store; {hint}")
+    return store
+
+
 async def _find_run(client: Any, trial: str) -> str:
     runs = await client.runs_with_trial(trial)
     if not runs:
@@ -187,10 +205,15 @@ def export_parquet(
     token: TokenOption = None,
     run_token: RunTokenOption = None,
 ) -> None:
-    """Write one row of metadata per trajectory of a run (Parquet, for notebooks)."""
+    """Write one row of metadata per trajectory of a run (Parquet, for notebooks).
+
+    Without --target/--store/--config, the run is looked up by its id in the run
+    directories (a run's or a single trial's embedded store)."""
     from services.capture_store.export import metadata_table, write_parquet
 
     _check_out(out)
+    if target is None and store is None and config is None:
+        store = _local_store_of_run(run)
 
     async def go(client: Any) -> int:
         table = metadata_table([t async for t in client.list_all(run)])

@@ -77,6 +77,16 @@ def test_a_single_trial_records_its_tokenizer_and_the_dashboard_decodes_it(tmp_p
     assert [m["text"] for m in messages if m["role"] == "assistant"] == ["Hello from the policy."]
     assert any(m["role"] == "user" and m["text"] == "say hi" for m in messages)
 
+    # export-parquet finds the run's store by its id, as export --trial does
+    table = tmp_path / "trial.parquet"
+    out = run_cli("capture", "export-parquet", "--run", trial_id, "--out", str(table), env=env_for(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(table).column("trial_id").to_pylist() == [trial_id]
+    out = run_cli("capture", "export-parquet", "--run", "nope", "--out", str(table), env=env_for(tmp_path))
+    assert out.returncode == 2 and "no run 'nope' under" in out.stderr and "--store DIR" in out.stderr
+
 
 @pytest.mark.harness
 def test_mini_swe_agent_with_no_flags_runs_the_compact_config(tmp_path: Path) -> None:
