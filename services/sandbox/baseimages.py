@@ -36,12 +36,12 @@ import hashlib
 import io
 import json
 import logging
+import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,10 +58,12 @@ CHANGES = (f"ENV PATH={DEFAULT_PATH}", "ENV LANG=C.UTF-8", 'CMD ["bash"]')
 UBUNTU_CHANGES = (f"ENV PATH={DEFAULT_PATH}", 'CMD ["/bin/bash"]')
 UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
 UBUNTU_COMPONENTS = "main restricted universe multiverse"
-# Ubuntu's archive keyring as Debian packages it (trixie; bookworm has no ubuntu-keyring). Pinned:
-# its keys are Ubuntu's archive keys 790BC7277767219C42C86F933B4FE6ACC0B21F32 and
-# F6ECB3762474EDA9D21B7022871920D1991BC93C (checked when the pin was taken, 2026-12-04).
-UBUNTU_KEYRING_DEB = "http://deb.debian.org/debian/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1-0.2_all.deb"
+# Ubuntu's archive keyring as Debian packages it: bookworm has no ubuntu-keyring, trixie
+# does. apt fetches it from the host's own Debian mirror (trixie's Release file verified
+# by the trixie keys that bookworm's debian-archive-keyring ships), and the package is
+# pinned on top: its keys are Ubuntu's archive keys 790BC7277767219C42C86F933B4FE6ACC0B21F32
+# and F6ECB3762474EDA9D21B7022871920D1991BC93C (checked when the pin was taken, 2026-12-04).
+UBUNTU_KEYRING_PACKAGE = ("ubuntu-keyring", "trixie")
 UBUNTU_KEYRING_SHA256 = "b2e7ed48431bf9e7978ae810bbdaf253093570d6e3f864e575b7c13554b81174"
 UBUNTU_KEYRING_PATH = "usr/share/keyrings/ubuntu-archive-keyring.gpg"
 
@@ -211,20 +213,16 @@ def _build(base: Base, out_dir: Path, tar: Path, timeout_s: float) -> None:
 
 def ubuntu_keyring(out_dir: Path) -> Path:
     """Ubuntu's archive keyring: the host's where a package installed it, else the pinned
-    Debian package's copy, fetched once into ``out_dir``."""
+    Debian package's copy, fetched once into ``out_dir`` by apt from the host's mirror."""
     host = Path("/") / UBUNTU_KEYRING_PATH
     if host.exists():
         return host
     kept = out_dir / "ubuntu-archive-keyring.gpg"
     if kept.exists():
         return kept
-    try:
-        with urllib.request.urlopen(UBUNTU_KEYRING_DEB, timeout=60) as answer:
-            deb = answer.read()
-    except OSError as e:
-        raise EnvSetupError(f"fetching Ubuntu's archive keyring from {UBUNTU_KEYRING_DEB} failed: {e}") from e
+    deb = _apt_download(*UBUNTU_KEYRING_PACKAGE)
     if hashlib.sha256(deb).hexdigest() != UBUNTU_KEYRING_SHA256:
-        raise EnvSetupError(f"{UBUNTU_KEYRING_DEB} is not the pinned package (sha256 {UBUNTU_KEYRING_SHA256})")
+        raise EnvSetupError(f"{UBUNTU_KEYRING_PACKAGE[0]} is not the pinned package (sha256 {UBUNTU_KEYRING_SHA256})")
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "keyring.deb").write_bytes(deb)
         data = subprocess.run(
@@ -235,6 +233,65 @@ def ubuntu_keyring(out_dir: Path) -> Path:
         assert member is not None, "the pinned package holds the keyring"
         kept.write_bytes(member.read())
     return kept
+
+
+def debian_mirror(sources: Path = Path("/etc/apt")) -> str:
+    """The host's Debian mirror: the first URI of apt's sources that serves a Debian
+    release other than its security updates (both the deb822 and the one-line format)."""
+    files = [sources / "sources.list", *sorted((sources / "sources.list.d").glob("*.sources"))]
+    files += sorted((sources / "sources.list.d").glob("*.list"))
+    for file in files:
+        if not file.is_file():
+            continue
+        for uri, suites in _source_entries(file.read_text(errors="replace"), deb822=file.suffix == ".sources"):
+            if uri.rstrip("/").endswith("/debian") and any(not s.endswith("-security") for s in suites):
+                return uri.rstrip("/")
+    raise EnvSetupError(f"no Debian mirror in apt's sources under {sources}: install ubuntu-keyring on the host")
+
+
+def _source_entries(text: str, deb822: bool) -> list[tuple[str, list[str]]]:
+    entries = []
+    if deb822:
+        for stanza in text.split("\n\n"):
+            fields = dict(
+                (k.strip().lower(), v.strip())
+                for k, _, v in (line.partition(":") for line in stanza.splitlines() if not line.startswith("#"))
+            )
+            if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+                entries += [(uri, fields.get("suites", "").split()) for uri in fields.get("uris", "").split()]
+        return entries
+    for line in text.splitlines():
+        words = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+        if len(words) >= 3 and words[0] == "deb":
+            entries.append((words[1], [words[2]]))
+    return entries
+
+
+def _apt_download(package: str, suite: str) -> bytes:
+    """One package of another Debian release, fetched and verified by apt itself from
+    the host's mirror, in a scratch state of its own (the host's apt lists are untouched)."""
+    with tempfile.TemporaryDirectory(prefix="hrl-apt-") as tmp:
+        root = Path(tmp)
+        (root / "sources.list").write_text(f"deb {debian_mirror()} {suite} main\n")
+        for sub in ("lists/partial", "cache/archives/partial", "parts"):
+            (root / sub).mkdir(parents=True)
+        options = [
+            f"Dir::Etc::SourceList={root / 'sources.list'}",
+            f"Dir::Etc::SourceParts={root / 'parts'}",
+            f"Dir::State::Lists={root / 'lists'}",
+            f"Dir::Cache={root / 'cache'}",
+            "Debug::NoLocking=1",
+            "APT::Sandbox::User=root",  # the scratch dirs are this process's, not _apt's
+        ]
+        argv = ["apt-get", "-q", *(x for o in options for x in ("-o", o))]
+        for step in (["update"], ["download", package]):
+            done = subprocess.run([*argv, *step], cwd=root, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise EnvSetupError(f"apt-get {step[0]} of {package} ({suite}) failed: {done.stderr[-1500:]}")
+        found = sorted(root.glob(f"{package}_*.deb"))
+        if not found:
+            raise EnvSetupError(f"apt-get download {package} ({suite}) wrote no package")
+        return found[0].read_bytes()
 
 
 def ensure_imported(client: object, fs: Rootfs, names: tuple[str, ...] | None = None) -> list[str]:
