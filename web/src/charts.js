@@ -34,6 +34,9 @@ function describe(datasets) {
 function make(type, labels, datasets, options = {}, height = 190) {
   const canvas = h('canvas');
   canvas.dataset.series = describe(datasets);
+  const x = options.scales && options.scales.x;
+  canvas.dataset.xaxis = x && x.title && x.title.display ? x.title.text : '';
+  canvas.dataset.labels = labels.join(',');
   canvas.dataset.points = String(datasets.reduce((n, d) => n + d.data.filter((v) => v !== null && v !== undefined).length, 0));
   const box = h('div.chart', { style: `height:${height}px` }, canvas);
   // Chart.js needs the canvas in the document to size it; create on the next frame.
@@ -45,7 +48,11 @@ function make(type, labels, datasets, options = {}, height = 190) {
   return box;
 }
 
-const stepAxis = { title: { display: true, text: 'step' }, grid: { display: false } };
+// One step convention on every per-step chart (services/dashboard/README.md, "Steps"):
+// step N = the rollouts sampled by the policy after N optimizer updates, and the update
+// trained on them (the trainer writes that one as its step N + 1).
+export const STEP_AXIS = 'rollout step (policy after N updates)';
+const stepAxis = { title: { display: true, text: STEP_AXIS }, grid: { display: false } };
 
 // series: [{label, values: {step: v}, color?, dashed?, axis?}]
 export function lines(stepsList, series, { yTitle = '', yMin, yMax, height, y2Title } = {}) {

@@ -37,8 +37,8 @@ async function route() {
       await renderTrajectory(view, decodeURIComponent(m[1]), decodeURIComponent(m[2]));
     } else if ((m = path.match(/^\/runs\/([^/]+)$/))) {
       const runId = decodeURIComponent(m[1]);
-      await renderRun(view, runId);
-      unsubscribe = follow(view, runId);
+      const run = await renderRun(view, runId);
+      unsubscribe = follow(view, runId, run);
     } else if (path === '/compare') {
       await renderCompare(view);
     } else {

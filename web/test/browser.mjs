@@ -2,7 +2,7 @@
 // playwright-core). Run by tests/integration/test_dashboard/test_dashboard_browser.py,
 // which serves a recorded run and passes what to expect as a JSON file (argv[2]).
 // Exits non-zero on the first failed check; screenshots go to cfg.artifacts.
-import { appendFileSync } from 'node:fs';
+import { appendFileSync, readFileSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { chromium } from 'playwright-core';
 
@@ -42,6 +42,28 @@ async function text(selector) {
   return page.$eval(selector, (e) => e.textContent);
 }
 
+// Every chart's x axis (the step convention), and where a dataset has points (by axis label).
+async function axes(panel) {
+  return page.$$eval(`[data-panel="${panel}"] canvas`, (cs) => cs.map((c) => c.dataset.xaxis));
+}
+
+async function pointsOf(panel, chart, label) {
+  return page.$$eval(
+    `[data-panel="${panel}"] canvas`,
+    (cs, [i, name]) => {
+      const ch = cs[i]._chart;
+      const d = ch.data.datasets.find((x) => x.label === name);
+      return ch.data.labels.filter((_, j) => d.data[j] !== null && d.data[j] !== undefined).join(',');
+    },
+    [chart, label],
+  );
+}
+
+function setStatus(status) {
+  const info = JSON.parse(readFileSync(cfg.runInfoFile, 'utf8'));
+  writeFileSync(cfg.runInfoFile, JSON.stringify({ ...info, status }));
+}
+
 async function runPageChecks(where) {
   await page.waitForSelector('[data-panel="trajectories"] tbody tr');
   await chartsReady();
@@ -52,6 +74,15 @@ async function runPageChecks(where) {
   const overview = await text('[data-panel="overview"]');
   check(overview.includes(cfg.model) && overview.includes('group size G3'), `${where}: overview names the model and G=3`);
   check((await series('overview')).includes('train reward:3'), `${where}: overview charts the train reward of 3 steps`);
+  // One step convention: the train reward and the success rate of the same rollouts share a step.
+  const reward = await pointsOf('overview', 0, 'train reward');
+  check(reward === '0,1,2' && (await pointsOf('overview', 0, 'success rate')) === reward, `${where}: train reward and success rate at rollout steps ${reward}`);
+  check((await pointsOf('overview', 0, 'validation')) === '0,3', `${where}: validation at 0 and 3 (the policy after N updates)`);
+  check((await pointsOf('termination', 0, 'completed')) === '0,1,2', `${where}: termination reasons at the same steps`);
+  for (const p of ['overview', 'termination', 'agreement', 'failures', 'behaviour', 'heldout']) {
+    const a = await axes(p);
+    check(a.length > 0 && a.every((x) => x === cfg.stepAxis), `${where}: every ${p} chart is labelled '${cfg.stepAxis}' (${a})`);
+  }
   const term = await series('termination');
   check(term.includes('completed:3') && term.includes('engine_error (infra):3'), `${where}: termination stacks per step (${term})`);
   check((await page.$$('[data-panel="termination"] [data-alert="infra_spike"]')).length === 1, `${where}: infra spike alert`);
@@ -83,8 +114,12 @@ async function trajectoryChecks(where) {
   await page.waitForSelector('.msg');
   const head = await text('[data-panel="trajectory-header"]');
   check(head.includes(cfg.trial) && head.includes('completed') && head.includes('agent'), `${where}: trajectory header`);
-  const traceHref = await page.$eval('#trace-link', (a) => a.getAttribute('href'));
-  check(/\/trace\/[0-9a-f]{32}$/.test(traceHref), `${where}: link to the trial's trace (${traceHref})`);
+  if (cfg.traceLink[where]) {
+    const traceHref = await page.$eval('#trace-link', (a) => a.getAttribute('href'));
+    check(/\/trace\/[0-9a-f]{32}$/.test(traceHref), `${where}: link to the trial's trace (${traceHref})`);
+  } else {
+    check((await page.$('#trace-link')) === null, `${where}: no trace link without a configured trace UI`);
+  }
   const cmds = await page.$$eval('.toolcall[data-tool="bash"] pre', (ps) => ps.map((p) => JSON.parse(p.textContent).command));
   check(JSON.stringify(cmds) === JSON.stringify(cfg.commands), `${where}: tool calls ${JSON.stringify(cmds)}`);
   check((await page.$$('.toolresult')).length === cfg.commands.length, `${where}: tool results`);
@@ -112,13 +147,35 @@ try {
   await Promise.all([page.waitForNavigation(), page.click('form button')]);
   await page.waitForSelector('[data-panel="runs"] tbody tr');
   const runs = await page.$$eval('[data-run]', (rows) => rows.map((r) => r.dataset.run));
-  check(runs.includes(cfg.runId) && runs.includes(cfg.compareRun), `runs listed: ${runs}`);
+  check(JSON.stringify(runs) === JSON.stringify(cfg.runsOrder), `runs list: training runs, then evaluations, then trials (${runs})`);
+  const sections = await page.$$eval('table[data-section]', (ts) => ts.map((t) => t.dataset.section));
+  check(sections.join(',') === 'run,eval,trial', `runs list sections in order (${sections})`);
+  const trialRow = await text(`[data-run="${cfg.trialRun}"]`);
+  check(trialRow.includes(cfg.model) && trialRow.includes('completed') && trialRow.includes('test/hello'), `a single trial's row is filled in (${trialRow})`);
+  check((await page.$eval(`[data-run="${cfg.trialRun}"] [data-reward]`, (e) => e.dataset.reward)) === '1', 'a single trial shows its reward');
+  const evalRow = await text(`[data-run="${cfg.evalRun}"]`);
+  check(evalRow.includes(cfg.evalPass), `an evaluation shows its pass@1 (${evalRow})`);
   await shot('runs');
 
-  // --- the run page, every panel, then live updates over SSE
+  // --- a single trial: its page is its trajectory, decoded
+  await page.click(`[data-run="${cfg.trialRun}"] a`);
+  await page.waitForSelector('.msg');
+  const trialHead = await text('[data-panel="trajectory-header"]');
+  check(trialHead.includes(cfg.trialRun) && trialHead.includes('completed'), 'trial page header');
+  const said = await page.$$eval('.msg.assistant.sampled pre.text', (ps) => ps.map((p) => p.textContent));
+  check(said.includes('I will create the file.') && said.includes('Done: hello.txt holds hello.'), `trial transcript decoded (${said})`);
+  const trialCmds = await page.$$eval('.toolcall[data-tool="bash"] pre', (ps) => ps.map((p) => JSON.parse(p.textContent).command));
+  check(JSON.stringify(trialCmds) === JSON.stringify(['echo hello > hello.txt']), `trial tool call (${trialCmds})`);
+  await shot('trial');
+
+  // --- the run page of a finished run: every panel, no live badge, no event stream
+  const streams = [];
+  page.on('request', (r) => { if (r.url().includes('/events')) streams.push(r.url()); });
+  await page.goto(`${cfg.url}/`);
   await page.click(`[data-run="${cfg.runId}"] a`);
   await runPageChecks('run');
-  await page.waitForSelector('#live:not([hidden])');
+  check(await page.$eval('#live', (e) => e.hidden), 'a finished run shows no live badge');
+  check(streams.length === 0, `a finished run opens no event stream (${streams})`);
   await page.click('#analyse');
   await page.waitForSelector('[data-candidate]');
   check((await page.$$('[data-candidate]')).length === 2, 'assisted analysis shows the candidates');
@@ -126,9 +183,19 @@ try {
   await page.waitForSelector('[data-candidate][data-verdict="confirmed"]');
   check(true, 'a person confirms a candidate');
   await shot('run');
+
+  // --- a running run is followed live (badge and SSE) until it finishes; then the page settles
+  setStatus('running');
+  await page.reload();
+  await page.waitForSelector('#live:not([hidden])');
+  check(streams.length === 1, 'a running run opens one event stream and shows the live badge');
   appendFileSync(cfg.metricsFile, `${JSON.stringify({ step: 4, wall_time: Date.now() / 1000, values: { 'reward/mean': 0.75 } })}\n`);
   await page.waitForFunction(() => document.querySelector('[data-panel="overview"]').textContent.includes('4 / 3'), null, { timeout: 20000 });
   check(true, 'the page follows the run live (SSE)');
+  setStatus('done');
+  await page.waitForSelector('#live[hidden]', { state: 'attached', timeout: 20000 });
+  await page.waitForFunction(() => document.querySelector('[data-panel="overview"] table.kv').textContent.includes('statusdone'), null, { timeout: 20000 });
+  check(streams.length === 1, 'once the run is done the badge goes and the stream is not reopened');
 
   // --- a trajectory
   await page.click(`[data-trial="${cfg.trial}"] a`);

@@ -1,16 +1,20 @@
-"""The dashboard in headless Chromium over a recorded run: login, every panel
-with its data, live updates, assisted analysis, a trajectory (transcript and
-tokens), compare, 404 pages, and the static export opened from disk.
+"""The dashboard in headless Chromium over a recorded run beside a single trial and an
+evaluation: login, the runs list's order, every panel with its data on one step axis,
+no live badge or event stream for a finished run and live updates for a running one,
+assisted analysis, a trial's and a trajectory's decoded transcript and tokens, the trace
+link only where a trace UI is configured, compare, 404 pages, the static export opened
+from disk; and a finished run's page settles under ``--virtual-time-budget``.
 
 The checks run in web/test/browser.mjs (playwright-core); this test serves the
 run, exports it, computes what the pages must show from the capture store, and
-keeps the screenshots under test-artifacts/dashboard/.
+keeps the screenshots in ``artifacts`` ($HARNESSRL_TEST_SCREENSHOTS, else tmp_path).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from services.dashboard.export import export_run
 from services.dashboard.service import DashboardService
 from stack.dashboard import EmbeddedCaptureOpener
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard, dashboard_settings, serve
-from tests.integration.test_dashboard.recorder import RUN_ID
+from tests.integration.test_dashboard.recorder import EVAL_ONLY_ID, RUN_ID, Extras
 from tests.integration.test_dashboard.test_dashboard_api import store_trajectories
 from tests.integration.test_dashboard.test_dashboard_live import ANSWER, openai_compatible
 
@@ -51,8 +55,17 @@ def second_run(root: Path) -> str:
     return "rec-1b"
 
 
-async def test_dashboard_in_a_browser(runs_root: Path, tmp_path: Path, web_dist: Path, artifacts: Path) -> None:
+STEP_AXIS = "rollout step (policy after N updates)"  # web/src/charts.js
+JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
+
+
+async def test_dashboard_in_a_browser(
+    mixed_root: Path, extras: Extras, tmp_path: Path, web_dist: Path, artifacts: Path
+) -> None:
+    runs_root = mixed_root
     compare_run = second_run(runs_root)
+    evals = [json.loads(line) for line in (extras.eval_dir / "eval.jsonl").read_text().splitlines()]
+    eval_pass = next(r["pass@1"] for r in evals if r["task_id"] == "*")
     truth = {t.trial_id: t for t in await store_trajectories(runs_root, include_tokens=True)}
     segments = truth[EXPLORE_TRIAL].segments
     tokens = sum(len(unpack_i32(s.prompt_ids)) + len(unpack_i32(s.response.ids)) for s in segments)
@@ -64,12 +77,21 @@ async def test_dashboard_in_a_browser(runs_root: Path, tmp_path: Path, web_dist:
         await service.close()
     seen: list[dict[str, Any]] = []
     async with serve(openai_compatible(ANSWER, seen)) as llm:
-        async with dashboard(runs_root, analysis={"endpoint": f"{llm}/v1", "api_key": "sk-browser"}) as d:
+        analysis = {"endpoint": f"{llm}/v1", "api_key": "sk-browser"}
+        async with dashboard(runs_root, analysis=analysis, trace_url=JAEGER) as d:
             cfg = {
                 "url": d.url,
                 "token": TOKEN,
                 "runId": RUN_ID,
                 "compareRun": compare_run,
+                "runsOrder": [RUN_ID, compare_run, EVAL_ONLY_ID, extras.trial_dir.name],
+                "trialRun": extras.trial_dir.name,
+                "evalRun": EVAL_ONLY_ID,
+                "evalPass": f"{eval_pass:.3f}".rstrip("0").rstrip(".") or "0",
+                "stepAxis": STEP_AXIS,
+                # the served dashboard has a trace UI configured, the export was made without one
+                "traceLink": {"trajectory": True, "export-trajectory": False},
+                "runInfoFile": str(runs_root / RUN_ID / "run.json"),
                 "model": default_model_dir().name,
                 "trial": EXPLORE_TRIAL,
                 "commands": ["ls -la", "cat README.md", "pwd"],
@@ -97,5 +119,37 @@ async def test_dashboard_in_a_browser(runs_root: Path, tmp_path: Path, web_dist:
     assert proc.returncode == 0, report
     assert "0 failed" in report
     assert seen and seen[0]["auth"] == "Bearer sk-browser"
-    for name in ["login", "runs", "run", "trajectory-transcript", "trajectory-tokens", "compare", "export-run"]:
+    shots = ["login", "runs", "trial", "run", "trajectory-transcript", "trajectory-tokens", "compare", "export-run"]
+    for name in shots:
         assert (artifacts / f"{name}.png").stat().st_size > 10_000, name
+
+
+async def test_a_finished_runs_page_settles_under_a_virtual_time_budget(
+    mixed_root: Path, tmp_path: Path, web_dist: Path
+) -> None:
+    """Headless Chromium's ``--virtual-time-budget`` waits for the network to go quiet: a
+    page that keeps a stream open (or polls) for a finished run never returns."""
+    async with dashboard(mixed_root) as d:
+        proc = await asyncio.create_subprocess_exec(
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            f"{d.url}/runs/{RUN_ID}?token={TOKEN}",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 240)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError("chromium --virtual-time-budget never returned (network never quiet)") from None
+    dom = out.decode()
+    assert proc.returncode == 0
+    assert 'data-panel="trajectories"' in dom and "data-step-convention" in dom, dom[-2000:]
+    assert re.search(r'<span id="live"[^>]*hidden', dom), "a finished run shows no live badge"

@@ -23,7 +23,8 @@ const CHARTS = [
 export async function renderCompare(view) {
   const params = new URLSearchParams(window.location.search);
   const chosen = (params.get('runs') || '').split(',').filter(Boolean);
-  const { runs } = await api.runs();
+  // Single trials have no per-step series: only training runs and evaluations compare.
+  const runs = (await api.runs()).runs.filter((r) => r.kind !== 'trial');
   document.getElementById('run-title').textContent = 'compare';
   const pickers = [0, 1].map((i) =>
     h('select', { 'data-pick': i }, h('option', { value: '' }, '—'), runs.map((r) => h('option', { value: r.run_id, selected: chosen[i] === r.run_id }, r.run_id))),

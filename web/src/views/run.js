@@ -1,25 +1,14 @@
 // The run page: every panel of the run, re-rendered when SSE says the run moved.
 import { api, links, subscribe } from '../api.js';
-import { REASON_COLORS, bars, lines, stackedBars } from '../charts.js';
+import { REASON_COLORS, STEP_AXIS, bars, lines, stackedBars } from '../charts.js';
 import { empty, fmt, h, panel, pct, seconds, steps } from '../dom.js';
+import { agreementPanel } from './agreement.js';
+import { alertsOf, series } from './shared.js';
 import { analysisPanel } from './analysis.js';
 import { heldoutPanel } from './heldout.js';
 import { trajectoriesPanel } from './table.js';
 
 const INFRA = new Set(['verifier_timeout', 'env_setup_failed', 'verifier_error', 'engine_error', 'proxy_error', 'cancelled']);
-
-function series(metrics, ...names) {
-  const out = {};
-  for (const m of metrics) {
-    for (const n of names) {
-      if (m.values[n] !== undefined) {
-        out[m.step] = m.values[n];
-        break;
-      }
-    }
-  }
-  return out;
-}
 
 const ALIASES = {
   reward: ['reward/mean', 'critic/score/mean'],
@@ -40,11 +29,6 @@ function last(obj) {
   return s.length ? obj[s[s.length - 1]] : null;
 }
 
-function alertsOf(summary, ...kinds) {
-  const found = summary.alerts.filter((a) => kinds.includes(a.kind));
-  return found.length ? h('div.alerts', found.map((a) => h('p.alert', { 'data-alert': a.kind }, `⚠ ${a.message}`))) : null;
-}
-
 function trainTokensPerS(metrics) {
   const tok = m(metrics, 'tokens');
   const secs = m(metrics, 'stepTime');
@@ -56,7 +40,8 @@ function trainTokensPerS(metrics) {
 function overviewPanel(run, summary) {
   const metrics = summary.metrics;
   const info = run.info || {};
-  const allSteps = steps(Object.fromEntries(metrics.map((x) => [x.step, 1])));
+  // Updates done: the trainer's own step count (the charts' axis is the rollout step).
+  const updates = metrics.length ? Math.max(...metrics.map((x) => x.trainer_step ?? x.step)) : null;
   const tps = trainTokensPerS(metrics);
   const kv = (k, v) => h('tr', h('th', k), h('td', v));
   const status = run.status;
@@ -69,7 +54,7 @@ function overviewPanel(run, summary) {
     kv('engine', info.engine || '—'),
     kv('group size G', info.group_size ?? '—'),
     kv('groups per step', info.batch_groups ?? '—'),
-    kv('step', `${allSteps.length ? allSteps[allSteps.length - 1] : '—'}${info.steps_planned ? ` / ${info.steps_planned}` : ''}`),
+    kv('optimizer steps', `${updates ?? '—'}${info.steps_planned ? ` / ${info.steps_planned}` : ''}`),
     status ? kv('trainer', `${status.state}, policy v${status.policy_version}, ${status.groups_pending} groups pending`) : null,
     kv('trajectories', `${summary.finalized} finished of ${summary.trajectories}`),
   );
@@ -139,6 +124,12 @@ function overviewPanel(run, summary) {
           { label: 'turns', values: summary.behaviour.mean_turns, axis: 'y2' },
         ], { height: 160 }),
       ),
+    ),
+    h(
+      'p.note',
+      { 'data-step-convention': '' },
+      'Every chart\'s step N: the rollouts sampled by the policy after N optimizer updates, and the update trained on them '
+        + '(the trainer\'s step N+1 in metrics.jsonl). Validation at N evaluates the policy after N updates.',
     ),
     run.config ? h('details', h('summary', 'resolved config (config.toml)'), h('pre.config', run.config)) : null,
   );
@@ -244,39 +235,6 @@ function shade(x) {
   return `hsl(${hue} 60% 62%)`;
 }
 
-function agreementPanel(summary) {
-  const metrics = summary.metrics;
-  const p = series(metrics, 'agreement/pearson');
-  if (!steps(p).length) return panel('agreement', 'Train/inference agreement', empty('The trainer recorded no agreement metrics.'));
-  const st = steps(p);
-  return panel(
-    'agreement',
-    'Train/inference agreement',
-    alertsOf(summary, 'agreement_drop'),
-    h(
-      'div.grid3',
-      h('div.mini', h('h3', 'Pearson'), lines(st, [{ label: 'pearson', values: p }], { height: 170 })),
-      h(
-        'div.mini',
-        h('h3', 'mean / max |Δ logprob|'),
-        lines(st, [
-          { label: 'mean |Δ|', values: series(metrics, 'agreement/mean_abs_diff') },
-          { label: 'max |Δ|', values: series(metrics, 'agreement/max_abs_diff'), axis: 'y2' },
-        ], { height: 170 }),
-      ),
-      h(
-        'div.mini',
-        h('h3', 'log-ratio spikes · ESS'),
-        lines(st, [
-          { label: 'q01', values: series(metrics, 'agreement/log_ratio_q01'), dashed: true },
-          { label: 'q99', values: series(metrics, 'agreement/log_ratio_q99'), dashed: true },
-          { label: 'ESS', values: series(metrics, 'agreement/ess', 'is/ess'), axis: 'y2' },
-        ], { height: 170 }),
-      ),
-    ),
-  );
-}
-
 function tasksPanel(summary, runId) {
   const t = summary.tasks;
   const tasks = Object.keys(t.tasks);
@@ -343,7 +301,7 @@ function behaviourPanel(summary) {
     h(
       'div.grid3',
       h('div.mini', h('h3', 'tool-call mix'), mix.length ? stackedBars(st, mix, { yTitle: 'calls', height: 170 }) : empty(b.decoded_trajectories ? 'no tool calls' : 'tokens not decoded (no tokenizer)')),
-      h('div.mini', h('h3', 'malformed tool calls'), bars(st, st.map((s) => b.malformed[s] || 0), { label: 'malformed', color: '#c0392b', xTitle: 'step', height: 170 })),
+      h('div.mini', h('h3', 'malformed tool calls'), bars(st, st.map((s) => b.malformed[s] || 0), { label: 'malformed', color: '#c0392b', xTitle: STEP_AXIS, height: 170 })),
       h('div.mini', h('h3', 'mean turns'), lines(st, [{ label: 'mean turns', values: b.mean_turns }], { yMin: 0, height: 170 })),
     ),
   );
@@ -403,29 +361,50 @@ export async function renderRun(view, runId) {
   return run;
 }
 
-export function follow(view, runId) {
+// Live updates for a running run only: a finished run opens no stream and shows no
+// badge, and a run that finishes while watched closes its stream (the page settles).
+export function follow(view, runId, run) {
+  const badge = document.getElementById('live');
+  badge.hidden = true;
+  if (!run || !run.live) return () => {};
   let first = null;
   let busy = false;
-  return subscribe(
+  let finished = false;
+  let close = () => {};
+  const redraw = async () => {
+    busy = true;
+    const y = window.scrollY;
+    try {
+      await renderRun(view, runId);
+      window.scrollTo(0, y);
+    } finally {
+      busy = false;
+    }
+  };
+  close = subscribe(
     runId,
     async (fp) => {
+      if (fp.live === false) {
+        finished = true;
+        close();
+        badge.hidden = true;
+        await redraw();
+        return;
+      }
       if (first === null) {
         first = JSON.stringify(fp);
         return;
       }
       if (busy || JSON.stringify(fp) === first) return;
-      busy = true;
       first = JSON.stringify(fp);
-      const y = window.scrollY;
-      try {
-        await renderRun(view, runId);
-        window.scrollTo(0, y);
-      } finally {
-        busy = false;
-      }
+      await redraw();
     },
     (up) => {
-      document.getElementById('live').hidden = !up;
+      badge.hidden = finished || !up;
     },
   );
+  return () => {
+    close();
+    badge.hidden = true;
+  };
 }
