@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import html
 import json
 import statistics
 from collections import Counter
@@ -52,6 +51,8 @@ class RunReport:
     lr: float
     heldout: dict[int, dict[str, Any]]
     problems: list[str] = field(default_factory=list)
+    # A run directory ``harnessrl eval`` made (no training step planned): the weights it was given.
+    evaluation_only: bool = False
 
     def value(self, step: int, key: str) -> float | None:
         row = self.heldout.get(step)
@@ -61,8 +62,10 @@ class RunReport:
         return float(value) if isinstance(value, int | float) else None
 
 
-def group_name(lr: float) -> str:
-    return "control (lr 0)" if lr == 0 else f"learning (lr {lr:g})"
+def group_name(run: RunReport) -> str:
+    if run.evaluation_only:
+        return "evaluation only (no training)"
+    return "control (lr 0)" if run.lr == 0 else f"learning (lr {run.lr:g})"
 
 
 def read_run(path: Path) -> RunReport:
@@ -70,13 +73,16 @@ def read_run(path: Path) -> RunReport:
         raise ConfigError(f"{path}: not a run directory (no run.json)")
     path = path.resolve()
     summary = asyncio.run(_summary(path))
-    cfg = rundir.open_run(path.parent, path.name).config()
+    opened = rundir.open_run(path.parent, path.name)
+    cfg = opened.config()
+    evaluation_only = opened.info is not None and opened.info.steps_planned == 0
     lr = float(cfg.get("trainer", {}).get("optim", {}).get("lr", OptimSettings.model_fields["lr"].default))
-    if cfg.get("run", {}).get("evaluate_only"):
+    if cfg.get("run", {}).get("evaluate_only") or evaluation_only:
         lr = 0.0  # a control that only evaluates moves no weight, whatever its optimizer says
     seed = cfg.get("run", {}).get("seed")
     heldout = {int(s): row for s, row in summary["heldout"].items()}
-    return RunReport(path, path.name, seed if isinstance(seed, int) else None, lr, heldout, summary["problems"])
+    seed = seed if isinstance(seed, int) else None
+    return RunReport(path, path.name, seed, lr, heldout, summary["problems"], evaluation_only)
 
 
 async def _summary(path: Path) -> dict[str, Any]:
@@ -98,8 +104,8 @@ def aggregate(runs: list[RunReport]) -> dict[str, Any]:
     """Per group, per evaluation step: mean / sd / range over the group's runs of
     every pass@j, pass^j and behaviour column."""
     groups: dict[str, list[RunReport]] = {}
-    for run in sorted(runs, key=lambda r: (r.lr != 0, r.lr, r.seed if r.seed is not None else -1)):
-        groups.setdefault(group_name(run.lr), []).append(run)
+    for run in sorted(runs, key=_order):
+        groups.setdefault(group_name(run), []).append(run)
     out: dict[str, Any] = {}
     for name, members in groups.items():
         steps = sorted({s for r in members for s in r.heldout})
@@ -115,6 +121,11 @@ def aggregate(runs: list[RunReport]) -> dict[str, Any]:
             table[step] = cell | {"termination": dict(reasons)}
         out[name] = {"runs": [str(r.path) for r in members], "seeds": [r.seed for r in members], "steps": table}
     return out
+
+
+def _order(r: RunReport) -> tuple[bool, bool, float, int]:
+    """Evaluations first, then the control, then learning runs by lr, each by seed."""
+    return (not r.evaluation_only, r.lr != 0, r.lr, r.seed if r.seed is not None else -1)
 
 
 def _pass_order(key: str) -> tuple[int, int]:
@@ -142,7 +153,7 @@ def markdown(runs: list[RunReport], groups: dict[str, Any]) -> str:
     lines += ["## Per run: held-out pass@1 by evaluation step", ""]
     for r in runs:
         curve = ", ".join(f"{s}: {_num(r.value(s, 'pass@1'))}" for s in sorted(r.heldout))
-        lines.append(f"- {r.run_id} ({group_name(r.lr)}, seed {r.seed}): {curve}")
+        lines.append(f"- {r.run_id} ({group_name(r)}, seed {r.seed}): {curve}")
     return "\n".join(lines) + "\n"
 
 
@@ -161,13 +172,18 @@ def _cell(s: dict[str, float] | None, percent: bool) -> str:
 
 
 def page(md: str, png: bytes) -> str:
-    """A static page: the plot inline and the tables as preformatted markdown."""
+    """A static page: the plot inline and the tables rendered from the markdown (raw HTML in
+    it is escaped, not passed through)."""
+    from markdown_it import MarkdownIt
+
     image = base64.b64encode(png).decode()
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(md)
     return (
         "<!doctype html><meta charset=utf-8><title>harnessrl report</title>"
-        "<style>body{font-family:sans-serif;max-width:72rem;margin:2rem auto}pre{white-space:pre-wrap}</style>"
-        f'<img alt="held-out pass@1 per evaluation step" src="data:image/png;base64,{image}">'
-        f"<pre>{html.escape(md)}</pre>\n"
+        "<style>body{font-family:sans-serif;max-width:72rem;margin:2rem auto}"
+        "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}</style>"
+        f'<img alt="held-out pass@1 per evaluation step" src="data:image/png;base64,{image}">\n'
+        f"{body}"
     )
 
 
@@ -182,7 +198,7 @@ def build(paths: list[Path], out: Path) -> dict[str, Any]:
     groups = aggregate(runs)
     md = markdown(runs, groups)
     curves = {
-        name: [(r.run_id, {s: r.value(s, "pass@1") for s in r.heldout}) for r in runs if group_name(r.lr) == name]
+        name: [(r.run_id, {s: r.value(s, "pass@1") for s in r.heldout}) for r in runs if group_name(r) == name]
         for name in groups
     }
     png = plot(curves)
@@ -201,6 +217,7 @@ def _run_json(r: RunReport) -> dict[str, Any]:
         "run_id": r.run_id,
         "seed": r.seed,
         "lr": r.lr,
+        "evaluation_only": r.evaluation_only,
         "heldout": r.heldout,
         "problems": r.problems,
     }

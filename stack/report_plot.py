@@ -1,6 +1,7 @@
 """The report's plot, drawn with Pillow (no plotting library in the lock): held-out
 pass@1 (0-1) per evaluation step; per group its mean (thick, with dots), its range
-over the runs (a band) and every run (thin)."""
+over the runs (a band) and every run (thin). With a single evaluation step, one bar
+per group (mean, whisker over the range) instead of a one-dot chart."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def plot(groups: dict[str, list[tuple[str, Curve]]], title: str = "held-out pass
     image = Image.new("RGB", (W, H), "white")
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default()
+    if len(steps) == 1:  # one evaluation: a curve would be a single dot
+        _bars(draw, font, groups, steps[0])
+        out = io.BytesIO()
+        image.save(out, format="PNG")
+        return out.getvalue()
     x_of = _x_scale(steps)
 
     def y_of(v: float) -> float:
@@ -75,3 +81,29 @@ def _axes(draw: ImageDraw.ImageDraw, font, steps, x_of, y_of, title: str) -> Non
         draw.line((x, H - BOTTOM, x, H - BOTTOM + 4), fill="black")
         draw.text((x - 6, H - BOTTOM + 8), str(s), fill="black", font=font)
     draw.text(((W - LEFT) // 2, H - 22), "optimizer step", fill="black", font=font)
+
+
+def _bars(draw: ImageDraw.ImageDraw, font, groups: dict[str, list[tuple[str, Curve]]], step: int) -> None:  # type: ignore[no-untyped-def]
+    """One bar per group: the mean pass@1 of its runs at the one evaluation step, a
+    whisker over their range, the value written above."""
+    title = f"held-out pass@1 at step {step} (the only evaluation): bar = mean, whisker = range over runs"
+
+    def y_of(v: float) -> float:
+        return TOP + (1 - v) * (H - TOP - BOTTOM)
+
+    _axes(draw, font, [], lambda s: LEFT, y_of, title)
+    slot = (W - LEFT - RIGHT) / max(len(groups), 1)
+    for i, (name, runs) in enumerate(groups.items()):
+        color = COLORS[i % len(COLORS)]
+        values = [v for _, c in runs if (v := c.get(step)) is not None]
+        x0, x1 = LEFT + slot * i + slot * 0.25, LEFT + slot * (i + 0.75)
+        middle = (x0 + x1) / 2
+        draw.text((x0, H - BOTTOM + 8), f"{name} ({len(runs)} run(s))", fill="black", font=font)
+        if not values:
+            draw.text((x0, y_of(0) - 16), "n/a", fill="black", font=font)
+            continue
+        mean = statistics.fmean(values)
+        draw.rectangle((x0, y_of(mean), x1, y_of(0)), fill=color)
+        if len(values) > 1:
+            draw.line((middle, y_of(min(values)), middle, y_of(max(values))), fill="black", width=2)
+        draw.text((middle - 14, y_of(max(values)) - 16), f"{mean:.3f}", fill="black", font=font)
