@@ -4,8 +4,12 @@ setup    load the task, start the sandbox (layer cache + workspace copy), regist
          the trial with the proxy, write the harness's config
 agent    run the unmodified harness; every process dies with the phase; then the
          proxy's close makes every segment durable and refuses the token
-verify   restore protected files (tamper events), mount fresh tests, run tests/test.sh,
-         read the reward strictly (missing or invalid is verifier_error, never 0)
+verify   as Harbor verifies: tests/test.sh runs as the task's verifier user (the image's USER,
+         root for most images) with the task's verifier network (``verifier_policy``); the
+         agent keeps uid 1000 and the proxy alone. Before it: the backend's fresh verify
+         sandbox (docker), protected files restored and the agent's plants on the
+         verifier's routes reverted (tamper events), fresh tests; the reward is read
+         strictly (missing or invalid is verifier_error, never 0)
 teardown stop the sandbox, keep the artifacts, FinalizeTrajectory on the capture store
 
 Errors inside a phase become termination reasons (``lifecycle.decide_termination``).
@@ -52,7 +56,7 @@ from opentelemetry.context import Context
 
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
-from services.sandbox import dockerfile, integrity, runner_guard
+from services.sandbox import dockerfile, integrity, runner_guard, verifier_policy
 from services.sandbox.backends.base import (
     Backend,
     ExecRequest,
@@ -76,7 +80,7 @@ from services.sandbox.lifecycle import (
 )
 from services.sandbox.paths import TrialDirs
 from services.sandbox.settings import Settings
-from services.sandbox.tasks import NetworkMode, Task, load_task
+from services.sandbox.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,7 @@ class _Trial:
     rewards: dict[str, float] = field(default_factory=dict)
     exit_code: int = 0
     tamper: list[str] = field(default_factory=list)
+    verifier: verifier_policy.VerifierRun | None = None
     events: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     verifier_summary: str = ""
@@ -201,6 +206,8 @@ class TrialRunner:
     async def _setup(self, t: _Trial) -> None:
         try:
             t.task = load_task(t.spec.task_path)
+            # Refused before anything starts (an allowlist no backend can enforce).
+            t.verifier = verifier_policy.resolve(t.task)
             t.harness = get_harness(t.spec.harness)
             t.harness.check_installed()
             proxy_socket = await self._open_proxy(t)
@@ -346,13 +353,16 @@ class TrialRunner:
 
     # -- verify ----------------------------------------------------------------
     async def _verify(self, t: _Trial, cancel: asyncio.Event) -> None:
-        assert t.task is not None and t.sandbox is not None
+        assert t.task is not None and t.sandbox is not None and t.verifier is not None
         sandbox, cfg = t.sandbox, t.task.config.verifier
         policy = self.settings.integrity
-        if policy.restore_pristine_files or policy.guard_runner_routes:
-            t.tamper = await self.backend.restore_protected(sandbox)
+        # Harbor's identity and network for the verifier, never the agent's (which kept uid
+        # 1000 and the proxy alone); the backend readies its sandbox for them first.
+        network = Network.PUBLIC if t.verifier.public else Network.NONE
+        t.tamper = await self.backend.prepare_verify(sandbox, t.verifier.user, network)
+        if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
+            t.tamper += await self.backend.restore_protected(sandbox)
         await self.backend.upload(sandbox, t.task.tests_dir, sandbox.paths.tests)
-        network = Network.PUBLIC if (cfg.network_mode or NetworkMode.NO_NETWORK) == NetworkMode.PUBLIC else Network.NONE
         env = {**_agent_env(sandbox, {}), **cfg.env}
         request = ExecRequest(
             argv=["/bin/bash", str(sandbox.paths.tests / "test.sh")],
@@ -360,6 +370,7 @@ class TrialRunner:
             env=runner_guard.verifier_env(env) if policy.harden_verifier_env else env,
             timeout_s=t.spec.verifier_timeout_s or cfg.timeout_sec or self.settings.default_verifier_timeout_s,
             network=network,
+            user=t.verifier.user,
         )
         result = await self._exec(t, request, cancel)
         if result is None:

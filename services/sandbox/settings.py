@@ -44,6 +44,13 @@ class IntegrityPolicy(BaseModel):
         description="The verifier runs with PYTHONPYCACHEPREFIX at a fresh directory (no __pycache__ is read) "
         "and PYTHONNOUSERSITE=1.",
     )
+    guard_verifier_path: bool = Field(
+        default=True,
+        description="Before verify (which runs as the task's user, often root, with the task's network), revert "
+        "every change of the agent's in a workspace directory on the verifier's PATH, and remove the agent's "
+        "files on root's implicit routes outside it (PATH, /etc, /root, /usr/local, cron) and their set-id "
+        "bits; see verifier_policy.py.",
+    )
     isolate_network: bool = Field(default=True, description="Agent phase reaches only the proxy.")
     kill_agent_processes: bool = Field(default=True, description="Every agent-phase process dead before verify.")
     protect_reward_files: bool = Field(
@@ -137,6 +144,13 @@ class DockerBackendSettings(BaseModel):
         description=_CGROUP_ROOT_HELP + " Read for the containers' OOM kills and pids-limit hits.",
     )
     limits_unenforced_ok: tuple[EnforcedLimit, ...] = Field(default=(), description=_UNENFORCED_HELP)
+    verify_network: str = Field(
+        default="host",
+        min_length=1,
+        description="Docker network of a verifier whose task asks for a public network (its fresh container; "
+        "the agent's always has none): 'host' (no bridge needed; the verifier also reaches the host's "
+        "loopback services) or a network the engine has, e.g. 'bridge' where one exists.",
+    )
 
 
 # -- Kubernetes backend ---------------------------------------------------------
@@ -185,7 +199,13 @@ class KubernetesBackendSettings(BaseModel):
     kubeconfig: Path | None = Field(default=None, description="kubeconfig file; default: in-cluster, then ~/.kube.")
     context: str | None = Field(default=None, description="kubeconfig context.")
     agent_uid: int = Field(default=1000, ge=1, le=2**31 - 1, description="uid/gid of the agent container.")
-    verifier_uid: int = Field(default=1001, ge=1, le=2**31 - 1, description="uid/gid of the verifier container.")
+    verifier_uid: int = Field(
+        default=0,
+        ge=0,
+        le=2**31 - 1,
+        description="uid/gid of the verifier container when the task sets no numeric [verifier] user: the uid of "
+        "your task images' USER (Harbor runs the verifier as the image's USER; 0, root, for nearly every task).",
+    )
     helper_image: str | None = Field(
         default=None,
         description="Image of the root helper container (uploads, ownership); default: the task's image.",

@@ -153,6 +153,7 @@ async def test_proxy_relay_is_the_only_way_out_and_closes_with_the_phase(
 async def test_every_agent_process_dies_before_verify(backend: DockerBackend, box: Sandbox) -> None:
     agent = await sh(backend, box, "setsid sleep 300 & nohup sleep 301 >/dev/null 2>&1 & disown; echo started")
     assert agent.killed_leftovers >= 2 and agent.output.strip() == b"started"
+    await backend.prepare_verify(box, "1000", Network.NONE)
     verify = await sh(backend, box, "ps -eo user:12,cmd | grep -c '[s]leep 30'", phase=Phase.VERIFY)
     assert verify.output.strip() == b"0"
 
@@ -162,6 +163,7 @@ async def test_verify_gets_a_fresh_reward_dir_tmp_and_home(backend: DockerBacken
     verify = await sh(backend, box, "ls -A /tmp | wc -l; echo $HOME; ls -A $HOME | wc -l; ls -ld /logs/verifier")
     lines = verify.output.decode().split("\n")
     assert lines[0] == "1", "the agent phase's own exec sees its file"
+    await backend.prepare_verify(box, "1000", Network.NONE)
     check = await sh(backend, box, "ls -A /tmp | wc -l; echo $HOME; ls -A $HOME | wc -l", phase=Phase.VERIFY)
     assert check.output.decode().split("\n")[:3] == ["0", "/run/harnessrl-verify/home", "0"]
 
@@ -266,8 +268,3 @@ def test_base_images_cli_imports_into_the_engine_and_refuses_a_dead_one(
     assert dead.returncode == 2 and "no Docker engine reachable" in dead.stderr
     assert "Traceback" not in dead.stderr
 
-
-async def test_a_public_verifier_is_refused_at_setup(backend: DockerBackend, tmp_path: Path) -> None:
-    toml = '[task]\nname = "t/pub"\n[verifier]\nnetwork_mode = "public"\n'
-    with pytest.raises(EnvSetupError, match="network_mode = 'public' is not supported"):
-        await start(backend, make_task(tmp_path / "t", toml=toml))

@@ -57,7 +57,6 @@ def test_a_stale_doc_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 REFUSED_TOML = {
     "steps": "[[steps]]\nname = 'one'\n",
     "artifacts": "artifacts = ['/app/out.txt']\n",
-    "verifier.user": "[verifier]\nuser = 'root'\n",
     "verifier.environment": "[verifier.environment]\ncpus = 1\n",
     "verifier.collect": "[[verifier.collect]]\ncommand = 'true'\n",
     "agent.user": "[agent]\nuser = 1001\n",

@@ -123,8 +123,11 @@ def test_agent_and_verifier_are_different_identities(tmp_path: Path) -> None:
     assert set(c) == {"agent", "verifier", "helper", "relay"}
     agent, verifier = c["agent"]["securityContext"], c["verifier"]["securityContext"]
     assert (agent["runAsUser"], agent["runAsGroup"]) == (1000, 1000)
-    assert (verifier["runAsUser"], verifier["runAsGroup"]) == (1001, 1001)
-    for sec in (agent, verifier, c["relay"]["securityContext"]):
+    # Harbor's verifier: the image's USER, root for task images (verifier_uid's default).
+    assert (verifier["runAsUser"], verifier["runAsNonRoot"]) == (0, False)
+    assert verifier["capabilities"]["add"] == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
+    assert not verifier["allowPrivilegeEscalation"] and not verifier["privileged"]
+    for sec in (agent, c["relay"]["securityContext"]):
         assert sec["runAsNonRoot"] and not sec["allowPrivilegeEscalation"] and sec["capabilities"] == {"drop": ["ALL"]}
     helper = c["helper"]["securityContext"]
     assert helper["runAsUser"] == 0 and helper["capabilities"]["add"] == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
@@ -136,6 +139,25 @@ def test_agent_and_verifier_are_different_identities(tmp_path: Path) -> None:
     assert c["agent"]["resources"]["requests"]["memory"] == "1024Mi"
     assert c["verifier"]["resources"]["limits"]["memory"] == "1024Mi"
     assert c["verifier"]["resources"]["requests"]["memory"] == "64Mi"
+
+
+@pytest.mark.parametrize(
+    ("user", "cfg", "uid"),
+    [("", {}, 0), ("user = 'root'\n", {}, 0), ("user = 1001\n", {}, 1001), ("", {"verifier_uid": 2000}, 2000)],
+)
+def test_the_verifier_runs_as_the_tasks_user(tmp_path: Path, user: str, cfg: dict[str, Any], uid: int) -> None:
+    toml = K8S_TOML.replace("[verifier]\n", "[verifier]\n" + user)
+    verifier = containers(build_pod(sandbox_spec(tmp_path, toml=toml), k8s(**cfg)))["verifier"]["securityContext"]
+    assert (verifier["runAsUser"], verifier["runAsNonRoot"]) == (uid, uid != 0)
+    assert ("add" in verifier["capabilities"]) == (uid == 0)
+
+
+@pytest.mark.parametrize(("user", "message"), [("'app'", "numeric uid only"), ("1000", "the agent's uid")])
+def test_a_verifier_user_a_pod_cannot_be_is_refused(tmp_path: Path, user: str, message: str) -> None:
+    spec = sandbox_spec(tmp_path, toml=K8S_TOML.replace("[verifier]\n", f"[verifier]\nuser = {user}\n"))
+    with pytest.raises(EnvSetupError, match=message) as info:
+        build_pod(spec)
+    assert "[verifier] user" in str(info.value)
 
 
 def test_the_agent_never_mounts_the_reward_dir_or_the_tests(tmp_path: Path) -> None:
@@ -303,6 +325,7 @@ def test_bad_kubernetes_settings_are_clear_errors(tmp_path: Path, fields: dict[s
 def test_kubernetes_settings_defaults() -> None:
     cfg = Settings.model_validate({}).kubernetes
     assert cfg.namespace == "harnessrl" and cfg.agent_uid != cfg.verifier_uid and cfg.runtime_volumes == ()
+    assert cfg.verifier_uid == 0
     assert "namespace" in (KubernetesBackendSettings.model_fields["namespace"].description or "").lower()
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.sandbox import runner_guard, tarsafe
+from services.sandbox import runner_guard, tarsafe, verifier_policy
 from services.sandbox.errors import CapabilityError
 from services.sandbox.paths import SandboxPaths, TrialDirs
 from services.sandbox.settings import EnforcedLimit, IntegrityPolicy
@@ -114,6 +114,10 @@ class ExecRequest(BaseModel):
     # Inside-sandbox loopback port that forwards to the proxy (PROXY_ONLY only).
     proxy_port: int | None = None
     stdin: bytes | None = None
+    # Who runs it: None is the sandbox user (uid 1000, no capabilities: the agent);
+    # otherwise Harbor's verifier user: '' the image's USER, or a name or uid[:gid]
+    # (``verifier_policy``).
+    user: str | None = None
 
 
 class ExecResult(BaseModel):
@@ -183,10 +187,17 @@ class Backend(abc.ABC):
         if not pristine.exists():
             raise RuntimeError("snapshot_pristine was not called at start")
         await self.download(sandbox, paths.workdir, current)
-        events = await asyncio.to_thread(runner_guard.restore_for_verify, current, pristine, self.integrity)
+        events = await asyncio.to_thread(restore_workspace, sandbox, current, pristine, self.integrity)
         if events:
             await self.upload(sandbox, current, paths.workdir)
         return events
+
+    async def prepare_verify(self, sandbox: Sandbox, user: str, network: Network) -> list[str]:
+        """Called once before anything of the verify phase (restore, uploads, exec) with the
+        verifier's user and network (``verifier_policy``): a backend that verifies in a fresh
+        sandbox, or must clean what the agent left on root's routes, does it here. Returns
+        tamper events. Default: nothing to do (every exec picks its own user and network)."""
+        return []
 
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:
         """Keeps a host copy of the workspace as it was before the agent (generic version)."""
@@ -200,6 +211,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def stop(self, sandbox: Sandbox) -> None:
         """Kills whatever is left and releases every resource. Idempotent."""
+
+
+def restore_workspace(sandbox: Sandbox, current: Path, pristine: Path, policy: IntegrityPolicy) -> list[str]:
+    """Every file defence of a workspace before verify (``current``: it, or its host copy), as
+    ``policy`` switches them: ``runner_guard``'s, then the verifier's PATH (``verifier_policy``)."""
+    events = runner_guard.restore_for_verify(current, pristine, policy)
+    if policy.guard_verifier_path:
+        task, workdir = sandbox.spec.task, str(sandbox.paths.workdir)
+        events += verifier_policy.guard_workspace(current, pristine, sandbox.env, task, workdir)
+    return events
 
 
 def check_requirements(

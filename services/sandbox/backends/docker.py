@@ -36,7 +36,7 @@ from typing import Any
 from docker.errors import APIError, NotFound
 from requests.exceptions import RequestException
 
-from services.sandbox import tarsafe
+from services.sandbox import tarsafe, verifier_policy
 from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import (
     Backend,
@@ -47,6 +47,7 @@ from services.sandbox.backends.base import (
     Phase,
     Sandbox,
     SandboxSpec,
+    restore_workspace,
     unpack_tar,
 )
 from services.sandbox.backends.docker_exec import ContainerExec, worker_identity, worker_is_dead
@@ -54,13 +55,13 @@ from services.sandbox.backends.limits import watch_disk
 from services.sandbox.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.paths import SandboxPaths
 from services.sandbox.settings import Settings
-from services.sandbox.tasks import NetworkMode
 
 log = logging.getLogger(__name__)
 
 LABEL_MANAGED = "io.harnessrl.managed"
 LABEL_TRIAL = "io.harnessrl.trial"
 LABEL_WORKER = "io.harnessrl.worker"
+LABEL_VERIFY = "io.harnessrl.verify"
 SANDBOX_USER = "1000:1000"
 VERIFY_HOME = "/run/harnessrl-verify/home"
 
@@ -118,12 +119,30 @@ def setup_script(ro_mounts: tuple[Path, ...], closed_dirs: list[str], *, protect
     return " && ".join(lines)
 
 
-def verify_script(*, protect_reward_files: bool = True, clear_agent_leftovers: bool = True) -> str:
-    """Root's exec before verify: a fresh reward dir and HOME; an empty /tmp, since
-    the agent's leftovers (its processes, its files there) are gone with it."""
-    lines = [f"rm -rf /run/harnessrl-verify && mkdir -p {VERIFY_HOME} && chown 1000:1000 {VERIFY_HOME}"]
+def verify_container_spec(
+    spec: SandboxSpec, image: str, workdir: str, *, network_mode: str, disk_quota: bool
+) -> dict[str, Any]:
+    """Keyword arguments of the verifier's container: the agent's, from the commit of its final
+    filesystem, with the verifier's network and none of the agent's mounts but its logs (read-only)."""
+    kwargs = container_spec(spec, image, workdir, isolate_network=True, disk_quota=disk_quota)
+    paths = SandboxPaths.for_workdir(workdir)
+    kwargs["name"] = f"harnessrl-verify-{spec.trial_id}"[:63]
+    kwargs["labels"] = {**kwargs["labels"], LABEL_VERIFY: "true"}
+    kwargs["network_mode"] = network_mode
+    kwargs["volumes"] = {str(spec.dirs.agent_logs): {"bind": str(paths.agent_logs), "mode": "ro"}}
+    return kwargs
+
+
+def verify_script(
+    *, owner: str = "1000:1000", protect_reward_files: bool = True, clear_agent_leftovers: bool = True
+) -> str:
+    """Root's exec before verify: a fresh reward dir and HOME, the verifier's (``owner``, a
+    chown USER[:GROUP]); an empty /tmp, since the agent's leftovers (its processes, its
+    files there) are gone with it."""
+    who = _q(owner)
+    lines = [f"rm -rf /run/harnessrl-verify && mkdir -p {VERIFY_HOME} && chown {who} {VERIFY_HOME}"]
     if protect_reward_files:
-        lines.append("rm -rf /logs/verifier && mkdir -p /logs/verifier && chown 1000:1000 /logs/verifier")
+        lines.append(f"rm -rf /logs/verifier && mkdir -p /logs/verifier && chown {who} /logs/verifier")
     if clear_agent_leftovers:
         lines.append("find /tmp -mindepth 1 -delete")
     return " && ".join(lines)
@@ -182,13 +201,6 @@ class DockerBackend(Backend):
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        if spec.task.config.verifier.network_mode == NetworkMode.PUBLIC:
-            # One container, no network of its own: a public verifier would need a network
-            # the agent phase must not have. Refused at setup, never run without it.
-            raise EnvSetupError(
-                f"task {spec.task.task_id}: [verifier] network_mode = 'public' is not supported by the docker "
-                "backend (trial containers run with --network none); use the local backend"
-            )
         prepared = await self.images.image_for(spec.task, squash=self.integrity.squash_git_history)
         image = prepared.image
         inspect = await self._api(self.client.api.inspect_image, image)
@@ -212,6 +224,7 @@ class DockerBackend(Backend):
             await self.stop(sandbox)
             raise
         handle.image = image
+        handle.image_user = str((inspect.get("Config") or {}).get("User") or "")
         return sandbox
 
     async def _create(self, spec: SandboxSpec, image: str, workdir: str) -> Any:
@@ -227,6 +240,62 @@ class DockerBackend(Backend):
                 return await self._api(self.client.containers.create, **kwargs)
             raise EnvSetupError(f"sandbox {spec.trial_id}: container create failed: {e}") from e
 
+    # -- verify in a fresh container ------------------------------------------------
+    async def prepare_verify(self, sandbox: Sandbox, user: str, network: Network) -> list[str]:
+        """The verifier runs as Harbor runs it: as the task's user (the image's USER, root for
+        most images) with the task's network, in a container made from a commit of the agent's
+        final filesystem. Harbor verifies in the agent's own container, so everything the
+        agent changed, in the workspace or outside it, is what the verifier sees; a fresh
+        container from that commit keeps exactly that (the commit holds files, not processes:
+        no agent process, setsid daemon or cron job can live on into a root verifier) and
+        is the only way to give the verify phase a network the agent's container never had
+        (an engine cannot add one to a ``--network none`` container without a bridge).
+        Then root cleans the agent's plants on root's implicit routes (``verifier_policy``).
+        With ``kill_agent_processes`` off (red-team only) it verifies in the agent's
+        container, with its (no) network."""
+        handle, policy = _handle(sandbox), self.integrity
+        if policy.kill_agent_processes:
+            await self._fresh_container(sandbox, network)
+        owner = _exec_user(user, handle.image_user)
+        await handle.root(
+            verify_script(
+                owner=owner,
+                protect_reward_files=policy.protect_reward_files,
+                clear_agent_leftovers=policy.kill_agent_processes,
+            )
+        )
+        if not policy.guard_verifier_path:
+            return []
+        path = verifier_policy.verifier_path(sandbox.env, sandbox.spec.task)
+        script = verifier_policy.outside_script(path, sandbox.paths.workdir, 1000)
+        removed = (await handle.root(script)).decode(errors="replace").split()
+        return [f"{verifier_policy.ROOT_ROUTE}:{p}" for p in removed]
+
+    async def _fresh_container(self, sandbox: Sandbox, network: Network) -> None:
+        handle, spec = _handle(sandbox), sandbox.spec
+        labels = {
+            LABEL_MANAGED: "true",
+            LABEL_TRIAL: spec.trial_id,
+            LABEL_WORKER: worker_identity(),
+            LABEL_VERIFY: "true",
+        }
+        image = await self._api(handle.container.commit, conf={"Labels": labels})
+        handle.verify_image = image.id
+        await self._api(handle.container.remove, force=True)
+        network_mode = self.cfg.verify_network if network == Network.PUBLIC else "none"
+        kwargs = verify_container_spec(
+            spec, image.id, str(sandbox.paths.workdir), network_mode=network_mode, disk_quota=self.disk_quota
+        )
+        if not self.disk_quota:
+            kwargs.pop("storage_opt", None)
+        try:
+            container = await asyncio.to_thread(self.client.containers.create, **kwargs)
+        except (APIError, RequestException) as e:
+            raise EnvSetupError(f"sandbox {spec.trial_id}: the verifier's container create failed: {e}") from e
+        handle.container, handle.events = container, None
+        await self._api(container.start)
+        await self._api(container.reload)
+
     async def stop(self, sandbox: Sandbox) -> None:
         handle = _handle(sandbox)
         if handle.stopped:
@@ -235,6 +304,8 @@ class DockerBackend(Backend):
         await handle.close_relay()
         try:
             await asyncio.to_thread(handle.container.remove, force=True)
+            if handle.verify_image:
+                await asyncio.to_thread(self.client.images.remove, handle.verify_image, force=True)
         except (APIError, RequestException) as e:
             # Gone already (404), or the engine is down: stopping must not replace the trial's
             # outcome; a container left by a down engine is stopped with it, and reaped by
@@ -254,21 +325,21 @@ class DockerBackend(Backend):
             if stopped or worker_is_dead(container.labels.get(LABEL_WORKER, "")):
                 await asyncio.to_thread(container.remove, force=True)
                 removed += 1
+        # A dead worker's commits for its verifiers (their containers are gone above).
+        commits = await self._api(self.client.images.list, filters={"label": f"{LABEL_VERIFY}=true"})
+        for image in commits:
+            if worker_is_dead((image.labels or {}).get(LABEL_WORKER, "")):
+                await asyncio.to_thread(self.client.images.remove, image.id, force=True)
         return removed
 
     # -- exec --------------------------------------------------------------------
     async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
         handle, limits = _handle(sandbox), sandbox.spec.limits
         env = dict(request.env)
+        user = SANDBOX_USER
         if request.phase == Phase.VERIFY:
-            policy = self.integrity
-            await handle.root(
-                verify_script(
-                    protect_reward_files=policy.protect_reward_files,
-                    clear_agent_leftovers=policy.kill_agent_processes,
-                )
-            )
             env["HOME"] = VERIFY_HOME
+            user = _exec_user(request.user, handle.image_user) if request.user is not None else SANDBOX_USER
         else:
             env.setdefault("HOME", str(sandbox.paths.home))
             # What the harness adapter wrote into HOME since start is the worker's: give it to the agent.
@@ -280,7 +351,7 @@ class DockerBackend(Backend):
         try:
             result = await handle.run(
                 request.argv,
-                user=SANDBOX_USER,
+                user=user,
                 env=env,
                 workdir=request.cwd or str(sandbox.paths.workdir),
                 stdin=request.stdin,
@@ -357,8 +428,6 @@ class DockerBackend(Backend):
     async def restore_protected(self, sandbox: Sandbox) -> list[str]:
         """The file defences before verify (test files, the runner's routes) on a host copy
         of the workspace, copied back whole when anything changed."""
-        from services.sandbox import runner_guard
-
         handle, paths = _handle(sandbox), sandbox.paths
         if handle.pristine is None:
             raise RuntimeError("snapshot_pristine was not called at start")
@@ -367,7 +436,7 @@ class DockerBackend(Backend):
         # tree) would fail the copy, turning the agent's attempt into an infrastructure
         # failure; the guard removes the agent's (symlink-escape) instead.
         await self._download(sandbox, paths.workdir, current, "tar")
-        events = await asyncio.to_thread(runner_guard.restore_for_verify, current, handle.pristine, self.integrity)
+        events = await asyncio.to_thread(restore_workspace, sandbox, current, handle.pristine, self.integrity)
         if events:
             await self.upload(sandbox, current, paths.workdir)
         return events
@@ -397,6 +466,12 @@ def _chown_tree(root: Path, uid: int) -> None:
         return
     for path in (root, *root.rglob("*")):
         os.lchown(path, uid, uid)
+
+
+def _exec_user(user: str | None, image_user: str) -> str:
+    """The docker exec user (and chown owner) of Harbor's verifier ``user``: itself when
+    named, else the image's USER, else root."""
+    return user or image_user or "0"
 
 
 def _engine_down(error: Exception) -> bool:

@@ -61,6 +61,10 @@ class ContainerExec:
     container: Any
     cgroup_root: Path
     image: str = ""
+    # The image's USER ('' is root): Harbor's verifier when the task names none.
+    image_user: str = ""
+    # The commit of the agent's final filesystem the verifier's container runs (removed at stop).
+    verify_image: str = ""
     pristine: Path | None = None
     stopped: bool = False
     relay: UnixRelay | None = None
@@ -69,13 +73,15 @@ class ContainerExec:
     events: EventFiles | None = None
 
     # -- root's short commands ------------------------------------------------
-    async def root(self, script: str) -> None:
+    async def root(self, script: str) -> bytes:
+        """Runs ``script`` as root; returns its output (raises on a non-zero exit)."""
         try:
             code, out = await asyncio.to_thread(self.container.exec_run, ["sh", "-c", script], user="0")
         except Exception as e:
             raise SandboxLost(f"container {self.container.name}: {e}") from e
         if code != 0:
             raise EnvSetupError(f"container {self.container.name}: {script!r} failed: {out[-500:]!r}")
+        return bytes(out or b"")
 
     async def kill_user(self, user: str) -> int:
         """Kills every process of ``user``; returns how many there were."""

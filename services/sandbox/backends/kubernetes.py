@@ -30,6 +30,7 @@ from services.sandbox.backends.base import (
     Capabilities,
     ExecRequest,
     ExecResult,
+    Network,
     Phase,
     Sandbox,
     SandboxSpec,
@@ -208,10 +209,11 @@ class KubernetesBackend(Backend):
         container = km.VERIFIER if request.phase == Phase.VERIFY else km.AGENT
         stdin_path = None
         if request.phase == Phase.VERIFY:
-            public = spec.task.config.verifier.network_mode == "public"
-            policy = self._policy(spec, Phase.VERIFY, public=public)
+            # Harbor's verifier network (verifier_policy: the runner resolved it), egress to all or none.
+            policy = self._policy(spec, Phase.VERIFY, public=request.network == Network.PUBLIC)
             await asyncio.to_thread(self.net.replace_namespaced_network_policy, pod, self.namespace, policy)
-            script = plans.verify_prep_script(table, self.cfg.verifier_uid, self.integrity.protect_reward_files)
+            uid = km.verifier_uid(spec, self.cfg)
+            script = plans.verify_prep_script(table, uid, self.integrity.protect_reward_files)
             await self._helper(pod, script)
         else:
             stdin_path = await self._agent_files(sandbox, request)
@@ -352,7 +354,7 @@ class KubernetesBackend(Backend):
         vol, target = km.helper_path(km.volume_table(sandbox.paths, self.integrity), dst)
         root = target == km.HELPER_ROOT / vol.name
         data = await asyncio.to_thread(_tar, src, dst, root)
-        owner = {"agent": self.cfg.agent_uid, "verifier": self.cfg.verifier_uid}.get(vol.owner, 0)
+        owner = {"agent": self.cfg.agent_uid, "verifier": km.verifier_uid(sandbox.spec, self.cfg)}.get(vol.owner, 0)
         await self._helper(str(sandbox.handle), plans.upload_script(target, root, len(data), owner), stdin=data)
 
     async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:

@@ -37,6 +37,8 @@ AGENT, VERIFIER, HELPER, RELAY, INIT = "agent", "verifier", "helper", "relay", "
 HELPER_ROOT = PurePosixPath("/hrl")
 RELAY_UID = 65532
 _HELPER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+# A root verifier's (Harbor's tests/test.sh runs apt-get as root: dpkg chowns, apt drops to _apt).
+_ROOT_VERIFIER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
 _SIDECAR_RESOURCES = {"limits": {"memory": "256Mi", "cpu": "500m"}, "requests": {"memory": "32Mi", "cpu": "10m"}}
 _SLEEP = ["sleep", "infinity"]
 
@@ -146,6 +148,24 @@ def proxy_target(cfg: KubernetesBackendSettings, proxy_url: str | None) -> Proxy
     )
 
 
+def verifier_uid(spec: SandboxSpec, cfg: KubernetesBackendSettings) -> int:
+    """Harbor's verifier user as a uid: the task's ``[verifier] user`` ('root' or a number),
+    else ``verifier_uid`` (the images' USER, root by default). A pod's user is a number:
+    a name is refused, naming the field."""
+    user = spec.task.config.verifier.user
+    if user is None:
+        return cfg.verifier_uid
+    text = str(user).split(":")[0]
+    if text == "root":
+        return 0
+    if text.isdigit():
+        return int(text)
+    raise EnvSetupError(
+        f"task {spec.task.task_id}: [verifier] user = {user!r}: the kubernetes backend runs a container as a "
+        "numeric uid only (securityContext.runAsUser); give the uid"
+    )
+
+
 def _security(uid: int | None, caps: list[str] | None = None, read_only_root: bool = False) -> dict[str, Any]:
     sec: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
@@ -250,9 +270,19 @@ def pod_manifest(
         }
 
     helper_mounts = [{"name": v.name, "mountPath": str(HELPER_ROOT / v.name)} for v in table]
+    # The verifier as Harbor runs it: the task's user, root unless the task or the images say
+    # otherwise; a root verifier gets the few capabilities apt and dpkg need, nothing more.
+    uid = verifier_uid(spec, cfg)
+    if uid == cfg.agent_uid:
+        raise EnvSetupError(
+            f"task {spec.task.task_id}: [verifier] user = {uid} is the agent's uid: the agent must not write the reward"
+        )
+    verifier = sandbox_container(VERIFIER, uid, small, _mounts(table, "verifier"))
+    if uid == 0:
+        verifier["securityContext"] = _security(None, _ROOT_VERIFIER_CAPS)
     containers = [
         sandbox_container(AGENT, cfg.agent_uid, quota, _mounts(table, "agent") + _runtime_mounts(spec, cfg)),
-        sandbox_container(VERIFIER, cfg.verifier_uid, small, _mounts(table, "verifier")),
+        verifier,
         {
             "name": HELPER,
             "image": cfg.helper_image or image,

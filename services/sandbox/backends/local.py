@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from services.sandbox import runner_guard
+from services.sandbox import verifier_policy
 from services.sandbox.backends import bwrap
 from services.sandbox.backends.base import (
     Backend,
@@ -40,6 +40,7 @@ from services.sandbox.backends.base import (
     Phase,
     Sandbox,
     SandboxSpec,
+    restore_workspace,
 )
 from services.sandbox.backends.cgroups import CgroupSupport, PhaseCgroup
 from services.sandbox.backends.layers import Layer, LayerCache
@@ -101,6 +102,7 @@ class LocalBackend(Backend):
         super().__init__(settings.integrity, self.cfg.limits_unenforced_ok)
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
+        verifier_policy.check_local_user(spec.task, verifier_policy.resolve(spec.task))
         layer = await self.layers.get(spec.task, squash_git=self.integrity.squash_git_history)
         dirs = spec.dirs.create()
         owner = _own(dirs.root / OWNER_FILE)
@@ -127,6 +129,11 @@ class LocalBackend(Backend):
         share_net = request.network == Network.PUBLIC or (
             request.phase == Phase.AGENT and not self.integrity.isolate_network
         )
+        # The verifier as Harbor's user: root is uid 0 of the exec's user namespace, with no
+        # capabilities: `id -u` is 0 and the workspace is its own, but the host system stays
+        # read-only (apt-get fails there, honestly: the host is every task's base system).
+        root = request.user is not None and verifier_policy.is_root(request.user, handle.layer.user)
+        uid = 0 if root else bwrap.SANDBOX_UID
         rlimits = {"fsize": limits.storage_mb * 1024 * 1024}
         if self.memory_rlimit:
             rlimits["as"] = limits.memory_mb * 1024 * 1024
@@ -134,8 +141,9 @@ class LocalBackend(Backend):
             self.cfg,
             argv=argv,
             mounts=self._phase_mounts(sandbox, request),
-            env={**request.env, "HOME": str(sandbox.paths.home), "USER": bwrap.SANDBOX_USER},
+            env={**request.env, "HOME": str(sandbox.paths.home), "USER": "root" if uid == 0 else bwrap.SANDBOX_USER},
             cwd=request.cwd or str(sandbox.paths.workdir),
+            uid_inside=uid,
             share_net=share_net,
             unshare_pid=not keep_alive,
             tmp_size_mb=self.cfg.tmp_size_mb,
@@ -230,7 +238,7 @@ class LocalBackend(Backend):
         layer = _handle(sandbox).layer
         pristine = layer.host_path(layer.workdir)
         return await asyncio.to_thread(
-            runner_guard.restore_for_verify, sandbox.spec.dirs.workspace, pristine, self.integrity
+            restore_workspace, sandbox, sandbox.spec.dirs.workspace, pristine, self.integrity
         )
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:

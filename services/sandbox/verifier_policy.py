@@ -1,0 +1,169 @@
+"""Who runs ``tests/test.sh`` and what it may reach, as Harbor 0.26 decides it, and
+the guard that keeps the agent from gaining from those privileges.
+
+Harbor (``trial/trial.py``, ``trial/network_policy.py``) verifies a single-step task
+in the agent's own container (``environment_mode = "shared"``):
+
+- **user**: ``[verifier] user`` when set, else the environment's default user, which
+  is the image's ``USER`` (root for nearly every task image: Terminal-Bench's
+  ``tests/test.sh`` begins with ``apt-get install``);
+- **network**: ``[verifier] network_mode`` when set, else the environment's
+  (``[environment] network_mode``, or the deprecated ``allow_internet``), whose
+  default is ``public``. ``allowlist`` needs an egress proxy, which no backend here
+  has: refused by name at setup, never run looser or (silently) stricter.
+
+The agent runs as the sandbox user (uid 1000) with no network but the proxy, as
+before; only the verify phase gains the task's identity and network. What the agent
+left behind must not ride on them: ``revert_path_dirs`` reverts every change of the
+agent's in a workspace directory on the verifier's ``PATH`` (a planted ``python3``
+or ``pytest`` the verifier's script would run as root), and the backends remove
+files the agent owns on the routes root follows implicitly outside the workspace
+(``ROOT_ROUTES``) and clear set-id bits of the agent's files (``outside_script``).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from services.sandbox import dockerfile
+from services.sandbox.errors import EnvSetupError
+from services.sandbox.tasks import NetworkMode, Task
+
+# ExecRequest.user for "the image's default USER" (Harbor's verifier when [verifier] user is unset).
+IMAGE_USER = ""
+# Directories root reads or runs from implicitly (shell start-up files, apt/dpkg hooks, cron,
+# ld.so.preload, profile.d, root's HOME), besides every PATH directory.
+ROOT_ROUTES = ("/etc", "/root", "/usr/local", "/var/spool/cron", "/var/lib/dpkg/info")
+PATH_SHADOW = "path-shadow"
+ROOT_ROUTE = "root-route"
+
+
+@dataclass(frozen=True)
+class VerifierRun:
+    """How the verify phase runs: ``user`` as ``ExecRequest.user`` takes it (``IMAGE_USER``
+    or Harbor's ``[verifier] user``, a name or uid[:gid]); ``public`` network or none."""
+
+    user: str
+    public: bool
+
+
+def resolve(task: Task) -> VerifierRun:
+    """Harbor's verifier user and network for ``task``; raises EnvSetupError for what no
+    backend can do (an allowlist), naming the field."""
+    cfg, env = task.config.verifier, task.config.environment
+    field = "[verifier] network_mode"
+    mode = cfg.network_mode
+    if mode is None:
+        field, mode = "[environment] network_mode", env.network_mode or NetworkMode.PUBLIC
+    if mode == NetworkMode.ALLOWLIST:
+        raise EnvSetupError(
+            f"task {task.task_id}: {field} = 'allowlist' (the verifier's network) is not supported: no backend "
+            "here has an egress proxy to enforce allowed_hosts; use 'public' or 'no-network'"
+        )
+    user = IMAGE_USER if cfg.user is None else str(cfg.user)
+    return VerifierRun(user=user, public=mode == NetworkMode.PUBLIC)
+
+
+def is_root(user: str, image_user: str) -> bool:
+    """Whether ``user`` (an ``ExecRequest.user``) is root, given the image's USER."""
+    name = (image_user if user == IMAGE_USER else user).split(":")[0]
+    return name in ("", "root", "0")
+
+
+def verifier_path(sandbox_env: dict[str, str], task: Task) -> str:
+    """The PATH ``tests/test.sh`` starts with (the runner's env order: image/layer, then [verifier] env)."""
+    return task.config.verifier.env.get("PATH") or sandbox_env.get("PATH") or dockerfile.DEFAULT_PATH
+
+
+def workspace_path_dirs(path_value: str, workdir: PurePosixPath) -> list[PurePosixPath]:
+    """The PATH entries inside the workspace, relative to it ('.' for the workdir itself)."""
+    out: list[PurePosixPath] = []
+    for entry in path_value.split(":"):
+        p = PurePosixPath(entry) if entry.startswith("/") else None
+        if p is not None and p.is_relative_to(workdir) and p.relative_to(workdir) not in out:
+            out.append(p.relative_to(workdir))
+    return out
+
+
+def revert_path_dirs(current: Path, pristine: Path, rel_dirs: list[PurePosixPath]) -> list[str]:
+    """Reverts every entry the agent added or changed in the workspace's PATH directories
+    (``current`` against ``pristine``, both host copies of the workspace): a command there
+    shadows the image's of that name for the verifier, who may be root. Returns tamper
+    events ``path-shadow:<path>``."""
+    events: list[str] = []
+    for rel in rel_dirs:
+        here, before = current / rel, pristine / rel
+        if here.is_symlink() or not here.is_dir():
+            if here.is_symlink() or (here.exists() and not before.is_dir()):
+                _remove(here)
+                events.append(f"{PATH_SHADOW}:{rel}")
+            continue
+        for entry in sorted(here.iterdir()):
+            old = before / entry.name
+            if _same(entry, old):
+                continue
+            _remove(entry)
+            if old.exists() or old.is_symlink():
+                _copy(old, entry)
+            events.append(f"{PATH_SHADOW}:{rel / entry.name}")
+    return events
+
+
+def guard_workspace(current: Path, pristine: Path, sandbox_env: dict[str, str], task: Task, workdir: str) -> list[str]:
+    """``revert_path_dirs`` for the verifier's PATH of ``task`` (``current``: the workspace or its host copy)."""
+    rel_dirs = workspace_path_dirs(verifier_path(sandbox_env, task), PurePosixPath(workdir))
+    return revert_path_dirs(current, pristine, rel_dirs)
+
+
+def outside_script(path_value: str, workdir: PurePosixPath, agent_uid: int) -> str:
+    """Root's shell script before verify, in the verifier's container: removes every file
+    the agent's uid owns in a PATH directory outside the workspace or under ``ROOT_ROUTES``,
+    and clears set-id bits on any file it owns; prints each removed path (one a line)."""
+    dirs = [e for e in path_value.split(":") if e.startswith("/") and not PurePosixPath(e).is_relative_to(workdir)]
+    roots = " ".join(shlex.quote(d) for d in dict.fromkeys([*dirs, *ROOT_ROUTES]))
+    return (
+        f'for d in {roots}; do [ -d "$d" ] || continue; '
+        f'find "$d" -xdev -user {agent_uid} ! -type d -print -exec rm -f {{}} + 2>/dev/null; done; '
+        f"find / -xdev -user {agent_uid} -perm /6000 ! -type d -exec chmod ug-s {{}} + 2>/dev/null; true"
+    )
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.is_symlink() or b.is_symlink():
+        return a.is_symlink() and b.is_symlink() and a.readlink() == b.readlink()
+    if a.is_dir() or b.is_dir():
+        # PATH lookup is one level deep: a directory there is only a shadow when it is new.
+        return a.is_dir() and b.is_dir()
+    if not b.is_file():
+        return False
+    same_mode = a.stat().st_mode & 0o7777 == b.stat().st_mode & 0o7777
+    return same_mode and filecmp.cmp(a, b, shallow=False)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True)
+    else:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def check_local_user(task: Task, run: VerifierRun) -> None:
+    """The local backend has two identities: root (uid 0 in its user namespace) and the
+    sandbox user (uid 1000). Any other ``[verifier] user`` is refused by name."""
+    if run.user in (IMAGE_USER, "root", "0", "0:0", "1000", "1000:1000", "agent"):
+        return
+    raise EnvSetupError(
+        f"task {task.task_id}: [verifier] user = {run.user!r} is not supported by the local backend (it has root "
+        "and uid 1000 only); use the docker backend"
+    )

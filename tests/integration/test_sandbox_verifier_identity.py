@@ -1,0 +1,168 @@
+"""The verifier runs as Harbor runs it (issue 38): as the task's user (the image's USER,
+root for most images) with the network the task's verifier settings ask for, while
+the agent keeps uid 1000 and no network but the proxy. Real trials on the local
+backend (bubblewrap) and on a real Docker engine; the "internet" is an HTTP server
+on the host's loopback that only a verify phase with network may reach."""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harnessrl.localservers import DockerEngine
+from services.sandbox.factory import create_backend
+from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
+from services.sandbox.runner import TrialRunner
+from services.sandbox.settings import DockerBackendSettings
+from tests.sandbox_support import make_task, settings_for
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+DOCKERFILE = "FROM python:3.11-slim\nWORKDIR /app\nCOPY README.md /app/README.md\n"
+REACH = "python3 -c \"import os, urllib.request as u; u.urlopen(os.environ['PROBE_URL'], timeout=3)\" 2>/dev/null"
+# The agent records who it was and whether it reached the host server, then does the task.
+AGENT = f"""id -u > /app/agent_uid
+PROBE_URL=$PROBE_URL {REACH} && echo up > /app/agent_net || echo down > /app/agent_net
+echo hello > /app/hello.txt
+"""
+# The verifier reports every fact as a reward key (reward.json keeps them all).
+REPORT_SH = f"""#!/bin/bash
+flag() {{ if "$@"; then echo 1; else echo 0; fi; }}
+reach() {{ {REACH}; }}
+hello=$(flag test "$(cat /app/hello.txt 2>/dev/null)" = hello)
+root=$(flag test "$(id -u)" = 0)
+net=$(flag reach)
+agent_1000=$(flag test "$(cat /app/agent_uid)" = 1000)
+agent_net=$(flag test "$(cat /app/agent_net)" = up)
+printf '{{"reward": %s, "root": %s, "net": %s, "agent_1000": %s, "agent_net": %s}}' \\
+  "$hello" "$root" "$net" "$agent_1000" "$agent_net" > /logs/verifier/reward.json
+"""
+# Terminal-Bench's shape: test.sh needs root (a root-only path, as apt-get's lock) and network.
+TB_TEST_SH = f"""#!/bin/bash
+set -u
+fail() {{ echo "FAIL: $1"; echo 0 > /logs/verifier/reward.txt; exit 0; }}
+[ "$(id -u)" = 0 ] || fail "not root"
+echo graded > /root/graded && echo graded > /etc/harnessrl-graded || fail "root-only paths"
+{REACH} || fail "no network"
+[ "$(cat /app/hello.txt 2>/dev/null)" = hello ] || fail "no hello"
+echo 1 > /logs/verifier/reward.txt
+"""
+
+
+@pytest.fixture(scope="module")
+def host_server() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture(params=["local", "docker"])
+def kind(request: pytest.FixtureRequest) -> dict[str, object]:
+    if request.param == "docker":
+        engine = request.getfixturevalue("docker_engine")
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    return {"backend": "local"}
+
+
+def task(
+    root: Path, port: int, verifier: str = "", environment: str = "", test_sh: str = REPORT_SH, storage_mb: int = 64
+) -> Path:
+    toml = (
+        f'schema_version = "1.4"\n[task]\nname = "test/{{name}}"\n[verifier]\ntimeout_sec = 60\n{verifier}'
+        f'[verifier.env]\nPROBE_URL = "http://127.0.0.1:{port}/"\n'
+        f"[environment]\nmemory_mb = 512\nstorage_mb = {storage_mb}\n{environment}"
+        f'[environment.env]\nPROBE_URL = "http://127.0.0.1:{port}/"\n'
+    )
+    return make_task(root, "who", toml=toml, dockerfile=DOCKERFILE, context={"README.md": "r\n"}, test_sh=test_sh)
+
+
+async def run(tmp: Path, task_dir: Path, kind: dict[str, object], harness: str = "shell") -> TrialOutcome:
+    settings = settings_for(tmp, cache_dir=tmp / "cache", **kind)  # type: ignore[arg-type]
+    spec = TrialSpec(
+        trial_id=f"vi-{uuid.uuid4().hex[:10]}",
+        task_path=str(task_dir),
+        harness=harness,
+        harness_options={"script": AGENT} if harness == "shell" else {},
+    )
+    return await TrialRunner(settings, create_backend(settings)).run(spec)
+
+
+@pytest.mark.parametrize(
+    ("verifier", "environment", "root", "net"),
+    [
+        ("", "", 1, 1),  # Harbor's defaults: the image's USER (root), [environment] network_mode = "public"
+        ("", 'network_mode = "no-network"\n', 1, 0),  # inherited by the verifier, as in Harbor
+        ('user = "1000"\nnetwork_mode = "no-network"\n', 'network_mode = "public"\n', 0, 0),  # [verifier] wins
+    ],
+    ids=["defaults", "environment-no-network", "verifier-user-and-network"],
+)
+async def test_the_verifier_runs_as_harbor_runs_it_and_the_agent_as_before(
+    tmp_path: Path, host_server: int, kind: dict[str, object], verifier: str, environment: str, root: int, net: int
+) -> None:
+    outcome = await run(tmp_path, task(tmp_path, host_server, verifier, environment), kind)
+    assert outcome.termination_reason == TerminationReason.COMPLETED, outcome
+    # The agent: uid 1000 and no host network, whatever the verifier gets.
+    expected = {"reward": 1.0, "root": root, "net": net, "agent_1000": 1.0, "agent_net": 0.0}
+    assert outcome.rewards == expected, outcome.verifier_summary
+
+
+async def test_a_terminal_bench_style_task_scores_oracle_1_and_nop_0_on_docker(
+    tmp_path: Path, host_server: int, docker_engine: DockerEngine
+) -> None:
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    task_dir = task(tmp_path, host_server, test_sh=TB_TEST_SH)
+    oracle = await run(tmp_path, task_dir, kind, "oracle")
+    nop = await run(tmp_path, task_dir, kind, "nop")
+    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
+    assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop.verifier_summary
+    assert "no hello" in nop.verifier_summary
+
+
+@pytest.mark.parametrize(
+    ("verifier", "environment", "fragment"),
+    [
+        ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "", "[verifier] network_mode = 'allowlist'"),
+        ("", 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "[environment] network_mode = 'allowlist'"),
+    ],
+)
+async def test_an_allowlist_verifier_fails_setup_by_name(
+    tmp_path: Path, verifier: str, environment: str, fragment: str
+) -> None:
+    outcome = await run(tmp_path, task(tmp_path, 9, verifier, environment), {"backend": "local"})
+    assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED
+    assert fragment in outcome.error and "egress proxy" in outcome.error
+    assert outcome.timings.agent_s == 0 and not list((tmp_path / "trials").glob("*/workspace"))
+
+
+async def test_a_verifier_user_local_cannot_be_fails_setup_by_name(tmp_path: Path) -> None:
+    outcome = await run(tmp_path, task(tmp_path, 9, 'user = "app"\n'), {"backend": "local"})
+    assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED
+    assert "[verifier] user = 'app'" in outcome.error and "docker backend" in outcome.error
+
+
+APT_SH = """#!/bin/bash
+if apt-get update > /logs/verifier/apt.log 2>&1; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.slow
+async def test_apt_get_update_runs_in_a_root_verifier_with_network_on_docker(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """The issue's own failure: Terminal-Bench's test.sh begins with apt-get as root (over
+    http: this machine's build network reaches the Debian mirror, so does a host-network verifier)."""
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    outcome = await run(tmp_path, task(tmp_path, 9, test_sh=APT_SH, storage_mb=1024), kind, "nop")
+    assert (outcome.termination_reason, outcome.reward) == (TerminationReason.COMPLETED, 1.0), (
+        outcome.error,
+        outcome.events,
+    )
