@@ -55,7 +55,8 @@ export const STEP_AXIS = 'rollout step (policy after N updates)';
 const stepAxis = { title: { display: true, text: STEP_AXIS }, grid: { display: false } };
 
 // series: [{label, values: {step: v}, color?, dashed?, axis?}]
-export function lines(stepsList, series, { yTitle = '', yMin, yMax, height, y2Title } = {}) {
+// showGaps: a step without a value breaks the line (else the line spans it).
+export function lines(stepsList, series, { yTitle = '', yMin, yMax, height, y2Title, showGaps = false } = {}) {
   const datasets = series.map((s, i) => ({
     label: s.label,
     data: stepsList.map((st) => (s.values[st] ?? null)),
@@ -63,7 +64,7 @@ export function lines(stepsList, series, { yTitle = '', yMin, yMax, height, y2Ti
     backgroundColor: s.color || PALETTE[i % PALETTE.length],
     borderDash: s.dashed ? [5, 4] : undefined,
     pointRadius: stepsList.length > 40 ? 0 : 2.5,
-    spanGaps: true,
+    spanGaps: !showGaps,
     tension: 0.15,
     yAxisID: s.axis || 'y',
   }));

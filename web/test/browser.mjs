@@ -212,6 +212,10 @@ try {
   const problems = await text('#banner .problems');
   check(problems.includes('names no capture store'), `broken run: the banner names what is missing (${problems})`);
   check((await series('overview')).includes('train reward:3'), 'broken run: its metrics still render');
+  const gaps = await page.$eval('[data-panel="agreement"] [data-agreement-gaps]', (e) => e.dataset.agreementGaps);
+  const why = await text('[data-panel="agreement"] [data-gap-step="1"]');
+  check(gaps === '1' && why.includes('sampled by the weights being trained'), `a step without agreement says why (${why})`);
+  check((await pointsOf('agreement', 0, 'pearson')) === '0,2', 'the stale step stays on the axis, without a point');
   await shot('broken-run');
 
   // --- compare

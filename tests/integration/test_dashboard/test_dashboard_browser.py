@@ -41,7 +41,9 @@ EXPLORE_TRIAL = "s0-hello-0"
 
 
 def second_run(root: Path) -> str:
-    """A run to compare with: rec-1's metrics, rewards halved, no capture store."""
+    """A run to compare with: rec-1's metrics, rewards halved, no capture store; its
+    trainer step 2 trained a batch of stale rollouts only (no agreement, as the trainer
+    then records it)."""
     other = root / "rec-1b"
     other.mkdir()
     info = json.loads((root / RUN_ID / "run.json").read_text()) | {"run_id": "rec-1b", "capture": None}
@@ -50,6 +52,9 @@ def second_run(root: Path) -> str:
     for line in (root / RUN_ID / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         rec["values"]["reward/mean"] *= 0.5
+        if rec["step"] == 2:
+            rec["values"] = {k: v for k, v in rec["values"].items() if not k.startswith("agreement/")}
+            rec["values"] |= {"agreement/tokens": 0.0, "staleness/mean": 1.0}
         lines.append(json.dumps(rec) + "\n")
     (other / "metrics.jsonl").write_text("".join(lines))
     return "rec-1b"

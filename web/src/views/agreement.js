@@ -30,14 +30,14 @@ export function agreementPanel(summary) {
     alertsOf(summary, 'agreement_drop'),
     h(
       'div.grid3',
-      h('div.mini', h('h3', 'Pearson'), lines(st, [{ label: 'pearson', values: p }], { height: 170 })),
+      h('div.mini', h('h3', 'Pearson'), lines(st, [{ label: 'pearson', values: p }], { height: 170, showGaps: true })),
       h(
         'div.mini',
         h('h3', 'mean / max |Δ logprob|'),
         lines(st, [
           { label: 'mean |Δ|', values: series(metrics, 'agreement/mean_abs_diff') },
           { label: 'max |Δ|', values: series(metrics, 'agreement/max_abs_diff'), axis: 'y2' },
-        ], { height: 170 }),
+        ], { height: 170, showGaps: true }),
       ),
       h(
         'div.mini',
@@ -46,7 +46,7 @@ export function agreementPanel(summary) {
           { label: 'q01', values: series(metrics, 'agreement/log_ratio_q01'), dashed: true },
           { label: 'q99', values: series(metrics, 'agreement/log_ratio_q99'), dashed: true },
           { label: 'ESS', values: series(metrics, 'agreement/ess', 'is/ess'), axis: 'y2' },
-        ], { height: 170 }),
+        ], { height: 170, showGaps: true }),
       ),
     ),
     gapsNote(gaps),

@@ -45,7 +45,7 @@ function header(t) {
       kv('harness exit', t.harness_exit_code),
       kv('policy versions', t.policy_versions.join(', ') || '—'),
       kv('model calls', t.segments_detail.reduce((n, s) => n + s.calls, 0)),
-      kv('trace', t.trace_url ? h('a', { href: t.trace_url, target: '_blank', rel: 'noopener', id: 'trace-link' }, 'open trace') : 'not recorded'),
+      kv('trace', t.trace_url ? h('a', { href: t.trace_url, target: '_blank', rel: 'noopener', id: 'trace-link' }, 'open trace') : (t.metadata || {}).trace_id ? h('span.mono', { title: 'set [dashboard] trace_url to link a trace UI' }, t.metadata.trace_id) : 'not recorded'),
     ),
     timingBar(t.timings),
     t.verifier_summary ? h('details', h('summary', 'verifier output'), h('pre', t.verifier_summary)) : null,
