@@ -13,6 +13,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from harnessrl.errors import ConfigError
 
@@ -62,7 +63,7 @@ def expand(paths: Sequence[Path], families: Sequence[str] = ()) -> list[Path]:
     return tasks
 
 
-def pool_summary(path: Path) -> dict[str, object]:
+def pool_summary(path: Path) -> dict[str, Any]:
     """A task or pool's path, task count and tasks per family (sorted by family)."""
     tasks = tasks_of(Path(path))
     families = Counter(family(t) for t in tasks)
