@@ -59,13 +59,14 @@ from harnessrl.errors import FailedPrecondition, HarnessError, InvalidArgument
 from harnessrl.rpc import check_target, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput
+from services.gateway.errors import ContextLengthExceeded
+from stack.verl_checks import AGENT_NAME, check_estimator, engine_context_window
 from stack.verl_outputs import masked_output, trajectory_to_output, trajectory_to_outputs
 
 __all__ = ["AGENT_NAME", "HarnessAgentLoop", "VerlServerEngine", "masked_output", "trajectory_to_output"]
 
 log = logging.getLogger(__name__)
 
-AGENT_NAME = "harnessrl_agent"
 SEGMENT_MODES = frozenset({"last", "all"})
 
 # -- the engine adapter ---------------------------------------------------------------------
@@ -74,18 +75,48 @@ SEGMENT_MODES = frozenset({"last", "all"})
 class VerlServerEngine(Engine):
     """A gateway engine whose sampler is verl's server manager (its vLLM/SGLang replicas).
 
-    Weight versions are verl's business (its trainer syncs its replicas); the
-    version stamped on tokens is ``policy_version``, which the agent loop sets
-    from verl's global step.
+    Weight versions are verl's business (its trainer syncs its replicas and tells
+    each its version, ``set_global_steps``); every reply of verl's server manager
+    reports the versions that sampled it (``TokenOutput.extra_fields``:
+    ``min_global_steps``/``max_global_steps``, a span when verl resumed the call
+    across a weight sync, partial rollout). A call's tokens are stamped with its
+    ``min_global_steps``: verl does not say which token came from which version, and
+    the oldest never makes a token look fresher than it is. ``policy_version`` is the
+    latest version reported; before any report (a replica not yet synced reports
+    None) it is ``initial_version``, the agent loop's explicit setting, and the
+    engine logs that it fell back.
+
+    ``context_window`` is verl's replicas' real limit (``engine_context_window``):
+    the gateway refuses a longer prompt as ``ContextLengthExceeded`` before verl is
+    called (and a refusal by verl's server is mapped to the same), so the proxy ends
+    the trial ``context_overflow``. That termination reason is chosen on purpose: it
+    is a *policy* reason (trained with the verifier's reward, as on the CPU path), not
+    an infrastructure one. The window is the run's configuration, the same for every
+    trial of a group; a policy whose context outgrows it (verbose tool use, loops) did
+    so by its own actions, and masking those trials as infra failures would hide
+    exactly the behaviour the reward should discourage. A window wrongly reported
+    (the old fixed 32768) would instead have surfaced as verl's engine error, an
+    infra reason, silently dropping those trials.
     """
 
     kind = "verl"
 
-    def __init__(self, server_manager: Any, vocab_size: int, name: str = "verl-0", context_window: int = 32768) -> None:
+    def __init__(
+        self,
+        server_manager: Any,
+        vocab_size: int,
+        name: str = "verl-0",
+        *,
+        context_window: int,
+        initial_version: int = 0,
+    ) -> None:
         super().__init__(name)
+        if context_window < 2:
+            raise InvalidArgument(f"verl engine: context_window must be >= 2, got {context_window}")
         self.vocab_size = vocab_size
         self.server_manager = server_manager
-        self.policy_version = 0
+        self.policy_version = initial_version
+        self.reported = False  # True once a replica reported a version
         self.context_window = context_window
         # (layers, top-k) of the routes verl's replicas returned, once seen: masked rows carry
         # zero routes of this shape so a batch where other rows have routes concatenates.
@@ -93,6 +124,7 @@ class VerlServerEngine(Engine):
         self._in_flight = 0
         # trial id -> (verl's sampling params, verl's response_length): what governs its calls.
         self._governed: dict[str, tuple[dict[str, Any], int]] = {}
+        self._latest: dict[str, int] = {}  # governed trial -> newest version a reply reported
 
     def govern(self, trial_id: str, sampling_params: Mapping[str, Any], response_length: int) -> None:
         """From now until ``release``, the trial's calls sample with verl's parameters."""
@@ -109,6 +141,7 @@ class VerlServerEngine(Engine):
 
     def release(self, trial_id: str) -> None:
         self._governed.pop(trial_id, None)
+        self._latest.pop(trial_id, None)
 
     def sampling_for(self, request: GenerateInput) -> dict[str, Any]:
         """The parameters sent to verl's server manager: verl's for a governed trial (the
@@ -142,12 +175,43 @@ class VerlServerEngine(Engine):
             out = await self.server_manager.generate(
                 request_id=sticky, prompt_ids=request.prompt_ids.tolist(), sampling_params=params
             )
+        except ValueError as e:  # through Ray too: a RayTaskError is also its cause's class
+            if "context length" not in str(e):
+                raise
+            # verl's vLLM server: "Prompt length (n) leaves no room ... maximum context length".
+            # The same outcome as the gateway's own check: context_overflow, a policy reason.
+            raise ContextLengthExceeded(len(request.prompt_ids), self.context_window, str(e)[:300]) from e
         finally:
             self._in_flight -= 1
-        chunk = output_to_chunk(out, len(request.prompt_ids), self.policy_version)
+        chunk = output_to_chunk(out, len(request.prompt_ids), self._version_of(out, request.trial_id))
         if chunk.routed_experts is not None and chunk.routed_experts.ndim == 3:
             self.route_shape = (int(chunk.routed_experts.shape[1]), int(chunk.routed_experts.shape[2]))
         yield chunk
+
+    def _version_of(self, out: Any, trial_id: str) -> int:
+        """The version stamped on one reply's tokens (see the class docstring); the
+        reply's span widens its governed trial's (``latest``)."""
+        extra = getattr(out, "extra_fields", None) or {}
+        low = extra.get("min_global_steps", extra.get("global_steps"))
+        high = extra.get("max_global_steps", extra.get("global_steps", low))
+        if low is None:
+            if not self.reported:
+                log.warning(
+                    "verl replica reported no weight version; stamping initial_policy_version",
+                    extra={"kv": {"version": self.policy_version}},
+                )
+            return self.policy_version
+        low, high = int(low), int(high if high is not None else low)
+        self.reported = True
+        self.policy_version = max(self.policy_version, high)
+        if trial_id in self._governed:
+            self._latest[trial_id] = max(self._latest.get(trial_id, high), high)
+        return low
+
+    def latest(self, trial_id: str) -> int | None:
+        """The newest version any reply of the trial reported (its tokens carry each
+        reply's oldest), None before one; kept until ``release``."""
+        return self._latest.get(trial_id)
 
     async def abort(self, request_id: str) -> bool:
         return False  # verl's server manager has no per-request abort
@@ -205,17 +269,32 @@ class _WorkerGateway:
         self._server: Any = None
 
     async def ensure(
-        self, server_manager: Any, vocab_size: int, bind: str = "127.0.0.1", address: str = ""
+        self,
+        server_manager: Any,
+        vocab_size: int,
+        bind: str = "127.0.0.1",
+        address: str = "",
+        *,
+        context_window: int,
+        initial_version: int = 0,
     ) -> tuple[str, VerlServerEngine]:
         """The worker's gateway, started on first use: bound to ``bind`` and named to the
         proxy as ``address:port`` (``address`` defaults to ``bind``; with ``bind`` 0.0.0.0,
         to this host's address, which a proxy on another node can reach)."""
         async with self._lock():
             if self.target is None or self.engine is None:
-                self.engine = VerlServerEngine(server_manager, vocab_size)
+                self.engine = VerlServerEngine(
+                    server_manager, vocab_size, context_window=context_window, initial_version=initial_version
+                )
                 self._server, port = await serve_engine(self.engine, bind)
                 host = address or (socket.gethostbyname(socket.gethostname()) if bind in ("0.0.0.0", "::") else bind)
                 self.target = check_target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+            elif self.engine.context_window != context_window:
+                # One worker process runs one verl config: two windows are a bug, not a choice.
+                raise FailedPrecondition(
+                    f"{AGENT_NAME}: this worker's gateway serves a {self.engine.context_window}-token window, "
+                    f"a loop asks for {context_window}"
+                )
             return self.target, self.engine
 
     def _lock(self) -> asyncio.Lock:
@@ -295,9 +374,13 @@ class HarnessAgentLoop(AgentLoopBase):
         gateway_address: str = "",
         segments: str = "last",
         temperature: float | None = None,
+        initial_policy_version: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        check_estimator(self.config)
+        self.context_window = engine_context_window(self.config)
+        self.initial_policy_version = int(initial_policy_version)
         if not sandbox_target or not capture_target:
             raise InvalidArgument(f"{AGENT_NAME}: sandbox_target and capture_target are required (host:port)")
         if segments not in SEGMENT_MODES:
@@ -324,8 +407,12 @@ class HarnessAgentLoop(AgentLoopBase):
             len(self.tokenizer),  # type: ignore[arg-type]
             self.gateway_bind,
             self.gateway_address,
+            context_window=self.context_window,
+            initial_version=self.initial_policy_version,
         )
-        engine.policy_version = int(kwargs.get("global_steps", 0))
+        # The weights' version is what verl's replicas report (VerlServerEngine); verl's rows
+        # carry no step of their own (a `verl prepare` row never has global_steps).
+        version = engine.policy_version
         trial_id = f"verl-{uuid.uuid4().hex[:16]}"
         if "task_path" not in kwargs:
             raise InvalidArgument(f"{AGENT_NAME}: dataset row has no 'task_path' column")
@@ -336,9 +423,9 @@ class HarnessAgentLoop(AgentLoopBase):
             task_id=str(kwargs.get("task_id", kwargs["task_path"])),
             group_id=str(kwargs.get("uid", trial_id)),
             group_size=int(self.rollout_config.n),
-            step=int(kwargs.get("global_steps", 0)),
+            step=int(kwargs.get("global_steps", version)),
             harness=self.harness,
-            policy_version=engine.policy_version,
+            policy_version=version,
             harness_options=self.harness_options,
             # The proxy sends this trial's model calls to this worker's gateway (verl's replicas).
             gateway_target=target,
@@ -353,22 +440,30 @@ class HarnessAgentLoop(AgentLoopBase):
             status = await run_trial(self.sandbox_target, spec, self.service_token, self.poll_s, self.trial_deadline_s)
             log.info("trial finished", extra={"kv": {"trial": trial_id, "reward": status.reward}})
             traj = await fetch_trajectory(self.capture_target, spec.run_id, trial_id, self.service_token)
+            latest = engine.latest(trial_id)
         except TimeoutError:
-            return self._shaped(masked_output("trial_deadline", info, pad, engine.route_shape))
+            return self._shaped(masked_output("trial_deadline", info, pad, engine.route_shape, engine.policy_version))
         except (grpc.aio.AioRpcError, HarnessError, OSError) as e:
             # One trial's infrastructure failure is a masked row, never the batch's failure.
             error = info | {"error": str(e)[:500]}
-            return self._shaped(masked_output("sandbox_error", error, pad, engine.route_shape))
+            return self._shaped(masked_output("sandbox_error", error, pad, engine.route_shape, engine.policy_version))
         finally:
             engine.release(trial_id)
         convert = trajectory_to_outputs if self.segments == "all" else trajectory_to_output
-        return convert(
+        out = convert(
             traj,
             response_length,
             prompt_length=int(self.rollout_config.prompt_length),
             pad_id=pad,
             route_shape=engine.route_shape,
+            version=engine.policy_version,
         )
+        final = out[-1] if isinstance(out, list) else out
+        if latest is not None and final.extra_fields["harnessrl_valid"]:
+            # A reply verl resumed across a weight sync reports its span, its tokens only the
+            # oldest: the trial's last row (main's last segment) carries the newest as its max.
+            final.extra_fields["max_global_steps"] = max(int(final.extra_fields["max_global_steps"]), latest)
+        return out
 
     def _shaped(self, out: AgentLoopOutput) -> AgentLoopOutput | list[AgentLoopOutput]:
         return [out] if self.segments == "all" else out

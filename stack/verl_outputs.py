@@ -18,6 +18,14 @@ Two shapes, for the two kinds of verl agent-loop worker (verl 0.9.1):
   segment trains with its trajectory's advantage. A segment that cannot be a row
   (longer than verl's lengths, malformed) is dropped and counted the same way.
 
+Policy versions: every row carries ``extra_fields["min_global_steps"]`` and
+``["max_global_steps"]`` (ints), the weight versions its sampled tokens came from,
+as verl's own server manager reports them per call: verl's ``_postprocess`` fills a
+row without them with None and the fully-async trainer's batch assembly
+(``detach_utils.assemble_batch_from_rollout_samples``) computes ``abs(max - min)``
+over them (a TypeError on None), the v1 trainer's staleness metrics ``int()`` them.
+A masked row carries the version it is given (the engine's latest), both equal.
+
 Never raises for one trial's outcome (verl gathers a batch's samples without
 ``return_exceptions``: one exception fails the whole batch). A trial that cannot
 be trained becomes one masked row (``masked_output``).
@@ -37,6 +45,10 @@ from harnessrl.errors import InvalidArgument
 from harnessrl.v1 import records_pb2
 
 log = logging.getLogger(__name__)
+
+# A version nobody reported: a masked row of a caller that knows none (the agent loop always
+# passes its engine's). Explicit, never 0, which is a real version (verl's first weights).
+UNKNOWN_VERSION = -1
 
 POLICY_REASONS = frozenset(
     {
@@ -90,6 +102,8 @@ def _segment_output(
         return "response_too_long", {"length": len(d["response_ids"])}
     if prompt_length is not None and len(d["prompt_ids"]) > prompt_length:
         return "prompt_too_long", {"length": len(d["prompt_ids"])}
+    sampled = [v for v, m in zip(d["policy_versions"], d["response_mask"], strict=True) if m]
+    versions = sampled or d["policy_versions"] or [UNKNOWN_VERSION]
     full_routes = None
     if routes is not None:
         # verl indexes routes by absolute position (prompt + response); prompt rows are not captured.
@@ -114,8 +128,14 @@ def _segment_output(
             "harnessrl_segment": f"{d['thread']}/{d['index']}",
             "harnessrl_segments": [],
             "harnessrl_dropped_segments": 0,
-        },
+        }
+        | version_fields(min(versions), max(versions)),
     )
+
+
+def version_fields(low: int, high: int) -> dict[str, int]:
+    """verl's per-row weight-version span (see the module docstring)."""
+    return {"min_global_steps": int(low), "max_global_steps": int(high)}
 
 
 def trajectory_to_outputs(
@@ -125,20 +145,21 @@ def trajectory_to_outputs(
     prompt_length: int | None = None,
     pad_id: int = 0,
     route_shape: tuple[int, int] | None = None,
+    version: int = UNKNOWN_VERSION,
 ) -> list[AgentLoopOutput]:
     """Every trainable segment as one row, the main thread's last segment last; an
-    untrainable trial is ``[masked_output]`` (see the module docstring)."""
+    untrainable trial is ``[masked_output]`` stamped ``version`` (see the module docstring)."""
     main = [s for s in traj.segments if s.trainable and s.key.thread == "main"]
     reason = records_pb2.TerminationReason.Name(traj.termination_reason)
     base = {"trial_id": traj.trial_id, "termination_reason": reason, "reward": traj.reward if traj.has_reward else None}
     if route_shape is None:
         route_shape = next((_route_shape(s) for s in traj.segments if _route_shape(s)), None)
     if why := _trial_mask(traj, main):
-        return [masked_output(why, base, pad_id, route_shape)]
+        return [masked_output(why, base, pad_id, route_shape, version)]
     final_seg = max(main, key=lambda s: s.key.segment_index)
     final = _segment_output(final_seg, traj, response_length, prompt_length)
     if not isinstance(final, AgentLoopOutput):
-        return [masked_output(final[0], base | final[1], pad_id, route_shape)]
+        return [masked_output(final[0], base | final[1], pad_id, route_shape, version)]
     rows: list[AgentLoopOutput] = []
     untrained = [_segment_dict(s) for s in traj.segments if not s.trainable]
     # Sub-agent threads first, then main's earlier segments, each thread in order.
@@ -164,11 +185,12 @@ def trajectory_to_output(
     prompt_length: int | None = None,
     pad_id: int = 0,
     route_shape: tuple[int, int] | None = None,
+    version: int = UNKNOWN_VERSION,
 ) -> AgentLoopOutput:
     """One row per trial (verl's classic worker): the main thread's last segment; the
     other trainable segments are dropped and counted (see the module docstring)."""
     outs = trajectory_to_outputs(
-        traj, response_length, prompt_length=prompt_length, pad_id=pad_id, route_shape=route_shape
+        traj, response_length, prompt_length=prompt_length, pad_id=pad_id, route_shape=route_shape, version=version
     )
     final = outs[-1]
     if not final.extra_fields["harnessrl_valid"]:
@@ -183,7 +205,11 @@ def trajectory_to_output(
 
 
 def masked_output(
-    why: str, info: Mapping[str, Any], pad_id: int = 0, route_shape: tuple[int, int] | None = None
+    why: str,
+    info: Mapping[str, Any],
+    pad_id: int = 0,
+    route_shape: tuple[int, int] | None = None,
+    version: int = UNKNOWN_VERSION,
 ) -> AgentLoopOutput:
     """A well-formed sample that weighs 0 in verl's loss and, with verl_hooks'
     ``harnessrl_grpo`` estimator, is out of its group's statistics.
@@ -216,7 +242,8 @@ def masked_output(
             "harnessrl_segment": "",
             "harnessrl_segments": [],
             "harnessrl_dropped_segments": 0,
-        },
+        }
+        | version_fields(version, version),
     )
 
 

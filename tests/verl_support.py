@@ -25,23 +25,54 @@ AGENT_LOOPS = STACK_VERL / "agent_loops.yaml"
 class FakeServerManager:
     """verl's server manager interface (generate -> TokenOutput), deterministic."""
 
-    def __init__(self) -> None:
+    def __init__(self, versions: tuple[int | None, int | None] | None = None) -> None:
         self.calls: list[tuple[str, list[int], dict[str, Any]]] = []
+        # (min_global_steps, max_global_steps) each reply reports, as verl's server manager
+        # does (llm_server.py); None: the keys are absent (a server that reports none).
+        self.versions = versions
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
         self.calls.append((request_id, prompt_ids, sampling_params))
         n = 4
         ids = [(sum(prompt_ids) + i) % 1000 + 3 for i in range(n)]
         routes = np.arange((len(prompt_ids) + n) * 2 * 2).reshape(-1, 2, 2) % 8
-        return TokenOutput(token_ids=ids, log_probs=[-0.5 - 0.1 * i for i in range(n)], routed_experts=routes.tolist())
+        extra: dict[str, Any] = {}
+        if self.versions is not None:
+            low, high = self.versions
+            extra = {"global_steps": high, "min_global_steps": low, "max_global_steps": high}
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=[-0.5 - 0.1 * i for i in range(n)],
+            routed_experts=routes.tolist(),
+            extra_fields=extra,
+        )
 
 
-def agent_loop(manager: FakeServerManager, tokenizer: Any, prompt_length: int, response_length: int, **kw: Any) -> Any:
-    """Exactly how verl's AgentLoopWorker builds an agent loop from agent_loop_config_path."""
+def agent_loop(
+    manager: FakeServerManager,
+    tokenizer: Any,
+    prompt_length: int,
+    response_length: int,
+    *,
+    max_model_len: int | None = None,
+    adv_estimator: str = "harnessrl_grpo",
+    **kw: Any,
+) -> Any:
+    """Exactly how verl's AgentLoopWorker builds an agent loop from agent_loop_config_path,
+    with the sections of verl's trainer config the loop reads (the model is the default
+    model; ``max_model_len`` None is verl's default: the model's own window)."""
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
+    from harnessrl import paths
+
     rollout = {"prompt_length": prompt_length, "response_length": response_length, "n": 2}
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}})
+    rollout["max_model_len"] = max_model_len
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": rollout, "model": {"path": str(paths.default_model_dir())}},
+            "algorithm": {"adv_estimator": adv_estimator},
+        }
+    )
     (entry,) = OmegaConf.load(AGENT_LOOPS)
     return hydra.utils.instantiate(
         config=entry,

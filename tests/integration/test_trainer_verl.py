@@ -91,7 +91,7 @@ async def test_every_outcome_is_a_well_formed_sample_and_untrainable_ones_weigh_
 
 async def test_engine_adapter_serves_verl_server_manager_through_a_real_gateway() -> None:
     manager = FakeServerManager()
-    engine = val.VerlServerEngine(manager, vocab_size=49152)
+    engine = val.VerlServerEngine(manager, vocab_size=49152, context_window=4096)
     engine.policy_version = 7
     server, port = await val.serve_engine(engine)
     try:
@@ -125,7 +125,7 @@ async def test_verls_sampling_params_govern_the_trials_calls() -> None:
     call of that trial, whatever the proxy asked; max tokens capped at verl's
     response_length; other trials keep their own."""
     manager = FakeServerManager()
-    engine = val.VerlServerEngine(manager, vocab_size=49152)
+    engine = val.VerlServerEngine(manager, vocab_size=49152, context_window=4096)
     engine.govern("t1", VERL_PARAMS, response_length=3)
     server, port = await val.serve_engine(engine)
 
@@ -161,7 +161,7 @@ async def test_verls_sampling_params_govern_the_trials_calls() -> None:
 
 
 def test_malformed_verl_sampling_params_are_refused() -> None:
-    engine = val.VerlServerEngine(FakeServerManager(), vocab_size=10)
+    engine = val.VerlServerEngine(FakeServerManager(), vocab_size=10, context_window=64)
     for bad in ({}, {"temperature": "hot"}, {"temperature": 1.0, "top_p": "x"}):
         with pytest.raises(InvalidArgument, match="numeric temperature"):
             engine.govern("t", bad, response_length=8)
@@ -203,7 +203,7 @@ async def test_harness_agent_loop_runs_real_trials_on_verls_replicas(
     tasks = tmp_path / "tasks"
     good, broken = make_task(tasks, "good"), make_task(tasks, "broken", dockerfile="FROM x\nRUN exit 7\n")
     tokenizer = AutoTokenizer.from_pretrained(paths.default_model_dir())
-    manager = FakeServerManager()
+    manager = FakeServerManager(versions=(3, 3))  # verl's replicas report the weights' version
     async with model_stack(tmp_path / "stack", {"*": [{"content": "from A"}]}) as stack:
         sandbox = await create_sandbox_server(stack.sandbox_settings(tmp_path, heartbeat_s=0.2, concurrency=3))
         monkeypatch.setenv("HARNESSRL_SANDBOX_TARGET", f"127.0.0.1:{sandbox.port}")
@@ -217,9 +217,10 @@ async def test_harness_agent_loop_runs_real_trials_on_verls_replicas(
         params: dict[str, Any] = dict(VERL_PARAMS)
         try:
             outs = await asyncio.gather(
-                loop.run(params, task_path=str(good), task_id="good", uid="g-good", global_steps=3),
-                loop.run(params, task_path=str(broken), task_id="broken", uid="g-broken", global_steps=3),
-                short.run(params, task_path=str(good), task_id="good", uid="g-good", global_steps=3),
+                # rows as `verl prepare` writes them: no global_steps
+                loop.run(params, task_path=str(good), task_id="good", uid="g-good"),
+                loop.run(params, task_path=str(broken), task_id="broken", uid="g-broken"),
+                short.run(params, task_path=str(good), task_id="good", uid="g-good"),
             )
         finally:
             await sandbox.stop(0)
@@ -232,6 +233,7 @@ async def test_harness_agent_loop_runs_real_trials_on_verls_replicas(
     assert ok.response_ids in sampled, "the tokens verl's replicas sampled, as captured"
     assert ok.response_logprobs == pytest.approx([-0.5, -0.6, -0.7, -0.8])
     assert ok.extra_fields["harnessrl_policy_versions"] == [3] * 4 and set(ok.response_mask) == {1}
+    assert (ok.extra_fields["min_global_steps"], ok.extra_fields["max_global_steps"]) == (3, 3)
     assert failed.extra_fields["harnessrl_masked"] == "infra:env_setup_failed" and failed.response_mask == [0]
     assert too_long.extra_fields["harnessrl_masked"] == "response_too_long" and too_long.response_mask == [0]
     assert len(manager.calls) == 2, "the two trials that ran called verl's replicas once each"
@@ -277,7 +279,7 @@ def test_hydra_config_composes_with_verls_fully_async_config(monkeypatch: pytest
     with initialize_config_dir(config_dir=str(Path(fully_async.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="fully_async_ppo_trainer", overrides=overrides)
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == val.AGENT_NAME
-    assert cfg.async_training.partial_rollout and cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.async_training.partial_rollout and cfg.algorithm.adv_estimator == "harnessrl_grpo"
     # verl repeats each prompt actor_rollout_ref.rollout.n times (the group); its own default is 1.
     assert cfg.actor_rollout_ref.rollout.n == cfg.rollout.n == 8
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own schema check
