@@ -52,7 +52,6 @@ class SmallModelDefaults:
     harness_options: dict[str, str]
     temperature: float
     max_turns: int
-    agent_timeout_s: float
     proxy: dict[str, Any]
 
 
@@ -60,7 +59,6 @@ QUICKSTART_DEFAULTS = SmallModelDefaults(
     harness_options={"config": "compact"},
     temperature=0.7,
     max_turns=3,
-    agent_timeout_s=300.0,
     # The compact config's requests carry no tools: the main thread is the first one.
     proxy={"main_requires_tools": False, "default_max_tokens": 128},
 )
@@ -191,7 +189,7 @@ def resolve(flags: TrialFlags, config: Path | None) -> TrialConfig:
         harness_options=options,
         temperature=temperature,
         max_turns=pick("max_turns", flags.max_turns, d.max_turns if quick else 0),
-        agent_timeout_s=pick("agent_timeout_s", None, d.agent_timeout_s if quick else 0.0),
+        agent_timeout_s=run.get("agent_timeout_s", 0.0),  # 0: the task's own (the quickstart's 300 s is a run's)
         verifier_timeout_s=run.get("verifier_timeout_s", 0.0),
         runs_dir=run.get("runs_dir") or paths.runs_dir(),
         sandbox=load_section(SandboxSettings, config, "sandbox"),  # the environment applies too
@@ -221,6 +219,6 @@ def describe(cfg: TrialConfig) -> str:
     opts = " ".join(f"-o {k}={v}" for k, v in cfg.harness_options.items())
     return (
         f"default model + {cfg.harness}: the quickstart's settings ({opts}, --temperature {cfg.temperature}, "
-        f"--max-turns {cfg.max_turns}, agent timeout {cfg.agent_timeout_s:g} s); "
+        f"--max-turns {cfg.max_turns}); "
         "-o config=default for mini-swe-agent's own tool-calling config"
     )

@@ -25,14 +25,13 @@ def test_the_defaults_are_the_quickstarts() -> None:
     assert QUICKSTART_DEFAULTS.harness_options == run["harness_options"]
     assert QUICKSTART_DEFAULTS.temperature == run["temperature"]
     assert QUICKSTART_DEFAULTS.max_turns == run["max_turns"]
-    assert QUICKSTART_DEFAULTS.agent_timeout_s == run["agent_timeout_s"]
     assert QUICKSTART_DEFAULTS.proxy == {k: proxy[k] for k in QUICKSTART_DEFAULTS.proxy}
 
 
 def test_no_flags_run_mini_swe_agent_as_the_quickstart_does() -> None:
     cfg = resolve(TrialFlags(harness="mini-swe-agent"), None)
     assert cfg.harness_options == {"config": "compact"} and cfg.temperature == 0.7
-    assert cfg.max_turns == 3 and cfg.agent_timeout_s == 300
+    assert cfg.max_turns == 3 and cfg.agent_timeout_s == 0  # the task's own agent timeout
     assert cfg.proxy_fields == {"main_requires_tools": False, "default_max_tokens": 128, "temperature": 0.7}
     assert cfg.model_dir.name == "SmolLM2-135M-Instruct"
     assert resolve(TrialFlags(), None).harness_options == {"config": "compact"}  # mini-swe-agent is the default
