@@ -12,7 +12,12 @@ What it captured is kept: the trial is a run directory of its own,
 ``$HARNESSRL_RUNS_DIR/<trial id>`` (default ``$HARNESSRL_HOME/runs``) with its
 ``run.json`` (``kind = "trial"``), the embedded capture store and the artifacts,
 and the capture's run id is the trial id. ``harnessrl capture export --trial ID``
-and the dashboard (``/trials/<id>``) find it with no store flags.
+and the dashboard (``/trials/<id>``) find it with no store flags; ``run.json``
+names the model and the tokenizer folder, so the dashboard decodes the transcript.
+
+What it runs with is resolved by ``stack.trialconfig``: flags, then ``--config``'s
+``[run]`` (trial fields only) and ``[sandbox] [proxy] [gateway]``, then, for
+mini-swe-agent with the default model, the quickstart's settings.
 """
 
 from __future__ import annotations
