@@ -41,6 +41,8 @@ TRIAL_FIELDS = (
     "agent_timeout_s",
     "verifier_timeout_s",
     "runs_dir",
+    "reward_key",
+    "reward_weights",
 )
 TRIAL_TABLES = ("run", "sandbox", "proxy", "gateway")
 
@@ -91,6 +93,8 @@ class TrialConfig:
     verifier_timeout_s: float
     runs_dir: Path
     sandbox: SandboxSettings
+    reward_key: str | None = None  # which of the verifier's rewards the trial reports ([run] reward_key)
+    reward_weights: dict[str, float] | None = None
     proxy_fields: dict[str, Any] = field(default_factory=dict)
     gateway_fields: dict[str, Any] = field(default_factory=dict)
     defaults_used: list[str] = field(default_factory=list)
@@ -192,6 +196,8 @@ def resolve(flags: TrialFlags, config: Path | None) -> TrialConfig:
         agent_timeout_s=run.get("agent_timeout_s", 0.0),  # 0: the task's own (the quickstart's 300 s is a run's)
         verifier_timeout_s=run.get("verifier_timeout_s", 0.0),
         runs_dir=run.get("runs_dir") or paths.runs_dir(),
+        reward_key=run.get("reward_key"),
+        reward_weights=run.get("reward_weights"),
         sandbox=load_section(SandboxSettings, config, "sandbox"),  # the environment applies too
         proxy_fields=proxy,
         gateway_fields=gateway,

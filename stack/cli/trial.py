@@ -99,6 +99,8 @@ async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) 
         max_turns=cfg.max_turns,
         agent_timeout_s=cfg.agent_timeout_s,
         verifier_timeout_s=cfg.verifier_timeout_s,
+        reward_key=cfg.reward_key or "",
+        reward_weights=cfg.reward_weights or {},
     )
     info.write("running")
     # Sockets stay in a short temporary directory (a Unix socket path has 108 bytes at most).

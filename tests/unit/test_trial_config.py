@@ -58,6 +58,8 @@ def test_config_run_table_applies_what_fits_one_trial(tmp_path: Path) -> None:
     assert cfg.agent_timeout_s == 60 and cfg.runs_dir == tmp_path / "runs"
     assert cfg.proxy_fields == {"default_max_tokens": 64, "temperature": 0.5}
     assert resolve(TrialFlags(temperature=0.9, harness_options={"config": "compact"}), cfg_file).temperature == 0.9
+    cfg_file.write_text("[run]\nreward_weights = { correctness = 1.0, speed = 0.5 }\n")
+    assert resolve(TrialFlags(), cfg_file).reward_weights == {"correctness": 1.0, "speed": 0.5}
 
 
 @pytest.mark.parametrize(
@@ -71,6 +73,7 @@ def test_config_run_table_applies_what_fits_one_trial(tmp_path: Path) -> None:
         ("[trainer]\nport = 1\n", "[trainer] does not apply to a single trial"),
         ("[proxy]\nno_such = 1\n", "[proxy]: unknown setting 'no_such'"),
         ("[run]\ntemperature = 0.5\n[proxy]\ntemperature = 0.9\n", "[proxy] temperature conflicts"),
+        ("[run]\nreward_key = 'a'\nreward_weights = { b = 1.0 }\n", "[run]: "),
     ],
 )
 def test_config_refuses_what_a_trial_cannot_honour(tmp_path: Path, text: str, fragment: str) -> None:
