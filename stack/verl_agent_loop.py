@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -60,6 +59,7 @@ from harnessrl.rpc import check_target, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import ContextLengthExceeded
+from stack import verl_address
 from stack.verl_checks import AGENT_NAME, check_estimator, engine_context_window
 from stack.verl_outputs import masked_output, trajectory_to_output, trajectory_to_outputs
 
@@ -280,14 +280,15 @@ class _WorkerGateway:
     ) -> tuple[str, VerlServerEngine]:
         """The worker's gateway, started on first use: bound to ``bind`` and named to the
         proxy as ``address:port`` (``address`` defaults to ``bind``; with ``bind`` 0.0.0.0,
-        to this host's address, which a proxy on another node can reach)."""
+        to this node's address as its routes pick it, ``verl_address.advertised_host``)."""
         async with self._lock():
             if self.target is None or self.engine is None:
                 self.engine = VerlServerEngine(
                     server_manager, vocab_size, context_window=context_window, initial_version=initial_version
                 )
                 self._server, port = await serve_engine(self.engine, bind)
-                host = address or (socket.gethostbyname(socket.gethostname()) if bind in ("0.0.0.0", "::") else bind)
+                # Never gethostbyname(gethostname()): 127.0.1.1 on stock Debian (stack/verl_address.py).
+                host = verl_address.advertised_host(bind, address)
                 self.target = check_target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             elif self.engine.context_window != context_window:
                 # One worker process runs one verl config: two windows are a bug, not a choice.
@@ -357,6 +358,9 @@ class HarnessAgentLoop(AgentLoopBase):
     ``all`` (a list, for verl's v1 worker), see the module docstring.
     ``temperature``: the harnessrl run's sampling temperature, when given; a verl
     rollout temperature that differs is refused when the loop is built.
+    ``gateway_bind``/``gateway_address``: where the worker's gateway listens and the
+    address the proxy dials, checked against the cluster's shape when the loop is built
+    (``stack/verl_address.py``).
     """
 
     def __init__(
@@ -396,7 +400,10 @@ class HarnessAgentLoop(AgentLoopBase):
         self.run_id, self.harness, self.service_token, self.poll_s = run_id, harness, service_token, poll_s
         self.trial_deadline_s = trial_deadline_s
         self.harness_options = {str(k): str(v) for k, v in (harness_options or {}).items()}
-        self.gateway_bind, self.gateway_address = gateway_bind, gateway_address or ""
+        # Checked (and a wildcard bind's address derived) here, when verl builds the loop: a
+        # gateway the proxy cannot dial would turn every trial into a masked row.
+        address = verl_address.worker_host(self.config, gateway_bind, gateway_address or "", sandbox_target)
+        self.gateway_bind, self.gateway_address = gateway_bind, address
 
     # verl's v1 worker takes a list of outputs per session (segments: all); its base class says one.
     async def run(  # type: ignore[override]

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shlex
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,8 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def agent_loop_entry(cfg: runconfig.RunConfig) -> dict[str, Any]:
+def agent_loop_entry(cfg: runconfig.RunConfig, gateway_bind: str = "127.0.0.1") -> dict[str, Any]:
+    """``gateway_bind``: the bind the workers use where HARNESSRL_VERL_GATEWAY_BIND is unset."""
     r = cfg.run
 
     def env(name: str, value: str | None) -> str:
@@ -98,9 +101,28 @@ def agent_loop_entry(cfg: runconfig.RunConfig) -> dict[str, Any]:
         "poll_s": 1.0,
         "segments": "last",
         "temperature": r.temperature,
-        "gateway_bind": "${oc.env:HARNESSRL_VERL_GATEWAY_BIND,127.0.0.1}",
+        "gateway_bind": f"${{oc.env:HARNESSRL_VERL_GATEWAY_BIND,{gateway_bind}}}",
         "gateway_address": '${oc.env:HARNESSRL_VERL_GATEWAY_ADDRESS,""}',
     }
+
+
+def gateway_bind_for(cfg: runconfig.RunConfig, extra: list[str], env: Mapping[str, str]) -> str:
+    """The workers' default gateway bind for this cluster's shape (0.0.0.0 when the proxy may
+    be on another node: ``--override trainer.nnodes=N``/``rollout.nnodes=N``, or a sandbox on
+    another host), after checking the gateway variables set here against that shape
+    (``stack/verl_address.py``): a ConfigError for a loopback bind or address across nodes."""
+    from stack import verl_address
+
+    nnodes: dict[str, object] = {}
+    for override in extra:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") in verl_address.NNODES:
+            nnodes[key.lstrip("+")] = value
+    remote = verl_address.cluster_reason(nnodes, cfg.run.sandbox_target or env.get("HARNESSRL_SANDBOX_TARGET"))
+    default = "0.0.0.0" if remote else "127.0.0.1"
+    bind = env.get("HARNESSRL_VERL_GATEWAY_BIND") or default
+    verl_address.check_settings(bind, env.get("HARNESSRL_VERL_GATEWAY_ADDRESS", ""), remote)
+    return default
 
 
 def overrides_for(cfg: runconfig.RunConfig, files: dict[str, Path]) -> list[str]:
@@ -137,6 +159,7 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None) -> Prepared
     bad = [o for o in extra or [] if "=" not in o or o.startswith("=")]
     if bad:
         raise ConfigError(f"overrides must be KEY=VALUE (Hydra syntax), got {bad}")
+    gateway_bind = gateway_bind_for(cfg, list(extra or []), os.environ)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     train = pool.expand(cfg.run.train_tasks, cfg.run.families)
@@ -146,7 +169,7 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None) -> Prepared
         files["val_tasks"] = out / "val_tasks.parquet"
         write_parquet(task_rows(pool.expand(cfg.run.eval_tasks, cfg.run.eval_families)), files["val_tasks"])
     header = "# verl agent-loop config written by `harnessrl verl prepare` (stack/verl_prepare.py).\n"
-    files["agent_loops"].write_text(header + yaml.safe_dump([agent_loop_entry(cfg)], sort_keys=False))
+    files["agent_loops"].write_text(header + yaml.safe_dump([agent_loop_entry(cfg, gateway_bind)], sort_keys=False))
     overrides = overrides_for(cfg, files) + list(extra or [])
     files["overrides"] = out / "overrides.txt"
     files["overrides"].write_text("".join(o + "\n" for o in overrides))
