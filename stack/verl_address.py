@@ -22,6 +22,7 @@ import ipaddress
 import socket
 import struct
 from collections.abc import Mapping
+from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.rpc import check_target
@@ -66,6 +67,8 @@ def cluster_reason(nnodes: Mapping[str, object], sandbox_target: str | None) -> 
     verl spread over nodes (``trainer.nnodes``, ``rollout.nnodes`` > 1), or a sandbox
     service (whose workers hold the proxy) named by a non-loopback host."""
     for key, value in nnodes.items():
+        if value is None:  # unset (null) in verl's config: one node
+            continue
         try:
             count = int(str(value))
         except ValueError as e:
@@ -78,13 +81,13 @@ def cluster_reason(nnodes: Mapping[str, object], sandbox_target: str | None) -> 
     return None
 
 
-def worker_host(config: object, bind: str, address: str, sandbox_target: str) -> str:
+def worker_host(config: Any, bind: str, address: str, sandbox_target: str) -> str:
     """``advertised_host`` for an agent loop built by verl: the cluster's shape from verl's
     config (``trainer.nnodes``, ``rollout.nnodes``) and the sandbox target, the route
     derived towards the sandbox's host. Any problem is a ConfigError naming the setting."""
     from omegaconf import OmegaConf
 
-    nnodes = {key: OmegaConf.select(config, key, default=1) for key in NNODES}  # type: ignore[arg-type]
+    nnodes = {key: OmegaConf.select(config, key, default=1) for key in NNODES}
     try:
         remote = cluster_reason(nnodes, sandbox_target)
         return advertised_host(bind, address, target_host(sandbox_target), remote)

@@ -46,6 +46,7 @@ def test_cluster_shape() -> None:
     assert va.cluster_reason(one, "127.0.0.1:50051") is None
     assert va.cluster_reason(one, "[::1]:50051") is None and va.cluster_reason(one, "localhost:1") is None
     assert va.cluster_reason(one, "unix:/run/s.sock") is None and va.cluster_reason(one, None) is None
+    assert va.cluster_reason({"trainer.nnodes": None}, None) is None
     assert va.cluster_reason({"trainer.nnodes": 2}, "127.0.0.1:1") == "trainer.nnodes=2"
     assert va.cluster_reason({"rollout.nnodes": "4"}, None) == "rollout.nnodes=4"
     assert va.cluster_reason(one, "10.0.0.2:50051") == "sandbox_target 10.0.0.2:50051 is another host"
