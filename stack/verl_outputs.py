@@ -258,4 +258,7 @@ def _extra(info: Mapping[str, Any], *, valid: bool, masked: str) -> dict[str, An
         "harnessrl_masked": masked,
         # The verifier's reward (None when it gave none): reported, trained only when valid.
         "harnessrl_reward": info.get("reward"),
+        # verl's v1 worker copies the last row's into a session's other rows (KeyError without
+        # it); the reward is the verifier's, so verl's reward loop adds nothing.
+        "reward_extra_info": {},
     }

@@ -43,6 +43,14 @@ STACK_VERL = Path(__file__).resolve().parent / "verl"
 VERL_CONFIG = "fully_async_ppo_trainer"
 HOOKS_MODULE = "stack.verl_hooks"
 ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
+# ``segments`` -> (verl's config, its entry point, the overlay in stack/verl/harnessrl/). One row
+# per trial: verl's fully-async trainer (its classic worker takes one output per sample); every
+# trainable segment a row: verl's v1 trainer (``main_ppo``, ppo_trainer's trainer.use_v1=true),
+# whose AgentLoopWorkerTQ takes a list of outputs per session.
+TRAINERS = {
+    "last": (VERL_CONFIG, ENTRY, "fully_async"),
+    "all": ("ppo_trainer", "verl.trainer.main_ppo", "v1"),
+}
 
 
 @dataclass
@@ -55,6 +63,7 @@ class Prepared:
     files: dict[str, Path] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
+    segments: str = "last"
 
 
 def task_rows(tasks: list[Path]) -> list[dict[str, Any]]:
@@ -125,11 +134,15 @@ def gateway_bind_for(cfg: runconfig.RunConfig, extra: list[str], env: Mapping[st
     return default
 
 
-def overrides_for(cfg: runconfig.RunConfig, files: dict[str, Path]) -> list[str]:
+def overrides_for(cfg: runconfig.RunConfig, files: dict[str, Path], segments: str = "last") -> list[str]:
     r = cfg.run
     val = files.get("val_tasks", files["tasks"])
+    if segments == "last":  # the fully-async trainer counts rollouts, in its own section
+        steps = [f"rollout.n={r.group_size}", f"rollout.total_rollout_steps={r.steps * r.groups_per_step}"]
+    else:
+        steps = [f"trainer.total_training_steps={r.steps}"]
     return [
-        "+harnessrl@_global_=fully_async",
+        f"+harnessrl@_global_={TRAINERS[segments][2]}",
         f"actor_rollout_ref.model.path={cfg.model_dir}",
         # verl's replicas: vLLM (the engine the gateway and compose use too).
         "actor_rollout_ref.rollout.name=vllm",
@@ -138,8 +151,7 @@ def overrides_for(cfg: runconfig.RunConfig, files: dict[str, Path]) -> list[str]
         f"data.train_batch_size={r.groups_per_step}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={r.groups_per_step}",
         f"actor_rollout_ref.rollout.n={r.group_size}",
-        f"rollout.n={r.group_size}",
-        f"rollout.total_rollout_steps={r.steps * r.groups_per_step}",
+        *steps,
         f"actor_rollout_ref.rollout.temperature={r.temperature}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={files['agent_loops']}",
         "algorithm.adv_estimator=harnessrl_grpo",
@@ -153,8 +165,12 @@ def overrides_for(cfg: runconfig.RunConfig, files: dict[str, Path]) -> list[str]
     ]
 
 
-def prepare(config: Path, out: Path, extra: list[str] | None = None) -> Prepared:
-    """Writes the files (see the module docstring); ``extra`` overrides go last (they win)."""
+def prepare(config: Path, out: Path, extra: list[str] | None = None, segments: str = "last") -> Prepared:
+    """Writes the files (see the module docstring); ``extra`` overrides go last (they win).
+    ``segments``: ``last`` (verl's fully-async trainer, one row per trial) or ``all``
+    (verl's v1 trainer, every trainable segment a row); see ``TRAINERS``."""
+    if segments not in TRAINERS:
+        raise ConfigError(f"segments must be one of {sorted(TRAINERS)}, got {segments!r}")
     cfg = runconfig.load(Path(config))
     bad = [o for o in extra or [] if "=" not in o or o.startswith("=")]
     if bad:
@@ -169,16 +185,23 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None) -> Prepared
         files["val_tasks"] = out / "val_tasks.parquet"
         write_parquet(task_rows(pool.expand(cfg.run.eval_tasks, cfg.run.eval_families)), files["val_tasks"])
     header = "# verl agent-loop config written by `harnessrl verl prepare` (stack/verl_prepare.py).\n"
-    files["agent_loops"].write_text(header + yaml.safe_dump([agent_loop_entry(cfg, gateway_bind)], sort_keys=False))
-    overrides = overrides_for(cfg, files) + list(extra or [])
+    entry = agent_loop_entry(cfg, gateway_bind) | {"segments": segments}
+    files["agent_loops"].write_text(header + yaml.safe_dump([entry], sort_keys=False))
+    overrides = overrides_for(cfg, files, segments) + list(extra or [])
     files["overrides"] = out / "overrides.txt"
     files["overrides"].write_text("".join(o + "\n" for o in overrides))
-    command = ["python", "-m", ENTRY, f"--config-dir={STACK_VERL}", *overrides]
+    command = ["python", "-m", TRAINERS[segments][1], f"--config-dir={STACK_VERL}", *overrides]
     files["launch"] = out / "launch.sh"
     files["launch"].write_text(launch_script(command, cfg.run_dir / "metrics.jsonl"))
     files["launch"].chmod(0o755)
     return Prepared(
-        out=out, tasks=len(train), temperature=cfg.run.temperature, files=files, overrides=overrides, command=command
+        out=out,
+        tasks=len(train),
+        temperature=cfg.run.temperature,
+        files=files,
+        overrides=overrides,
+        command=command,
+        segments=segments,
     )
 
 
@@ -202,6 +225,7 @@ def dry_run(prepared: Prepared) -> Any:
     """Composes verl's config with the overrides and checks it against verl's schema;
     returns the composed DictConfig. Any problem is a ConfigError naming it."""
     import verl.experimental.fully_async_policy as fully_async
+    import verl.trainer
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -210,12 +234,13 @@ def dry_run(prepared: Prepared) -> Any:
 
     import stack.verl_hooks  # noqa: F401  (registers harnessrl_grpo, as VERL_USE_EXTERNAL_MODULES does)
 
-    config_dir = Path(fully_async.__file__).parent / "config"
+    package = fully_async if prepared.segments == "last" else verl.trainer
+    config_dir = Path(str(package.__file__)).parent / "config"
     search = f"hydra.searchpath=[pkg://verl.trainer.config,file://{STACK_VERL}]"
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            cfg = compose(config_name=VERL_CONFIG, overrides=[search, *prepared.overrides])
+            cfg = compose(config_name=TRAINERS[prepared.segments][0], overrides=[search, *prepared.overrides])
         OmegaConf.resolve(cfg.actor_rollout_ref)
         _check_schema(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError) as e:

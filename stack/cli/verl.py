@@ -23,22 +23,31 @@ def prepare(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Compose verl's config with the overrides and check its schema (CPU).")
     ] = False,
+    segments: Annotated[
+        str,
+        typer.Option(
+            "--segments",
+            help="last: one row per trial, verl's fully-async trainer; all: every trainable segment a row, "
+            "verl's v1 trainer (main_ppo).",
+        ),
+    ] = "last",
 ) -> None:
-    """Write tasks.parquet, agent_loops.yaml, overrides.txt and launch.sh for verl's fully-async trainer.
+    """Write tasks.parquet, agent_loops.yaml, overrides.txt and launch.sh for verl's fully-async
+    trainer (or, with --segments all, its v1 trainer).
 
     Exit 0 when written (and, with --dry-run, accepted by verl's config schema),
     2 for a bad config, a bad override or one verl rejects."""
     from stack import verl_prepare
 
-    prepared = verl_prepare.prepare(config, out, list(override or []))
+    prepared = verl_prepare.prepare(config, out, list(override or []), segments)
     for name, path in prepared.files.items():
         typer.echo(f"{name}: {path}")
     typer.echo(f"{prepared.tasks} task(s); launch: {prepared.files['launch']}")
     if dry_run:
         cfg = verl_prepare.dry_run(prepared)
-        rollout = cfg.actor_rollout_ref.rollout
+        rollout, trainer = cfg.actor_rollout_ref.rollout, verl_prepare.TRAINERS[prepared.segments][0]
         typer.echo(
-            f"dry run ok: verl's {verl_prepare.VERL_CONFIG} accepts {len(prepared.overrides)} override(s) "
+            f"dry run ok: verl's {trainer} accepts {len(prepared.overrides)} override(s) "
             f"(agent loop {rollout.agent.default_agent_loop}, n={rollout.n}, temperature={rollout.temperature}, "
             f"adv_estimator={cfg.algorithm.adv_estimator})"
         )
