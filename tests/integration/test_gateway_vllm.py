@@ -131,6 +131,27 @@ async def test_a_whole_reply_is_one_message_with_the_streamed_tokens(gateway) ->
     assert whole[0].finish_reason == streamed[-1].finish_reason and whole[0].usage.completion_tokens == len(w_ids)
 
 
+async def test_a_stop_string_ends_the_reply_at_the_token_completing_it(gateway) -> None:
+    """``SamplingParams.stop`` reaches vLLM on both endpoints: nothing is sampled past
+    the token that completes the string (the proxy cuts the string's own tokens)."""
+    from tokenizers import Tokenizer
+
+    _, stub = gateway
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    greedy = {"max_tokens": 40, "temperature": 0.0}
+    whole = arrays([c async for c in stub.Generate(request(PROMPT, "stop-ref", **greedy))])[0]
+    text = tok.decode(whole)
+    # a stop spelled by two tokens of the reply, found first where they stand
+    k, stop = next(
+        (k, t)
+        for k in range(1, len(whole) - 2)
+        if (t := tok.decode(whole[: k + 2])[len(tok.decode(whole[:k])) :]).strip()
+        and text.find(t) == len(tok.decode(whole[:k]))
+    )
+    chunks = [c async for c in stub.Generate(request(PROMPT, "stop", stop=[stop], **greedy))]
+    assert arrays(chunks)[0] == whole[: k + 2] and chunks[-1].finish_reason == "stop", (stop, whole)
+
+
 def long_prompt() -> list[int]:
     from transformers import AutoTokenizer
 
