@@ -160,7 +160,7 @@ async def test_every_agent_process_dies_before_verify(backend: DockerBackend, bo
 
 async def test_verify_gets_a_fresh_reward_dir_tmp_and_home(backend: DockerBackend, box: Sandbox) -> None:
     await sh(backend, box, "echo planted > /tmp/x; echo planted > ~/.profile; mkdir -p ~/.local && echo 1 > ~/.local/y")
-    verify = await sh(backend, box, "ls -A /tmp | wc -l; echo $HOME; ls -A $HOME | wc -l; ls -ld /logs/verifier")
+    verify = await sh(backend, box, "ls -A /tmp | wc -l; echo $HOME; ls -A $HOME | wc -l; ls -ld /logs/verifier 2>&1")
     lines = verify.output.decode().split("\n")
     assert lines[0] == "1", "the agent phase's own exec sees its file"
     await backend.prepare_verify(box, "1000", Network.NONE)
@@ -267,4 +267,3 @@ def test_base_images_cli_imports_into_the_engine_and_refuses_a_dead_one(
     dead = _cli("--docker-host", f"unix://{tmp_path}/none.sock")
     assert dead.returncode == 2 and "no Docker engine reachable" in dead.stderr
     assert "Traceback" not in dead.stderr
-

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.localservers import DockerEngine
+from services.sandbox.backends.docker import LABEL_TRIAL, LABEL_VERIFY
 from services.sandbox.factory import create_backend
 from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
 from services.sandbox.runner import TrialRunner
@@ -166,3 +167,26 @@ async def test_apt_get_update_runs_in_a_root_verifier_with_network_on_docker(
         outcome.error,
         outcome.events,
     )
+
+
+async def test_a_root_verifiers_timeout_is_a_verifier_timeout_and_nothing_is_left_on_docker(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """Its kill (as root: every process of the fresh container) ends it as verifier_timeout;
+    at stop the verifier's container and the commit it ran are gone."""
+    import docker
+
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    slow = "#!/bin/bash\nsleep 600 &\nsleep 600\n"
+    task_dir = task(tmp_path, 9, verifier="", test_sh=slow)
+    toml = (task_dir / "task.toml").read_text().replace("timeout_sec = 60", "timeout_sec = 2")
+    (task_dir / "task.toml").write_text(toml)
+    outcome = await run(tmp_path, task_dir, kind, "nop")
+    assert outcome.termination_reason == TerminationReason.VERIFIER_TIMEOUT, outcome.error
+    client = docker.DockerClient(base_url=docker_engine.host)
+    try:
+        label = {"label": f"{LABEL_TRIAL}={outcome.artifacts_dir.rsplit('/', 1)[-1]}"}
+        assert client.containers.list(all=True, filters=label) == []
+        assert client.images.list(filters={"label": f"{LABEL_VERIFY}=true"}) == []
+    finally:
+        client.close()

@@ -8,13 +8,15 @@ Isolation and integrity, phase by phase:
   the proxy through ``netns.NetnsRelay``, a worker-side listener made inside
   the container's network namespace on the loopback port the harness is told;
   it needs nothing in the image and closes when the agent phase ends.
-- Agent and verifier run as uid 1000 with every capability dropped and
+- The agent runs as uid 1000 with every capability dropped and
   ``no-new-privileges``; the harness's runtime (its install paths) is mounted
   read-only at the same path, its HOME and runtime dirs from the worker.
+- The verifier runs as Harbor runs it (the task's user, the image's USER by
+  default; the task's network) in a fresh container made from a commit of the
+  agent's, after every uid-1000 process is killed (``prepare_verify``: why, there).
 - Tests are copied in only for verify, into a ``/logs/verifier`` recreated by
-  root; ``/logs`` is root's, so the agent can create nothing there. Before
-  verify every uid-1000 process is killed (setsid daemons included), ``/tmp``
-  is emptied, and the verifier gets a fresh HOME.
+  root; ``/logs`` is root's, so the agent can create nothing there. The verifier
+  gets a fresh ``/tmp`` and HOME; the agent's plants on its routes are removed.
 - Limits: memory (+swap), pids, CPUs; disk by ``--storage-opt size`` where the
   storage driver has quotas, else by a watchdog over the container's writable
   layer and its HOME (overlay2 on ext4 has none: the create would be refused).
@@ -25,6 +27,7 @@ Isolation and integrity, phase by phase:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shlex
@@ -302,16 +305,19 @@ class DockerBackend(Backend):
             return
         handle.stopped = True
         await handle.close_relay()
-        try:
-            await asyncio.to_thread(handle.container.remove, force=True)
-            if handle.verify_image:
-                await asyncio.to_thread(self.client.images.remove, handle.verify_image, force=True)
-        except (APIError, RequestException) as e:
-            # Gone already (404), or the engine is down: stopping must not replace the trial's
-            # outcome; a container left by a down engine is stopped with it, and reaped by
-            # cleanup_orphans. Anything else is a bug and raises.
-            if not isinstance(e, NotFound):
-                log.warning("container not removed", extra={"kv": {"trial": sandbox.spec.trial_id, "error": str(e)}})
+        removals = [(handle.container.remove, "container")]
+        if handle.verify_image:
+            removals.append((functools.partial(self.client.images.remove, handle.verify_image), "verifier's commit"))
+        for remove, what in removals:
+            try:
+                await asyncio.to_thread(remove, force=True)
+            except (APIError, RequestException) as e:
+                # Gone already (404), or the engine is down: stopping must not replace the trial's
+                # outcome; what a down engine keeps is reaped by cleanup_orphans. Anything else
+                # is a bug and raises.
+                if not isinstance(e, NotFound):
+                    kv = {"trial": sandbox.spec.trial_id, "error": str(e)}
+                    log.warning(f"{what} not removed", extra={"kv": kv})
         if not self.settings.keep_trial_dirs:
             await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
 
