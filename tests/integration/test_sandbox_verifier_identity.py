@@ -10,17 +10,19 @@ import http.server
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from harnessrl.localservers import DockerEngine
-from services.sandbox.backends.docker import LABEL_TRIAL, LABEL_VERIFY
+from services.sandbox.backends.docker import LABEL_TRIAL, LABEL_VERIFY, LABEL_WORKER, DockerBackend
+from services.sandbox.errors import BackendUnavailable
 from services.sandbox.factory import create_backend
 from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
 from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings
+from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -189,4 +191,50 @@ async def test_a_root_verifiers_timeout_is_a_verifier_timeout_and_nothing_is_lef
         assert client.containers.list(all=True, filters=label) == []
         assert client.images.list(filters={"label": f"{LABEL_VERIFY}=true"}) == []
     finally:
+        client.close()
+
+
+def test_a_verify_network_the_engine_lacks_is_refused_at_start(tmp_path: Path, docker_engine: DockerEngine) -> None:
+    settings = settings_for(
+        tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="nope")
+    )
+    with pytest.raises(BackendUnavailable, match=r"\[sandbox.docker\] verify_network = 'nope'"):
+        DockerBackend(settings)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: DockerBackendSettings(verify_network=""), "verify_network"),
+        (lambda: IntegrityPolicy(guard_verifier_path="sometimes"), "guard_verifier_path"),  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_settings_name_the_field(build: Callable[[], object], field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        build()
+
+
+async def test_a_dead_workers_verifier_commit_is_reaped(tmp_path: Path, docker_engine: DockerEngine) -> None:
+    import socket
+
+    import docker
+
+    settings = settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+    backend = DockerBackend(settings)
+    client = docker.DockerClient(base_url=docker_engine.host)
+    dead = f"{socket.gethostname()}:{2**22 + 7}:0"  # this host, a pid no process has
+    live = DockerBackend.__module__  # any other value: not this host's dead worker
+    images: list[str] = []
+    try:
+        for worker in (dead, live):
+            box = client.containers.create("debian:bookworm-slim", ["true"], network_mode="none")
+            labels = {LABEL_VERIFY: "true", LABEL_WORKER: worker}
+            images.append(box.commit(conf={"Labels": labels}).id)
+            box.remove(force=True)
+        await backend.cleanup_orphans()
+        left = {image.id for image in client.images.list(filters={"label": f"{LABEL_VERIFY}=true"})}
+        assert images[0] not in left and images[1] in left
+    finally:
+        for image_id in images[1:]:
+            client.images.remove(image_id, force=True)  # the live worker's: its own to remove
         client.close()

@@ -171,6 +171,14 @@ class DockerBackend(Backend):
             info = self.client.info()
         except Exception as e:
             raise BackendUnavailable(f"no Docker engine reachable: {e}") from e
+        try:
+            # A public verifier's network must exist now, not fail its first trial's verify.
+            self.client.networks.get(self.cfg.verify_network)
+        except NotFound as e:
+            raise BackendUnavailable(
+                f"[sandbox.docker] verify_network = {self.cfg.verify_network!r}: the engine has no such network "
+                "(docker network ls; host is always there)"
+            ) from e
         status = dict(info.get("DriverStatus") or [])
         # Quotas need overlay2 over xfs with pquota (we cannot see the mount option: try, then fall back).
         self.disk_quota = info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs"
