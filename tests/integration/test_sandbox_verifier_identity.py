@@ -43,8 +43,9 @@ root=$(flag test "$(id -u)" = 0)
 net=$(flag reach)
 agent_1000=$(flag test "$(cat /app/agent_uid)" = 1000)
 agent_net=$(flag test "$(cat /app/agent_net)" = up)
-printf '{{"reward": %s, "root": %s, "net": %s, "agent_1000": %s, "agent_net": %s}}' \\
-  "$hello" "$root" "$net" "$agent_1000" "$agent_net" > /logs/verifier/reward.json
+home=$(flag test "$HOME" = /root -o "$(id -u)" != 0)  # root's HOME is root's own, as in Harbor's docker
+printf '{{"reward": %s, "root": %s, "net": %s, "agent_1000": %s, "agent_net": %s, "home": %s}}' \\
+  "$hello" "$root" "$net" "$agent_1000" "$agent_net" "$home" > /logs/verifier/reward.json
 """
 # Terminal-Bench's shape: test.sh needs root (a root-only path, as apt-get's lock) and network.
 TB_TEST_SH = f"""#!/bin/bash
@@ -114,7 +115,9 @@ async def test_the_verifier_runs_as_harbor_runs_it_and_the_agent_as_before(
     outcome = await run(tmp_path, task(tmp_path, host_server, verifier, environment), kind)
     assert outcome.termination_reason == TerminationReason.COMPLETED, outcome
     # The agent: uid 1000 and no host network, whatever the verifier gets.
-    expected = {"reward": 1.0, "root": root, "net": net, "agent_1000": 1.0, "agent_net": 0.0}
+    expected = {"reward": 1.0, "root": root, "net": net, "agent_1000": 1.0, "agent_net": 0.0, "home": 1.0}
+    if kind["backend"] == "local":
+        expected["home"] = float(not root)  # local has no /root: a fresh HOME per exec
     assert outcome.rewards == expected, outcome.verifier_summary
 
 

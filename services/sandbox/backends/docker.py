@@ -352,8 +352,12 @@ class DockerBackend(Backend):
         env = dict(request.env)
         user = SANDBOX_USER
         if request.phase == Phase.VERIFY:
-            env["HOME"] = VERIFY_HOME
             user = _exec_user(request.user, handle.image_user) if request.user is not None else SANDBOX_USER
+            root = request.user is not None and verifier_policy.is_root(request.user, handle.image_user)
+            if not root:
+                env["HOME"] = VERIFY_HOME
+            # else root's own, as Harbor's (the engine's default: /root, which test.sh scripts name
+            # as ~/.local/bin); the agent could not write there, and its files there are removed.
         else:
             env.setdefault("HOME", str(sandbox.paths.home))
             # What the harness adapter wrote into HOME since start is the worker's: give it to the agent.
