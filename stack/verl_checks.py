@@ -5,6 +5,7 @@ of its group statistics. Each is a clear ``InvalidArgument`` (verl's Hydra
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from harnessrl.errors import InvalidArgument
@@ -31,12 +32,18 @@ def engine_context_window(config: Any) -> int:
             f"{AGENT_NAME}: cannot tell verl's context window: set actor_rollout_ref.rollout.max_model_len "
             "(or actor_rollout_ref.model.path)"
         )
+    remote = bool(OmegaConf.select(config, "actor_rollout_ref.model.trust_remote_code", default=False))
+    return _model_window(str(path), remote)
+
+
+# verl builds one agent loop per sample: the model's config is read once per worker process.
+@functools.lru_cache(maxsize=8)
+def _model_window(path: str, trust_remote_code: bool) -> int:
     from transformers import AutoConfig
     from verl.workers.rollout.utils import get_max_position_embeddings
 
-    remote = bool(OmegaConf.select(config, "actor_rollout_ref.model.trust_remote_code", default=False))
     try:
-        return get_max_position_embeddings(AutoConfig.from_pretrained(str(path), trust_remote_code=remote))
+        return get_max_position_embeddings(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
     except (OSError, ValueError) as e:
         raise InvalidArgument(
             f"{AGENT_NAME}: cannot read max_position_embeddings of {path} ({e}); "

@@ -234,3 +234,15 @@ def test_an_estimator_that_counts_masked_rows_is_refused(monkeypatch: pytest.Mon
             agent_loop(FakeServerManager(), tokenizer, 64, 8, adv_estimator=estimator)
     with pytest.raises(InstantiationException, match="max_model_len must be >= 2"):
         agent_loop(FakeServerManager(), tokenizer, 64, 8, max_model_len=1)
+
+
+def test_a_window_that_cannot_be_told_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    from harnessrl.errors import InvalidArgument
+    from stack.verl_checks import engine_context_window
+
+    rollout = {"actor_rollout_ref": {"rollout": {"max_model_len": None}}}
+    with pytest.raises(InvalidArgument, match=r"set actor_rollout_ref\.rollout\.max_model_len"):
+        engine_context_window(OmegaConf.create(rollout))
+    bad = OmegaConf.merge(rollout, {"actor_rollout_ref": {"model": {"path": str(tmp_path / "no-model")}}})
+    with pytest.raises(InvalidArgument, match=r"cannot read max_position_embeddings of .*no-model"):
+        engine_context_window(bad)
