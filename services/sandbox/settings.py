@@ -47,9 +47,9 @@ class IntegrityPolicy(BaseModel):
     guard_verifier_path: bool = Field(
         default=True,
         description="Before verify (which runs as the task's user, often root, with the task's network), revert "
-        "every change of the agent's in a workspace directory on the verifier's PATH, and remove the agent's "
-        "files on root's implicit routes outside it (PATH, /etc, /root, /usr/local, cron) and their set-id "
-        "bits; see verifier_policy.py.",
+        "every change of the agent's in a workspace directory on the verifier's PATH and (docker) on root's "
+        "implicit routes outside it (PATH, /etc, /root, /usr/local, cron), and clear its files' set-id bits; "
+        "see verifier_policy.py.",
     )
     isolate_network: bool = Field(default=True, description="Agent phase reaches only the proxy.")
     kill_agent_processes: bool = Field(default=True, description="Every agent-phase process dead before verify.")

@@ -16,9 +16,10 @@ The agent runs as the sandbox user (uid 1000) with no network but the proxy, as
 before; only the verify phase gains the task's identity and network. What the agent
 left behind must not ride on them: ``revert_path_dirs`` reverts every change of the
 agent's in a workspace directory on the verifier's ``PATH`` (a planted ``python3``
-or ``pytest`` the verifier's script would run as root), and the backends remove
-files the agent owns on the routes root follows implicitly outside the workspace
-(``ROOT_ROUTES``) and clear set-id bits of the agent's files (``outside_script``).
+or ``pytest`` the verifier's script would run as root); on docker, the agent's
+changes outside the workspace on the routes root follows (its PATH directories,
+``ROOT_ROUTES``) are reverted too (``route_changes``, ``clear_script``), and set-id
+bits of the agent's files cleared.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ IMAGE_USER = ""
 # Directories root reads or runs from implicitly (shell start-up files, apt/dpkg hooks, cron,
 # ld.so.preload, profile.d, root's HOME), besides every PATH directory.
 ROOT_ROUTES = ("/etc", "/root", "/usr/local", "/var/spool/cron", "/var/lib/dpkg/info")
+# Files the engine bind-mounts into every container (not the agent's, not in the image).
+_ENGINE_FILES = frozenset({"/etc/hostname", "/etc/hosts", "/etc/resolv.conf"})
 PATH_SHADOW = "path-shadow"
 ROOT_ROUTE = "root-route"
 
@@ -119,17 +122,49 @@ def guard_workspace(current: Path, pristine: Path, sandbox_env: dict[str, str], 
     return revert_path_dirs(current, pristine, rel_dirs)
 
 
-def outside_script(path_value: str, workdir: PurePosixPath, agent_uid: int) -> str:
-    """Root's shell script before verify, in the verifier's container: removes every file
-    the agent's uid owns in a PATH directory outside the workspace or under ``ROOT_ROUTES``,
-    and clears set-id bits on any file it owns; prints each removed path (one a line)."""
-    dirs = [e for e in path_value.split(":") if e.startswith("/") and not PurePosixPath(e).is_relative_to(workdir)]
-    roots = " ".join(shlex.quote(d) for d in dict.fromkeys([*dirs, *ROOT_ROUTES]))
-    return (
-        f'for d in {roots}; do [ -d "$d" ] || continue; '
-        f'find "$d" -xdev -user {agent_uid} ! -type d -print -exec rm -f {{}} + 2>/dev/null; done; '
-        f"find / -xdev -user {agent_uid} -perm /6000 ! -type d -exec chmod ug-s {{}} + 2>/dev/null; true"
-    )
+@dataclass(frozen=True)
+class RouteChanges:
+    """The agent's changes (``docker diff`` of its container) on root's routes outside the
+    workspace: files it added (removed before verify) and files it changed (restored from
+    the image), whoever owns them: a world-writable file of the image counts."""
+
+    added: list[str]
+    changed: list[str]
+
+
+def route_changes(diff: list[dict[str, object]], path_value: str, workdir: PurePosixPath) -> RouteChanges:
+    """Filters a container's diff (``Path``, ``Kind``: 0 changed, 1 added, 2 deleted) to
+    root's routes: every PATH directory outside the workspace and ``ROOT_ROUTES``, each
+    with what lies under it (a tools prefix's ``bin`` and its ``lib``, ``/etc/apt``...)."""
+    roots = [PurePosixPath(e) for e in path_value.split(":") if e.startswith("/")]
+    roots = [r for r in roots if not r.is_relative_to(workdir)] + [PurePosixPath(r) for r in ROOT_ROUTES]
+    added: list[str] = []
+    changed: list[str] = []
+    for entry in diff:
+        path, kind = PurePosixPath(str(entry.get("Path", ""))), entry.get("Kind")
+        if path.is_relative_to(workdir) or str(path) in _ENGINE_FILES:
+            continue
+        if not any(path.is_relative_to(r) and path != r for r in roots):
+            continue
+        if kind == 1:
+            added.append(str(path))
+        elif kind == 0:
+            changed.append(str(path))
+    return RouteChanges(added=added, changed=changed)
+
+
+def clear_script(added: list[str], changed: list[str], agent_uid: int) -> str:
+    """Root's shell script before verify, in the verifier's container: removes the agent's
+    ``added`` files (not directories: what they hold is listed too), prints ``-PATH`` for
+    each removed and ``~PATH`` for each of ``changed`` that is not a directory (the worker
+    restores those from the image), and clears set-id bits on every file the agent owns."""
+    lines = [
+        f'p={shlex.quote(p)}; if [ -L "$p" ] || [ -e "$p" -a ! -d "$p" ]; then rm -f "$p" && echo "-$p"; fi'
+        for p in added
+    ]
+    lines += [f'p={shlex.quote(p)}; if [ -L "$p" ] || [ -e "$p" -a ! -d "$p" ]; then echo "~$p"; fi' for p in changed]
+    lines.append(f"find / -xdev -user {agent_uid} -perm /6000 ! -type d -exec chmod ug-s {{}} + 2>/dev/null; true")
+    return "\n".join(lines)
 
 
 def _same(a: Path, b: Path) -> bool:

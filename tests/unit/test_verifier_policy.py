@@ -104,24 +104,34 @@ def test_a_path_dir_replaced_by_a_symlink_is_removed(tmp_path: Path) -> None:
     assert not (current / "bin").is_symlink() and (current / "elsewhere").is_dir()
 
 
+def test_route_changes_are_the_agents_outside_the_workspace_on_roots_routes() -> None:
+    diff = [
+        {"Path": "/opt/tools", "Kind": 0},  # a PATH dir itself: its entries are what counts
+        {"Path": "/opt/tools/runtests", "Kind": 0},
+        {"Path": "/opt/tools/lib/helper.py", "Kind": 1},  # under a PATH dir: loaded by what runs there
+        {"Path": "/etc/apt/apt.conf.d/99hook", "Kind": 1},
+        {"Path": "/etc/hosts", "Kind": 0},  # the engine's bind mount
+        {"Path": "/usr/local/bin/old", "Kind": 2},  # deleted: not a plant
+        {"Path": "/app/bin/python3", "Kind": 1},  # the workspace: revert_path_dirs' job
+        {"Path": "/var/tmp/x", "Kind": 1},  # on no route
+    ]
+    got = vp.route_changes(diff, "/app/bin:/opt/tools:/usr/bin", PurePosixPath("/app"))
+    assert got.added == ["/opt/tools/lib/helper.py", "/etc/apt/apt.conf.d/99hook"]
+    assert got.changed == ["/opt/tools/runtests"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="chowns files to the agent's uid")
-def test_the_outside_script_removes_the_agents_files_on_roots_routes(tmp_path: Path) -> None:
-    tools, app = tmp_path / "tools", tmp_path / "app"
-    for d in (tools, app):
-        d.mkdir()
-    planted, kept, mine, in_app = tools / "pytest", tools / "real", app / "x" / "setuid", app / "bin" / "curl"
-    in_app.parent.mkdir(parents=True)
-    mine.parent.mkdir(parents=True)
-    for f in (planted, kept, mine, in_app):
+def test_the_clear_script_removes_added_files_names_changed_ones_and_clears_set_id_bits(tmp_path: Path) -> None:
+    added, changed, kept_dir, setuid = tmp_path / "new", tmp_path / "old", tmp_path / "dir", tmp_path / "s"
+    for f in (added, changed, setuid):
         f.write_text("#!/bin/sh\n")
-    for f in (planted, mine, in_app):
-        os.chown(f, 1000, 1000)
-    mine.chmod(0o4755)
-    path = f"{app}/bin:{tools}:/usr/bin"
-    script = vp.outside_script(path, PurePosixPath(app), 1000)
-    # The real find would walk / for set-id files: confine it to the test's tree.
+    kept_dir.mkdir()
+    os.chown(setuid, 1000, 1000)
+    setuid.chmod(0o4755)
+    script = vp.clear_script([str(added), str(kept_dir), str(tmp_path / "gone")], [str(changed), str(kept_dir)], 1000)
+    # The real find walks / for set-id files: confine it to the test's tree.
     script = script.replace("find / -xdev", f"find {tmp_path} -xdev")
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split()
-    assert out == [str(planted)]
-    assert not planted.exists() and kept.exists() and in_app.exists()  # the workspace's are reverted on the host
-    assert mine.stat().st_mode & 0o6000 == 0
+    assert out == [f"-{added}", f"~{changed}"]
+    assert not added.exists() and changed.exists() and kept_dir.is_dir()
+    assert setuid.stat().st_mode & 0o6000 == 0

@@ -265,6 +265,8 @@ class DockerBackend(Backend):
         With ``kill_agent_processes`` off (red-team only) it verifies in the agent's
         container, with its (no) network."""
         handle, policy = _handle(sandbox), self.integrity
+        # What the agent changed outside its mounts, read before its container goes.
+        diff = (await self._api(handle.container.diff) or []) if policy.guard_verifier_path else []
         if policy.kill_agent_processes:
             await self._fresh_container(sandbox, network)
         owner = _exec_user(user, handle.image_user)
@@ -278,9 +280,30 @@ class DockerBackend(Backend):
         if not policy.guard_verifier_path:
             return []
         path = verifier_policy.verifier_path(sandbox.env, sandbox.spec.task)
-        script = verifier_policy.outside_script(path, sandbox.paths.workdir, 1000)
-        removed = (await handle.root(script)).decode(errors="replace").split()
-        return [f"{verifier_policy.ROOT_ROUTE}:{p}" for p in removed]
+        changes = verifier_policy.route_changes(diff, path, sandbox.paths.workdir)
+        script = verifier_policy.clear_script(changes.added, changes.changed, 1000)
+        lines = (await handle.root(script)).decode(errors="replace").splitlines()
+        removed = [line[1:] for line in lines if line.startswith("-")]
+        changed = [line[1:] for line in lines if line.startswith("~")]
+        if changed:
+            await self._restore_from_image(sandbox, changed)
+        events = [f"{verifier_policy.ROOT_ROUTE}:{p} (added)" for p in removed]
+        return events + [f"{verifier_policy.ROOT_ROUTE}:{p} (changed)" for p in changed]
+
+    async def _restore_from_image(self, sandbox: Sandbox, paths: list[str]) -> None:
+        """Copies ``paths`` as the prepared image has them into the verifier's container."""
+        handle, spec = _handle(sandbox), sandbox.spec
+        labels = {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id, LABEL_WORKER: worker_identity()}
+        source = await self._api(
+            self.client.containers.create, handle.image, command=["true"], network_mode="none", labels=labels
+        )
+        try:
+            for path in paths:
+                stream, _ = await self._api(source.get_archive, path)
+                data = await asyncio.to_thread(b"".join, stream)
+                await self._api(handle.container.put_archive, str(PurePosixPath(path).parent), data)
+        finally:
+            await self._api(source.remove, force=True)
 
     async def _fresh_container(self, sandbox: Sandbox, network: Network) -> None:
         handle, spec = _handle(sandbox), sandbox.spec
