@@ -14,7 +14,15 @@ from services.sandbox.backends.base import (
     Capabilities,
     check_requirements,
 )
-from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_WORKER, container_spec, setup_script, verify_script
+from services.sandbox.backends.docker import (
+    LABEL_MANAGED,
+    LABEL_VERIFY,
+    LABEL_WORKER,
+    container_spec,
+    setup_script,
+    verify_container_spec,
+    verify_script,
+)
 from services.sandbox.backends.docker_images import base_images, prepare_script
 from services.sandbox.errors import BackendUnavailable, CapabilityError, UnknownName
 from services.sandbox.settings import IntegrityPolicy
@@ -38,6 +46,22 @@ def test_docker_container_spec(tmp_path: Path) -> None:
     assert kw["volumes"][str(spec.dirs.agent_logs)] == {"bind": "/logs/agent", "mode": "rw"}
     no_quota = container_spec(spec, "sha256:abc", "/app", isolate_network=False, disk_quota=False)
     assert "storage_opt" not in no_quota and no_quota["network_mode"] == "host"
+
+
+def test_docker_verify_container_spec(tmp_path: Path) -> None:
+    """The verifier's container: the agent's limits and identity labels, its own network,
+    none of the agent's mounts (harness, HOME, runtime) but its logs, read-only."""
+    spec = sandbox_spec(tmp_path, ro_mounts=(Path("/opt/tools"),))
+    kw = verify_container_spec(spec, "sha256:commit", "/app", network_mode="host", disk_quota=False)
+    assert (
+        kw["image"] == "sha256:commit" and kw["network_mode"] == "host" and kw["name"].startswith("harnessrl-verify-")
+    )
+    assert kw["labels"][LABEL_VERIFY] == "true" and kw["labels"]["io.harnessrl.trial"] == "Trial_42.x"
+    assert kw["volumes"] == {str(spec.dirs.agent_logs): {"bind": "/logs/agent", "mode": "ro"}}
+    assert kw["mem_limit"] == "1024m" and kw["cap_drop"] == ["ALL"] and "no-new-privileges" in kw["security_opt"]
+    assert "storage_opt" not in kw
+    owned = verify_script(owner="app")
+    assert "chown app /run/harnessrl-verify/home" in owned and "chown app /logs/verifier" in owned
 
 
 def test_docker_root_scripts_keep_the_reward_dir_roots() -> None:
