@@ -1,5 +1,5 @@
-"""How each real harness is pointed at a proxy trial and run, unmodified
-(FACTS.md): its binary under ``tools_dir()``, its version, its wire protocol,
+"""How each real harness is pointed at a proxy trial and run, unmodified:
+its binary under ``tools_dir()``, its version, its wire protocol,
 and the knobs a scenario turns (tools allowed, a small compaction window)."""
 
 from __future__ import annotations

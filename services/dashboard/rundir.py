@@ -1,4 +1,4 @@
-"""Reading a run directory (INTERFACES.md, "Run directory") without trusting it.
+"""Reading a run directory (its layout: stack/rundir.py, which writes it) without trusting it.
 
 Every file is optional to the reader: what is missing or malformed becomes a
 *problem* shown on the run's page (with the file and line), and the panels

@@ -1,4 +1,4 @@
-"""The admin API the sandbox drives (INTERFACES.md): create a trial, read its
+"""The admin API the sandbox drives (services/proxy/README.md): create a trial, read its
 summary, close it (every segment durable before the answer)."""
 
 from __future__ import annotations

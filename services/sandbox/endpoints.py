@@ -38,7 +38,7 @@ class ProxyTrial:
 
 @dataclass
 class ProxySummary:
-    """The proxy's close answer (INTERFACES.md)."""
+    """The proxy's close answer (services/proxy/README.md, "Admin API")."""
 
     num_segments: int = 0
     num_turns: int = 0

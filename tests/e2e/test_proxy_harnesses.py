@@ -4,8 +4,8 @@ each harness completes a multi-turn tool-using task; sub-agents are their own
 trainable threads and main stays one segment; a compaction continues main in
 a new segment whose prompt is the rewritten context; title and summary calls
 are side threads, not trainable. Every mask-1 token of each capture is checked
-against the engine's own generation log (invariants 1-4). FACTS.md says how
-each harness is pointed at a local endpoint; the scenarios say why a cell is
+against the engine's own generation log (invariants 1-4). stack/conformance_drivers.py says
+how each harness is pointed at a local endpoint; the scenarios say why a cell is
 not applicable to a harness."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Generate call. Every generation is logged (in memory, and as JSONL when a log
 path is set) so a test in another process can check captured tokens against
 what the engine really sampled. It is a test fixture, never the default.
 
-Script format (see INTERFACES.md)::
+Script format::
 
     {"context_window": 32768, "tool_call_format": "hermes",
      "threads": {"main": [{"content": "...", "tool_calls": [{"name": "bash", "arguments": {...}}]}],

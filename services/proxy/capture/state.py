@@ -1,7 +1,7 @@
 """The capture state machine of one trial: threads, segments, and the rule that
 decides whether a model call extends a segment or opens a new one.
 
-Invariants (ARCHITECTURE.md 1-4) and how this module keeps them:
+Invariants 1-4 (docs/architecture.md) and how this module keeps them:
 
 1. A segment's ids are ``prompt + part_1 + part_2 + ...``; each part is the
    context the harness added since the last call (mask 0) followed by exactly

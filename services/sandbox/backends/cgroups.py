@@ -2,8 +2,9 @@
 host has: memory, pids and cpu limits, the OOM-kill and pids-limit counters,
 and the list of an exec's processes (to kill its leftovers).
 
-v1 (one hierarchy per controller; these machines, see FACTS.md): each exec gets
-a directory per controller under the worker's own cgroup of that controller.
+v1 (one hierarchy per controller; the development machines run v1, with the
+memory and pids controllers writable): each exec gets a directory per
+controller under the worker's own cgroup of that controller.
 
 v2 (the unified hierarchy; most current distributions, systemd or not): the
 worker's own cgroup (``0::/path`` in /proc/self/cgroup) is the parent. v2 lets
