@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 HEALTH_SERVICE = "grpc.health.v1.Health"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Every channel and server (bench vllm-path, short streamed turns at 1 in flight; see the
-# README's Choices): no HTTP/2 BDP probing, which pings the peer on reads to size the
+# docs/choices.md): no HTTP/2 BDP probing, which pings the peer on reads to size the
 # flow-control window, and every ping and its ack wake both processes (the proxy's gRPC
 # wakes per turn 99 -> 35 with both settings); instead a fixed window wide enough for
 # a large trajectory read. No retry machinery: no service config asks gRPC to retry, and

@@ -411,7 +411,7 @@ def _mark(cell: dict[str, Any]) -> str:
 
 
 def render_markdown(report: Report) -> str:
-    """The README table: one row per harness, a footnote per n/a or failed cell."""
+    """The conformance matrix (docs/proxy.md): one row per harness, a footnote per n/a or failed cell."""
     head = ["harness", "version", "protocol", "streaming", *COLUMNS, "chat template"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     notes: list[str] = []

@@ -19,7 +19,7 @@ def conformance(
         list[str] | None,
         typer.Option("--scenario", help="Scenario to run (repeatable): tools, sub-agent, compaction, side calls."),
     ] = None,
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's markdown table.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the markdown table (docs/proxy.md).")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the full report as JSON here.")] = None,
 ) -> None:
     """Run the installed real harnesses against a real proxy: one table of passed / failed / n/a cells.

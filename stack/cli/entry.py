@@ -7,7 +7,7 @@ anything. With gRPC 1.85's EventEngine client and listener turned off and the ``
 poller, a unary RPC between two idle processes cost 0.73-0.83 ms of server CPU vs
 0.97-1.43 with the defaults (the same hour, this 2-core host; either setting alone gave
 no clear gain), and the vLLM path 12.5-15.0 vs 14.9-16.9 CPU-ms per short turn
-(``bench vllm-path``, README). These services hold a
+(``bench vllm-path``, docs/benchmarks.md). These services hold a
 handful of connections each, so ``poll`` scales as far as they need. A variable set in
 the environment wins (``GRPC_EXPERIMENTS=`` with ``GRPC_POLL_STRATEGY=epoll1`` restores
 gRPC's defaults); other commands (``run``, ``bench``, the verl launcher) keep them."""

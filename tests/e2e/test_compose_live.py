@@ -10,7 +10,7 @@ one trial's spans from every service arrive as one trace at the OTLP receiver
 standing in for Jaeger; ``down -v`` leaves nothing.
 
 Timings (build, up to healthy, the run, down) are printed and written to
-``$HRL_DIR/timings.json``; the README's "Containers" section quotes them."""
+``$HRL_DIR/timings.json``; docs/deploy.md ("Containers") quotes them."""
 
 from __future__ import annotations
 
