@@ -133,8 +133,10 @@ FIELDS: dict[str, Rule] = {
     "verifier.network_mode": Rule(
         Status.SUPPORTED,
         "the verify phase's network, as Harbor: unset inherits [environment] network_mode (default 'public'); "
-        "docker verifies in a fresh container from the agent's final filesystem with docker.verify_network "
-        "(default host); 'allowlist' (here or inherited) is refused at setup: no backend has an egress proxy",
+        "docker verifies in a fresh container from the agent's final filesystem on docker.verify_network "
+        "(default: the engine's bridge network, else none), local on local.verify_network (default none); "
+        "never the host's network unless set so (the verifier runs the agent's code); "
+        "'allowlist' (here or inherited) is refused at setup: no backend has an egress proxy",
     ),
     "verifier.allowed_hosts": Rule(Status.MAPPED, "only with 'allowlist', which is refused at setup"),
     "verifier.environment_mode": Rule(Status.SUPPORTED, "'shared' only; 'separate' is refused", _separate),

@@ -78,6 +78,13 @@ class LocalBackendSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bwrap: str = Field(default="bwrap", description="bubblewrap binary.")
+    verify_network: Literal["none", "host"] = Field(
+        default="none",
+        description="Network of a verifier whose task asks for a public one: 'none' (it gets none; a "
+        "bubblewrap sandbox has no network of its own to give) or 'host', the worker host's network, "
+        "which also lets the agent's code, which the verifier runs, reach every loopback service of the "
+        "host (Redis, the proxy, the capture store): only where nothing there must be kept from it.",
+    )
     host_uid: int | None = Field(
         default=None,
         ge=1,
@@ -145,11 +152,14 @@ class DockerBackendSettings(BaseModel):
     )
     limits_unenforced_ok: tuple[EnforcedLimit, ...] = Field(default=(), description=_UNENFORCED_HELP)
     verify_network: str = Field(
-        default="host",
+        default="auto",
         min_length=1,
         description="Docker network of a verifier whose task asks for a public network (its fresh container; "
-        "the agent's always has none): 'host' (no bridge needed; the verifier also reaches the host's "
-        "loopback services) or a network the engine has, e.g. 'bridge' where one exists.",
+        "the agent's always has none): 'auto' (the engine's 'bridge' network where it has one, else none: "
+        "the task's public verifier then gets no network, logged at start), a network the engine has, or "
+        "'host', which also lets the agent's code, which the verifier runs, reach every loopback service of "
+        "the worker's host (Redis, the proxy, the capture store): only where nothing there must be kept "
+        "from it.",
     )
 
 

@@ -15,6 +15,7 @@ from services.sandbox.backends.layers import LAYER_FORMAT
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.paths import TrialDirs
+from services.sandbox.settings import LocalBackendSettings
 from services.sandbox.tasks import load_task
 from tests.sandbox_support import make_task, settings_for
 
@@ -269,10 +270,20 @@ async def test_setup_network_is_the_builds_whatever_the_task_says(
         await backend.stop(box)
 
 
-@pytest.mark.parametrize(("network", "reachable"), [(Network.PUBLIC, True), (Network.NONE, False)])
-async def test_verify_network_follows_the_request(
-    backend: LocalBackend, sandbox: Sandbox, host_server: int, network: Network, reachable: bool
+@pytest.mark.parametrize(
+    ("verify_network", "network", "reachable"),
+    [("host", Network.PUBLIC, True), ("host", Network.NONE, False), ("none", Network.PUBLIC, False)],
+    ids=["host-public", "host-none", "default-public"],
+)
+async def test_verify_network_follows_the_request_and_the_setting(
+    tmp_path: Path, host_server: int, verify_network: str, network: Network, reachable: bool
 ) -> None:
+    """A verifier runs the agent's code: the host's network (and its loopback services)
+    only where [sandbox.local] verify_network = 'host' says so; by default none."""
+    if verify_network == "none":
+        assert LocalBackendSettings().verify_network == "none"  # the default
+    backend = LocalBackend(settings_for(tmp_path, local=LocalBackendSettings(verify_network=verify_network)))
+    sandbox = await start(backend, make_task(tmp_path / "tasks"))
     probe = f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{host_server}/ && echo up || echo down"
     request = ExecRequest(
         argv=["/bin/bash", "-c", probe],
@@ -281,7 +292,10 @@ async def test_verify_network_follows_the_request(
         network=network,
         env={"PATH": "/usr/bin:/bin"},
     )
-    result = await backend.exec(sandbox, request)
+    try:
+        result = await backend.exec(sandbox, request)
+    finally:
+        await backend.stop(sandbox)
     assert result.output.decode().strip() == ("up" if reachable else "down")
 
 

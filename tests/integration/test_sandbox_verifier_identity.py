@@ -22,7 +22,7 @@ from services.sandbox.errors import BackendUnavailable
 from services.sandbox.factory import create_backend
 from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
 from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy
+from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -69,12 +69,20 @@ def host_server() -> Iterator[int]:
     thread.join()
 
 
+# The "internet" here is a server on the host's loopback, which a public verifier reaches
+# only on the host's network: the tests of a verifier with network opt in to it, as a
+# worker host with nothing on its loopback to keep from the agent's code would.
+def host_network(backend: str, engine: DockerEngine | None = None) -> dict[str, object]:
+    if backend == "docker":
+        assert engine is not None
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="host")}
+    return {"backend": "local", "local": LocalBackendSettings(verify_network="host")}
+
+
 @pytest.fixture(params=["local", "docker"])
 def kind(request: pytest.FixtureRequest) -> dict[str, object]:
-    if request.param == "docker":
-        engine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
-    return {"backend": "local"}
+    engine = request.getfixturevalue("docker_engine") if request.param == "docker" else None
+    return host_network(request.param, engine)
 
 
 def task(
@@ -121,10 +129,26 @@ async def test_the_verifier_runs_as_harbor_runs_it_and_the_agent_as_before(
     assert outcome.rewards == expected, outcome.verifier_summary
 
 
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_by_default_a_public_verifier_never_reaches_the_hosts_loopback(
+    tmp_path: Path, host_server: int, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The verifier runs the agent's code: with the default settings a task's public
+    verifier gets the engine's bridge network where there is one (this engine has none),
+    never the host's, whose loopback holds the worker's Redis, proxy and capture store."""
+    kind: dict[str, object] = {"backend": "local"}
+    if backend == "docker":
+        engine = request.getfixturevalue("docker_engine")
+        kind = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    outcome = await run(tmp_path, task(tmp_path, host_server), kind)
+    assert outcome.termination_reason == TerminationReason.COMPLETED, outcome
+    assert outcome.rewards["root"] == 1.0 and outcome.rewards["net"] == 0.0, outcome.verifier_summary
+
+
 async def test_a_terminal_bench_style_task_scores_oracle_1_and_nop_0_on_docker(
     tmp_path: Path, host_server: int, docker_engine: DockerEngine
 ) -> None:
-    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    kind = host_network("docker", docker_engine)
     task_dir = task(tmp_path, host_server, test_sh=TB_TEST_SH)
     oracle = await run(tmp_path, task_dir, kind, "oracle")
     nop = await run(tmp_path, task_dir, kind, "nop")
@@ -166,7 +190,7 @@ async def test_apt_get_update_runs_in_a_root_verifier_with_network_on_docker(
 ) -> None:
     """The issue's own failure: Terminal-Bench's test.sh begins with apt-get as root (over
     http: this machine's build network reaches the Debian mirror, so does a host-network verifier)."""
-    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    kind = host_network("docker", docker_engine)
     outcome = await run(tmp_path, task(tmp_path, 9, test_sh=APT_SH, storage_mb=1024), kind, "nop")
     assert (outcome.termination_reason, outcome.reward) == (TerminationReason.COMPLETED, 1.0), (
         outcome.error,

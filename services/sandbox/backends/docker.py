@@ -171,14 +171,7 @@ class DockerBackend(Backend):
             info = self.client.info()
         except Exception as e:
             raise BackendUnavailable(f"no Docker engine reachable: {e}") from e
-        try:
-            # A public verifier's network must exist now, not fail its first trial's verify.
-            self.client.networks.get(self.cfg.verify_network)
-        except NotFound as e:
-            raise BackendUnavailable(
-                f"[sandbox.docker] verify_network = {self.cfg.verify_network!r}: the engine has no such network "
-                "(docker network ls; host is always there)"
-            ) from e
+        self.verify_network = self._verify_network()
         status = dict(info.get("DriverStatus") or [])
         # Quotas need overlay2 over xfs with pquota (we cannot see the mount option: try, then fall back).
         self.disk_quota = info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs"
@@ -211,6 +204,26 @@ class DockerBackend(Backend):
         super().__init__(settings.integrity, self.cfg.limits_unenforced_ok)
 
     # -- lifecycle ---------------------------------------------------------------
+    def _verify_network(self) -> str:
+        """The network a public verifier gets, checked now rather than at a first trial's verify.
+        Never the host's unless asked: the verifier runs the agent's code."""
+        wanted = self.cfg.verify_network
+        name = "bridge" if wanted == "auto" else wanted
+        try:
+            self.client.networks.get(name)
+        except NotFound as e:
+            if wanted == "auto":
+                log.warning(
+                    "the engine has no 'bridge' network: a task's public verifier gets no network "
+                    "([sandbox.docker] verify_network names one)"
+                )
+                return "none"
+            raise BackendUnavailable(
+                f"[sandbox.docker] verify_network = {wanted!r}: the engine has no such network "
+                "(docker network ls; host is always there)"
+            ) from e
+        return name
+
     async def start(self, spec: SandboxSpec) -> Sandbox:
         prepared = await self.images.image_for(spec.task, squash=self.integrity.squash_git_history)
         image = prepared.image
@@ -316,7 +329,7 @@ class DockerBackend(Backend):
         image = await self._api(handle.container.commit, conf={"Labels": labels})
         handle.verify_image = image.id
         await self._api(handle.container.remove, force=True)
-        network_mode = self.cfg.verify_network if network == Network.PUBLIC else "none"
+        network_mode = self.verify_network if network == Network.PUBLIC else "none"
         kwargs = verify_container_spec(
             spec, image.id, str(sandbox.paths.workdir), network_mode=network_mode, disk_quota=self.disk_quota
         )

@@ -126,9 +126,12 @@ class LocalBackend(Backend):
             sock = str(NET_DIR / "proxy.sock")
             argv = [self.cfg.python, str(NET_DIR / "forwarder.py"), f"127.0.0.1:{request.proxy_port}"]
             argv += [sock, "--", *request.argv]
-        share_net = request.network == Network.PUBLIC or (
-            request.phase == Phase.AGENT and not self.integrity.isolate_network
+        # A verifier runs the agent's code: the host's network (loopback services included)
+        # only where [sandbox.local] verify_network says so.
+        public = request.network == Network.PUBLIC and (
+            request.phase != Phase.VERIFY or self.cfg.verify_network == "host"
         )
+        share_net = public or (request.phase == Phase.AGENT and not self.integrity.isolate_network)
         # The verifier as Harbor's user: root is uid 0 of the exec's user namespace, with no
         # capabilities: `id -u` is 0 and the workspace is its own, but the host system stays
         # read-only (apt-get fails there, honestly: the host is every task's base system).
