@@ -28,8 +28,13 @@ from stack.dashboard import EmbeddedCaptureOpener
 from tests.run_support import AGENT, SCRIPT, make_pool, tiny_model, write_config
 
 pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
-# The scripted policy's last reply is "Done."; the stop string ends it at "Done".
-STOPPING_AGENT = AGENT.replace('"tools": tools}', '"tools": tools, "stop": ["one."]}')
+# The scripted policy's last reply is "Done. Bye."; the stop string ends it at "Done." (the
+# tokens the harness was given are kept; those of " Bye." were sampled past the stop).
+STOPPING_AGENT = AGENT.replace('"tools": tools}', '"tools": tools, "stop": [" Bye"]}')
+CUT_SCRIPT = {
+    **SCRIPT,
+    "threads": {**SCRIPT["threads"], "main": [*SCRIPT["threads"]["main"][:-1], {"content": "Done. Bye."}]},
+}
 
 
 def sampled_runs(seg: records_pb2.Segment) -> list[tuple[int, int]]:
@@ -80,7 +85,7 @@ def test_every_trajectory_record_agrees_with_its_segments(tmp_path: Path) -> Non
     config = write_config(tmp_path, model, make_pool(tmp_path), run={"steps": 2})
     (tmp_path / "agent.sh").write_text(STOPPING_AGENT)
     # One token per chunk: the stop string ends a reply before the engine's last chunk (and its usage).
-    (tmp_path / "script.json").write_text(json.dumps({**SCRIPT, "chunk_tokens": 1}))
+    (tmp_path / "script.json").write_text(json.dumps({**CUT_SCRIPT, "chunk_tokens": 1}))
     proc = subprocess.run(
         [sys.executable, "-m", "stack.cli", "run", str(config)],
         capture_output=True,
