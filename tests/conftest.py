@@ -64,6 +64,7 @@ def docker_engine() -> Iterator[DockerEngine]:
         fs = baseimages.rootfs()
         if data_root is not None:
             _untag_foreign_base_images(client, fs.key)
+            client.volumes.prune()  # no container is left to use one (DockerEngine removed them)
         baseimages.ensure_imported(client, fs)
         client.close()
         yield engine

@@ -90,10 +90,13 @@ async def box(backend: DockerBackend, tmp_path: Path) -> AsyncIterator[Sandbox]:
 async def test_everyday_task_scores_its_oracle_and_not_nop(backend: DockerBackend, tmp_path: Path) -> None:
     task = everyday_task(tmp_path / "tasks")
     runner = TrialRunner(backend.settings, backend)
+    volumes = {v.id for v in backend.client.volumes.list()}
     oracle = await runner.run(TrialSpec(trial_id="dk-oracle", task_path=str(task), harness="oracle"))
     nop = await runner.run(TrialSpec(trial_id="dk-nop", task_path=str(task), harness="nop"))
     assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.error
     assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop.error
+    # Each trial's containers (the agent's, the verifier's from its commit) leave no volume behind.
+    assert {v.id for v in backend.client.volumes.list()} <= volumes
 
 
 async def test_image_env_workdir_and_squashed_history(backend: DockerBackend, box: Sandbox) -> None:

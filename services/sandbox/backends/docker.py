@@ -316,7 +316,7 @@ class DockerBackend(Backend):
                 data = await asyncio.to_thread(b"".join, stream)
                 await self._api(handle.container.put_archive, str(PurePosixPath(path).parent), data)
         finally:
-            await self._api(source.remove, force=True)
+            await self._api(source.remove, force=True, v=True)
 
     async def _fresh_container(self, sandbox: Sandbox, network: Network) -> None:
         handle, spec = _handle(sandbox), sandbox.spec
@@ -328,7 +328,7 @@ class DockerBackend(Backend):
         }
         image = await self._api(handle.container.commit, conf={"Labels": labels})
         handle.verify_image = image.id
-        await self._api(handle.container.remove, force=True)
+        await self._api(handle.container.remove, force=True, v=True)
         network_mode = self.verify_network if network == Network.PUBLIC else "none"
         kwargs = verify_container_spec(
             spec, image.id, str(sandbox.paths.workdir), network_mode=network_mode, disk_quota=self.disk_quota
@@ -349,7 +349,9 @@ class DockerBackend(Backend):
             return
         handle.stopped = True
         await handle.close_relay()
-        removals = [(handle.container.remove, "container")]
+        # v: a container's anonymous volumes go with it (an image's VOLUME; a verifier's
+        # commit records the agent container's mount points as volumes of its own).
+        removals = [(functools.partial(handle.container.remove, v=True), "container")]
         if handle.verify_image:
             removals.append((functools.partial(self.client.images.remove, handle.verify_image), "verifier's commit"))
         for remove, what in removals:
@@ -373,7 +375,7 @@ class DockerBackend(Backend):
         for container in containers:
             stopped = container.status in ("exited", "created", "dead")
             if stopped or worker_is_dead(container.labels.get(LABEL_WORKER, "")):
-                await asyncio.to_thread(container.remove, force=True)
+                await asyncio.to_thread(container.remove, force=True, v=True)
                 removed += 1
         # A dead worker's commits for its verifiers (their containers are gone above).
         commits = await self._api(self.client.images.list, filters={"label": f"{LABEL_VERIFY}=true"})

@@ -239,7 +239,7 @@ class ImageStore:
             return Prepared(str(committed.id), closed.split())
         finally:
             await asyncio.to_thread(shutil.rmtree, tree, True)
-            await self._call(task, "removing the preparation container", container.remove, force=True)
+            await self._call(task, "removing the preparation container", container.remove, force=True, v=True)
 
     async def _squash_in(self, task: Task, container: Any, workdir: str, tree: Path) -> None:
         reading = f"reading {workdir} from the image"
