@@ -14,7 +14,8 @@ from services.sandbox.backends.base import (
     Capabilities,
     check_requirements,
 )
-from services.sandbox.backends.docker import (
+from services.sandbox.backends.docker_images import base_images, prepare_script
+from services.sandbox.backends.docker_specs import (
     LABEL_MANAGED,
     LABEL_VERIFY,
     LABEL_WORKER,
@@ -23,7 +24,6 @@ from services.sandbox.backends.docker import (
     verify_container_spec,
     verify_script,
 )
-from services.sandbox.backends.docker_images import base_images, prepare_script
 from services.sandbox.errors import BackendUnavailable, CapabilityError, UnknownName
 from services.sandbox.settings import IntegrityPolicy
 from services.sandbox.tasks import load_task
