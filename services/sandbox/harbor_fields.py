@@ -172,14 +172,20 @@ FIELDS: dict[str, Rule] = {
     ),
     "environment.workdir": Rule(Status.SUPPORTED, "absolute path; overrides the image's WORKDIR"),
     "environment.skills_dir": Rule(
-        Status.REFUSED,
-        "not supported yet: the harness adapters do not install skills; remove it, or put the skills where "
-        "the harness reads them from the Dockerfile",
+        Status.MAPPED,
+        "a directory in the environment (relative: to the working directory), as in Harbor; its contents are "
+        "copied in the sandbox before the agent starts to where each harness reads skills: claude-code "
+        "~/.claude/skills, codex ~/.agents/skills, opencode ~/.config/opencode/skills, openhands-sdk "
+        "~/.agents/skills (loaded by the SDK); mini-swe-agent is refused at trial start, as in Harbor. A "
+        "directory the sandbox lacks fails setup (env_setup_failed) naming the field; Harbor copies nothing",
     ),
     "environment.mcp_servers": Rule(
-        Status.REFUSED,
-        "not supported yet: the harness adapters do not configure MCP servers, and a sandbox reaches only "
-        "the model proxy",
+        Status.MAPPED,
+        "given to each harness in its own config (claude-code --mcp-config, codex [mcp_servers.NAME], opencode "
+        "mcp, openhands-sdk mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor). "
+        "stdio servers run in the sandbox; a url's host must be localhost or a service of the task's compose "
+        "file (the agent reaches nothing else); '${VAR}' headers are refused (no host environment reaches a "
+        "sandbox); headers on mini-swe-agent and openhands-sdk, and sse on codex, are refused at trial start",
     ),
     "environment.healthcheck": Rule(
         Status.REFUSED,

@@ -70,6 +70,7 @@ from services.sandbox.backends.base import (
 from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, ProxySummary, ProxyTrial, UnixRelay
 from services.sandbox.errors import EnvSetupError, SandboxLost, VerifierError
 from services.sandbox.harnesses import AgentContext, HarnessAdapter, ModelAccess, get_harness
+from services.sandbox.harnesses.agent_extras import run_setup as run_harness_setup
 from services.sandbox.lifecycle import (
     PhaseTimings,
     TerminationReason,
@@ -293,6 +294,7 @@ class TrialRunner:
             command = t.harness.prepare(ctx)
             for src, dst in command.uploads:
                 await self.backend.upload(sandbox, src, dst)
+            await run_harness_setup(self.backend, sandbox, command)  # e.g. the task's skills
         except HarnessError as e:
             self._fail(t, "setup_failed", f"harness setup: {e}")
             return

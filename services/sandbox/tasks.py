@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harnessrl.config import format_validation_error
 from services.sandbox import harbor_fields
 from services.sandbox.errors import TaskError
+from services.sandbox.task_agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class EnvironmentConfig(PhaseNetwork):
     workdir: str | None = None
     skills_dir: str | None = None
     healthcheck: dict[str, Any] | None = None
-    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    mcp_servers: list[McpServer] = Field(default_factory=list)
     allow_internet: bool | None = None
 
     @model_validator(mode="before")
@@ -140,6 +141,10 @@ class EnvironmentConfig(PhaseNetwork):
                 raise ValueError(f"{old} = {size} MB conflicts with {new} = {data[new]!r}")
             data[new] = size
         return data
+
+    # skills_dir and mcp_servers: task_agent_extras says what they mean here.
+    _skills_dir = field_validator("skills_dir")(check_skills_dir)
+    _mcp_servers = field_validator("mcp_servers")(check_servers)
 
     @field_validator("os")
     @classmethod
@@ -268,6 +273,9 @@ def load_task(path: str | Path) -> Task:
     if not (root / "tests" / "test.sh").is_file():
         raise TaskError(name, "missing tests/test.sh (the verifier)")
     env = config.environment
+    unreachable = unreachable_servers(root, env.mcp_servers)
+    if unreachable:
+        raise TaskError(name, "task.toml: " + "; ".join(unreachable))
     if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file():
         raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
     for warning in warnings:

@@ -10,7 +10,7 @@ from tests.cli_support import run_cli
 from tests.sandbox_support import make_task
 
 RUNS = "[task]\nname = 'test/{name}'\n[agent]\ntimeout_sec = 30\n[environment]\nallow_internet = false\n"
-REFUSED = "[environment]\nskills_dir = '/skills'\n"
+REFUSED = "[environment]\ngpu_types = ['H100']\n"
 
 
 def _dataset(root: Path) -> Path:
@@ -34,7 +34,7 @@ def test_a_dataset_names_each_refusal_and_exits_1(tmp_path: Path) -> None:
     proc = run_cli("tasks", "check-harbor", str(_dataset(tmp_path / "ds")))
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
-    assert "REFUSED" in out and "refused   environment.skills_dir: not supported yet" in out
+    assert "REFUSED" in out and "refused   environment.gpu_types: GPU tasks" in out
     assert "refused   environment/docker-compose.yaml: multi-container" in out
     assert "unknown   environment.colour: ignored, as Harbor ignores them" in out
     assert "1 of 3 task(s) run; 2 refused" in out
@@ -49,7 +49,7 @@ def test_json_report(tmp_path: Path) -> None:
     assert statuses["agent.timeout_sec"] == "supported" and statuses["environment.allow_internet"] == "mapped"
     assert reports["ok"]["unknown"] == ["environment.colour"] and reports["ok"]["task_id"] == "test/ok"
     (refused,) = [f for f in reports["skills"]["fields"] if f["status"] == "refused"]
-    assert refused["field"] == "environment.skills_dir" and "harness adapters" in refused["note"]
+    assert refused["field"] == "environment.gpu_types" and "GPU" in refused["note"]
 
 
 def test_an_invalid_task_is_named_and_exits_1(tmp_path: Path) -> None:

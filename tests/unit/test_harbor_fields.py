@@ -62,8 +62,6 @@ REFUSED_TOML = {
     "agent.user": "[agent]\nuser = 1001\n",
     "environment.gpu_types": "[environment]\ngpu_types = ['H100']\n",
     "environment.tpu": "[environment.tpu]\ntype = 'v6e'\ntopology = '2x4'\n",
-    "environment.skills_dir": "[environment]\nskills_dir = '/skills'\n",
-    "environment.mcp_servers": "[[environment.mcp_servers]]\nname = 'm'\nurl = 'http://m:8000/mcp'\n",
     "environment.healthcheck": "[environment.healthcheck]\ncommand = 'true'\n",
 }
 
@@ -113,8 +111,8 @@ def test_the_same_fields_with_values_that_run(tmp_path: Path) -> None:
 
 
 def test_all_refusals_are_named_at_once(tmp_path: Path) -> None:
-    task = make_task(tmp_path, toml="[[steps]]\nname = 'a'\n[environment]\nskills_dir = '/s'\n")
-    _refused(task, "steps: multi-step", "environment.skills_dir: not supported yet")
+    task = make_task(tmp_path, toml="[[steps]]\nname = 'a'\n[environment]\ngpu_types = ['H100']\n")
+    _refused(task, "steps: multi-step", "environment.gpu_types: GPU tasks")
 
 
 def test_a_compose_file_is_refused_naming_it(tmp_path: Path) -> None:

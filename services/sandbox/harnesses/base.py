@@ -55,6 +55,9 @@ class AgentCommand:
     stdin: bytes | None = None
     # Host paths to copy into the sandbox before the agent phase.
     uploads: list[tuple[Path, PurePosixPath]] = field(default_factory=list)
+    # Run in the sandbox (the agent's user, no network) before ``argv``; non-zero exit is
+    # env_setup_failed (agent_extras.run_setup): e.g. installing the task's skills.
+    setup: list[str] | None = None
 
 
 class HarnessAdapter(abc.ABC):

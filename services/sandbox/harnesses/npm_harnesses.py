@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from harnessrl import paths
+from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 
 
@@ -87,7 +88,12 @@ class ClaudeCode(_NpmHarness):
         argv += ["--dangerously-skip-permissions"]
         if ctx.max_turns:
             argv += ["--max-turns", str(ctx.max_turns)]
-        return AgentCommand(argv=argv, env=env)
+        servers = extras.mcp_servers(ctx)
+        if servers:
+            write_text(ctx.runtime / "mcp.json", json.dumps(extras.claude_mcp_config(servers), indent=1))
+            argv += ["--mcp-config", str(ctx.paths.runtime / "mcp.json")]
+        # Skills: its user skills folder (Claude's config dir is ~/.claude here).
+        return AgentCommand(argv=argv, env=env, setup=extras.copy_skills(ctx, ".claude/skills"))
 
     def log_paths(self) -> list[str]:
         return [".claude/projects"]
@@ -115,6 +121,9 @@ class OpenCode(_NpmHarness):
             "autoupdate": False,
             "share": "disabled",
         }
+        servers = extras.mcp_servers(ctx)
+        if servers:
+            config["mcp"] = extras.opencode_mcp_config(servers)
         write_text(ctx.runtime / "opencode.json", json.dumps(config, indent=1))
         env = {
             **self.xdg_env(ctx),
@@ -124,7 +133,9 @@ class OpenCode(_NpmHarness):
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
             "OPENCODE_DISABLE_SHARE": "1",
         }
-        return AgentCommand(argv=[*self.launcher(), "run", ctx.instruction], env=env)
+        # Skills: its global skills folder under XDG_CONFIG_HOME.
+        setup = extras.copy_skills(ctx, ".config/opencode/skills")
+        return AgentCommand(argv=[*self.launcher(), "run", ctx.instruction], env=env, setup=setup)
 
     def log_paths(self) -> list[str]:
         return [".local/share/opencode"]
@@ -137,6 +148,7 @@ class Codex(_NpmHarness):
     binary = "codex"
 
     def prepare(self, ctx: AgentContext) -> AgentCommand:
+        extras.refuse_transport(self.name, ctx, "sse", "Codex's MCP client speaks stdio and streamable HTTP only")
         codex_home = ctx.home / ".codex"
         config = "\n".join(
             [
@@ -155,6 +167,7 @@ class Codex(_NpmHarness):
                 'wire_api = "responses"',
                 'env_key = "HARNESSRL_API_KEY"',
                 "",
+                *extras.codex_mcp_toml(extras.mcp_servers(ctx)),
             ]
         )
         write_text(codex_home / "config.toml", config)
@@ -165,7 +178,8 @@ class Codex(_NpmHarness):
         }
         argv = [*self.launcher(), "exec", "--skip-git-repo-check"]
         argv += ["--dangerously-bypass-approvals-and-sandbox", ctx.instruction]
-        return AgentCommand(argv=argv, env=env)
+        # Skills: the user skills folder Harbor installs them to.
+        return AgentCommand(argv=argv, env=env, setup=extras.copy_skills(ctx, ".agents/skills"))
 
     def log_paths(self) -> list[str]:
         return [".codex/sessions"]

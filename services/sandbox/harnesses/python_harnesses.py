@@ -3,13 +3,16 @@ OpenHands SDK). A venv needs its base interpreter too, so both are mounted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harnessrl import paths
 from services.sandbox.errors import EnvSetupError
+from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 
 OPENHANDS_DRIVER = Path(__file__).with_name("openhands_driver.py")
+OPENHANDS_SKILLS = ".agents/skills"  # HOME-relative; the SDK's first user skills folder
 # mini-swe-agent configs by the harness option ``config`` (None: the package's own mini.yaml).
 MINI_CONFIGS: dict[str, Path | None] = {
     "default": None,
@@ -58,8 +61,12 @@ class MiniSweAgent(HarnessAdapter):
         return str(ctx.paths.runtime / source.name)
 
     def prepare(self, ctx: AgentContext) -> AgentCommand:
+        extras.refuse(self.name, ctx, skills="mini-swe-agent reads no skills (Harbor refuses it too)")
+        extras.refuse_headers(self.name, ctx)
         config_dir = ctx.paths.home / ".config" / "mini-swe-agent"
-        argv = [str(self.venv / "bin" / "mini"), "-m", f"openai/{_model(ctx)}", "-t", ctx.instruction]
+        # It has no MCP client: Harbor lists the task's servers in the instruction, and so do we.
+        instruction = extras.mini_instruction(ctx.instruction, extras.mcp_servers(ctx))
+        argv = [str(self.venv / "bin" / "mini"), "-m", f"openai/{_model(ctx)}", "-t", instruction]
         argv += ["--yolo", "--exit-immediately", "-c", self._config(ctx)]
         argv += ["-c", f"model.model_kwargs.api_base={ctx.base_url}", "-c", f"model.model_kwargs.api_key={ctx.token}"]
         argv += ["-c", f"environment.cwd={ctx.paths.workdir}"]
@@ -90,6 +97,7 @@ class OpenHandsSdk(HarnessAdapter):
         return venv_mounts(self.venv)
 
     def prepare(self, ctx: AgentContext) -> AgentCommand:
+        extras.refuse_headers(self.name, ctx)
         write_text(ctx.runtime / "openhands_driver.py", OPENHANDS_DRIVER.read_text())
         argv = [str(self.venv / "bin" / "python"), str(ctx.paths.runtime / "openhands_driver.py")]
         env = {
@@ -103,4 +111,11 @@ class OpenHandsSdk(HarnessAdapter):
             "HARNESSRL_LOG_DIR": str(ctx.paths.agent_logs),
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
-        return AgentCommand(argv=argv, env=env)
+        servers = extras.mcp_servers(ctx)
+        if servers:
+            env["HARNESSRL_MCP_CONFIG"] = json.dumps(extras.openhands_mcp_config(servers))
+        # Skills: the SDK's user skills folder, loaded by the driver with the SDK's own loader.
+        setup = extras.copy_skills(ctx, OPENHANDS_SKILLS)
+        if setup is not None:
+            env["HARNESSRL_SKILLS_DIR"] = str(ctx.paths.home / OPENHANDS_SKILLS)
+        return AgentCommand(argv=argv, env=env, setup=setup)
