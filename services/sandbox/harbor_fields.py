@@ -181,11 +181,12 @@ FIELDS: dict[str, Rule] = {
     ),
     "environment.mcp_servers": Rule(
         Status.MAPPED,
-        "given to each harness in its own config (claude-code --mcp-config, codex [mcp_servers.NAME], opencode "
-        "mcp, openhands-sdk mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor). "
+        "given to each harness in its own config (claude-code --mcp-config, opencode mcp, openhands-sdk "
+        "mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor); codex is refused at "
+        "trial start (it offers MCP tools as Responses 'namespace' tools, which the proxy does not render yet). "
         "stdio servers run in the sandbox; a url's host must be localhost or a service of the task's compose "
         "file (the agent reaches nothing else); '${VAR}' headers are refused (no host environment reaches a "
-        "sandbox); headers on mini-swe-agent and openhands-sdk, and sse on codex, are refused at trial start",
+        "sandbox); headers on mini-swe-agent and openhands-sdk are refused at trial start, as in Harbor",
     ),
     "environment.healthcheck": Rule(
         Status.REFUSED,

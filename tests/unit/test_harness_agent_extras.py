@@ -63,19 +63,15 @@ def test_claude_code(tmp_path: Path) -> None:
 
 
 def test_codex(tmp_path: Path) -> None:
-    cmd = get_harness("codex").prepare(_ctx(tmp_path, SKILLS + STDIO + HTTP))
-    config = tomllib.loads((tmp_path / "home" / ".codex" / "config.toml").read_text())
-    assert config["mcp_servers"] == {
-        "notes": {"command": "python3", "args": ["/opt/s.py"]},
-        "api": {"url": "http://localhost:9/mcp", "http_headers": {"X-Mode": "fast"}},
-    }
-    assert config["model_providers"]["harnessrl"]["base_url"] == BASE  # the rest of the config is intact
+    cmd = get_harness("codex").prepare(_ctx(tmp_path, SKILLS))
     _copies_to(cmd.setup, "/home/agent/.agents/skills")
+    assert "mcp_servers" not in tomllib.loads((tmp_path / "home" / ".codex" / "config.toml").read_text())
 
 
-def test_codex_refuses_sse_by_name(tmp_path: Path) -> None:
-    with pytest.raises(EnvSetupError, match=r"'codex' cannot reach MCP server 'feed'.*transport 'sse'"):
-        get_harness("codex").prepare(_ctx(tmp_path, SSE))
+@pytest.mark.parametrize("servers", [STDIO, HTTP, SSE])
+def test_codex_refuses_mcp_servers_by_name(tmp_path: Path, servers: str) -> None:
+    with pytest.raises(EnvSetupError, match=r"'codex' cannot take task\.toml environment\.mcp_servers: .*'namespace'"):
+        get_harness("codex").prepare(_ctx(tmp_path, servers))
 
 
 def test_opencode(tmp_path: Path) -> None:

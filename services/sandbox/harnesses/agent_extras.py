@@ -66,15 +66,6 @@ def refuse_headers(harness: str, ctx: AgentContext) -> None:
             )
 
 
-def refuse_transport(harness: str, ctx: AgentContext, transport: str, why: str) -> None:
-    for server in mcp_servers(ctx):
-        if server.transport == transport:
-            raise EnvSetupError(
-                f"harness {harness!r} cannot reach MCP server {server.name!r} (task.toml environment.mcp_servers "
-                f"transport {transport!r}): {why}"
-            )
-
-
 def claude_mcp_config(servers: list[McpServer]) -> dict[str, Any]:
     """Claude Code's ``--mcp-config`` file: ``{"mcpServers": {NAME: {...}}}``."""
     entries: dict[str, Any] = {}
@@ -101,30 +92,6 @@ def opencode_mcp_config(servers: list[McpServer]) -> dict[str, Any]:
                 entry["headers"] = s.headers
             entries[s.name] = entry
     return entries
-
-
-def _toml_str(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return '"' + "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in escaped) + '"'
-
-
-def codex_mcp_toml(servers: list[McpServer]) -> list[str]:
-    """Codex's ``[mcp_servers.NAME]`` tables of config.toml (stdio: command/args; HTTP: url/http_headers)."""
-    lines: list[str] = []
-    for s in servers:
-        lines.append(f"[mcp_servers.{_toml_str(s.name)}]")
-        if s.transport == "stdio":
-            assert s.command is not None
-            lines.append(f"command = {_toml_str(s.command)}")
-            lines.append("args = [" + ", ".join(_toml_str(a) for a in s.args) + "]")
-        else:
-            assert s.url is not None
-            lines.append(f"url = {_toml_str(s.url)}")
-            if s.headers:
-                pairs = ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in s.headers.items())
-                lines.append(f"http_headers = {{ {pairs} }}")
-        lines.append("")
-    return lines
 
 
 def openhands_mcp_config(servers: list[McpServer]) -> dict[str, Any]:

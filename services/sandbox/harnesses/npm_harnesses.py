@@ -141,6 +141,15 @@ class OpenCode(_NpmHarness):
         return [".local/share/opencode"]
 
 
+# Seen with codex-cli 0.171: Codex starts the servers of [mcp_servers.NAME] but offers their
+# tools as a Responses 'namespace' tool ({"type": "namespace", "name": "mcp__NAME", "tools": [...]})
+# and accepts a call only as (namespace, name); the proxy renders function and custom tools only.
+CODEX_MCP_REFUSAL = (
+    "Codex offers MCP tools as Responses 'namespace' tools, which the proxy does not render or answer yet "
+    "(function and custom tools only): its model would never see them"
+)
+
+
 class Codex(_NpmHarness):
     """Codex speaks only the Responses API; the turn limit is the proxy's."""
 
@@ -148,7 +157,7 @@ class Codex(_NpmHarness):
     binary = "codex"
 
     def prepare(self, ctx: AgentContext) -> AgentCommand:
-        extras.refuse_transport(self.name, ctx, "sse", "Codex's MCP client speaks stdio and streamable HTTP only")
+        extras.refuse(self.name, ctx, mcp=CODEX_MCP_REFUSAL)
         codex_home = ctx.home / ".codex"
         config = "\n".join(
             [
@@ -167,7 +176,6 @@ class Codex(_NpmHarness):
                 'wire_api = "responses"',
                 'env_key = "HARNESSRL_API_KEY"',
                 "",
-                *extras.codex_mcp_toml(extras.mcp_servers(ctx)),
             ]
         )
         write_text(codex_home / "config.toml", config)

@@ -1,0 +1,165 @@
+"""A Harbor task's ``skills_dir`` and ``mcp_servers`` reach each real, unmodified harness in
+a sandbox: the image holds the skills (``COPY skills /skills``) and a tiny stdio MCP server
+(tests/e2e/fixtures/mcp_stdio_server.py); the scripted policy calls the server's tool and
+opens the skill. What the harness sent the proxy (the engine's log of the rendered prompts)
+proves it read our config: its tools offer the MCP tool, its prompt lists the skill, the
+tool's answer (only the server in the sandbox knows it) and the skill's body come back."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.paths import default_model_dir
+from services.gateway.engines.scripted import read_generation_log
+from services.sandbox.backends import create_backend
+from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
+from services.sandbox.harnesses import get_harness
+from services.sandbox.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.runner import TrialRunner
+from services.sandbox.settings import DockerBackendSettings
+from tests.sandbox_support import ModelStack, make_task, model_stack
+
+pytestmark = [
+    pytest.mark.harness,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+]
+MODEL = default_model_dir().name
+SERVER = (Path(__file__).parent / "fixtures" / "mcp_stdio_server.py").read_text()
+WORD = "PAPAYA-42"  # only the MCP server in the sandbox answers it
+SKILL = "greeting-protocol"
+SKILL_BODY = "House style marker SKILL-BODY-7731: greeting files hold one lowercase word."
+SKILL_MD = f"---\nname: {SKILL}\ndescription: How to write greeting files such as hello.txt.\n---\n\n{SKILL_BODY}\n"
+TOML = (
+    "[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n"
+    "[environment]\nmemory_mb = 4096\nskills_dir = '/skills'\n"
+    "[[environment.mcp_servers]]\nname = 'notes'\ntransport = 'stdio'\ncommand = 'python3'\n"
+    "args = ['/opt/mcp/server.py']\n"
+)
+DOCKERFILE = (
+    "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY README.md /app/README.md\n"
+    "COPY skills /skills\nCOPY server.py /opt/mcp/server.py\n"
+)
+
+
+def _call(tool: str, **arguments: Any) -> dict[str, Any]:
+    return {"content": "Working on it.", "tool_calls": [{"name": tool, "arguments": arguments}]}
+
+
+# Per harness: its MCP tool's name as it offers it (None: it takes no MCP server, the task
+# sets none), the scripted main thread, script options.
+CASES: dict[str, tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = {
+    "claude-code": (
+        "mcp__notes__secret_word",
+        [
+            _call("mcp__notes__secret_word"),
+            _call("Skill", skill=SKILL),  # its Skill tool loads the body into the context
+            _call("Bash", command="echo hello > hello.txt", description="Write"),
+            {"content": "Created hello.txt."},
+        ],
+        {"chunk_tokens": 4},
+    ),
+    "opencode": (
+        "notes_secret_word",
+        [
+            _call("notes_secret_word"),
+            # Its skill tool lists the skill's files with ripgrep, which it downloads (no network
+            # here): the policy reads the SKILL.md at the location OpenCode announced.
+            _call("read", filePath=f"/home/agent/.config/opencode/skills/{SKILL}/SKILL.md"),
+            _call("bash", command="echo hello > hello.txt", description="Write"),
+            {"content": "Created hello.txt."},
+        ],
+        {"chunk_tokens": 3},
+    ),
+    "codex": (
+        None,  # Codex's MCP tools are Responses 'namespace' tools: refused (npm_harnesses.CODEX_MCP_REFUSAL)
+        [
+            _call("exec_command", cmd=f"cat /home/agent/.agents/skills/{SKILL}/SKILL.md"),
+            _call("exec_command", cmd="echo hello > hello.txt"),
+            {"content": "Created hello.txt."},
+        ],
+        {"chunk_tokens": 3},
+    ),
+}
+
+
+def _prompts(stack: ModelStack, trial_id: str) -> list[str]:
+    from services.proxy.chat.tokenizer import Tokenizer  # loading it costs a second
+
+    tokenizer = Tokenizer(default_model_dir())
+    records = [r for r in read_generation_log(stack.engine_log) if r["trial_id"] == trial_id]
+    return [tokenizer.decode(r["prompt_ids"], skip_special_tokens=False) for r in records if r["thread"] == "main"]
+
+
+async def _run(
+    tmp_path: Path, harness: str, toml: str | None = None, backend: dict[str, Any] | None = None
+) -> tuple[Any, list[str], str]:
+    adapter = get_harness(harness)
+    missing = [p for p in adapter.install_paths() if not p.exists()]
+    if missing:
+        pytest.skip(f"{harness} is not installed ({missing[0]}); scripts/setup installs it")
+    tool_name, main, extra = CASES[harness]
+    if toml is None:
+        toml = TOML if tool_name is not None else TOML[: TOML.index("[[environment.mcp_servers]]")]
+    context = {"skills/" + SKILL + "/SKILL.md": SKILL_MD, "server.py": SERVER}
+    task = make_task(
+        tmp_path / "tasks", toml=toml, instruction="Create hello.txt", dockerfile=DOCKERFILE, context=context
+    )
+    async with model_stack(tmp_path / "stack", {"main": main, "*": [{"content": "Hello"}]}, **extra) as stack:
+        backend = backend or {"backend": "local"}
+        settings = stack.sandbox_settings(tmp_path, default_agent_timeout_s=240, **backend)
+        runner = TrialRunner(
+            settings,
+            create_backend(settings),
+            proxy=ProxyAdmin(stack.proxy.url, stack.admin_token),
+            capture=CaptureFinalizer(settings.capture_target or "", None),
+        )
+        trial_id = f"{harness}-{uuid.uuid4().hex[:8]}"
+        spec = TrialSpec(
+            trial_id=trial_id,
+            run_id="run-x",
+            task_path=str(task),
+            group_id=trial_id,
+            group_size=1,
+            harness=harness,
+            model=MODEL,
+            max_turns=20,
+        )
+        outcome = await runner.run(spec)
+        log_file = Path(outcome.artifacts_dir) / "agent.log"
+        log = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+        return outcome, _prompts(stack, trial_id), log
+
+
+@pytest.mark.parametrize(
+    ("harness", "on"), [*((h, "local") for h in CASES), ("claude-code", "docker")], ids=lambda v: str(v)
+)
+async def test_the_harness_offers_and_uses_the_tasks_skill_and_mcp_tool(
+    tmp_path: Path, harness: str, on: str, request: pytest.FixtureRequest
+) -> None:
+    backend: dict[str, Any] = {"backend": "local"}
+    if on == "docker":
+        engine = request.getfixturevalue("docker_engine")
+        backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    outcome, prompts, log = await _run(tmp_path, harness, backend=backend)
+    assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
+    assert prompts, log
+    first, last = prompts[0], prompts[-1]
+    tool_name = CASES[harness][0]
+    assert SKILL in first and "How to write greeting files" in first, "the skill was not listed"
+    if tool_name is not None:
+        assert tool_name in first, f"the MCP tool was not offered: {log}"
+        assert WORD in last, "the MCP tool's answer (from the server in the sandbox) never came back"
+    assert "SKILL-BODY-7731" in last, "the skill's body was never loaded"
+    assert outcome.reward == 1.0, log
+
+
+async def test_a_skills_dir_the_image_lacks_fails_setup_naming_the_field(tmp_path: Path) -> None:
+    outcome, prompts, _ = await _run(tmp_path, "claude-code", TOML.replace("'/skills'", "'/nowhere'"))
+    assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED
+    assert "environment.skills_dir: /nowhere is not a directory in the sandbox" in (outcome.error or "")
+    assert prompts == []  # the harness never started
