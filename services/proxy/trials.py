@@ -4,6 +4,7 @@ and the admin operations (create, summary, close)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ from services.proxy.errors import BadToken, CaptureFailed, ModelNotFound, TrialN
 from services.proxy.gateway_client import EngineClient, EnginePool
 from services.proxy.responses.store import ResponseStore
 from services.proxy.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MAX_MODEL_NAMES = 16  # distinct names recorded per trial; the rest count under "(other)"
 MAX_REFUSALS = 5  # refusal messages kept per trial (all are counted)
@@ -292,8 +295,15 @@ class ProxyCore:
         )
 
     async def aclose(self) -> None:
+        """Shutting down: closes every trial still open. One whose parts cannot be made
+        durable (its capture store went away, or the trial was already finalized without
+        them: its sandbox gave up on the close) is a warning naming it, not a traceback that
+        stops the others from being closed."""
         for trial in list(self.trials.values()):
             if not trial.closed:
-                await self.close(trial.spec.trial_id)
+                try:
+                    await self.close(trial.spec.trial_id)
+                except CaptureFailed as e:
+                    log.warning("trial closed at shutdown without its last parts", extra={"kv": {"error": str(e)}})
         await self.engines.close()
         await self.capture.close()

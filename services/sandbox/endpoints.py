@@ -27,6 +27,8 @@ from harnessrl.v1 import capture_pb2, capture_pb2_grpc
 from services.sandbox.lifecycle import REASON_TO_PROTO, PhaseTimings, TrialOutcome, TrialSpec
 
 log = logging.getLogger(__name__)
+# A close whose connection broke under it is sent again (a fresh connection each time).
+CLOSE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,10 @@ class ProxyAdmin:
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         # No connection cap: a worker runs up to 256 trials, each holding a call (close waits
         # until its parts are durable); httpx's default pool of 100 made the rest time out.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # An idle connection is dropped here (2 s) before the proxy's server drops it (uvicorn's
+        # keep-alive timeout, 5 s): reusing one the server is closing at that moment fails the
+        # request with a ReadError (measured: one trial in a quickstart lost its close so).
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
         verify = tls.client_context(self.tls) or True
         self._client = httpx.AsyncClient(
             base_url=self.url, headers=headers, timeout=timeout_s, limits=limits, verify=verify
@@ -106,11 +111,26 @@ class ProxyAdmin:
         return ProxyTrial(trial_id=data["trial_id"], token=data["token"], base_path=data["base_path"])
 
     async def close(self, trial_id: str) -> ProxySummary:
-        return ProxySummary.from_json(await self._post(f"/admin/trials/{trial_id}/close", None))
+        # Closing is idempotent on the proxy (a second close waits for the first and returns
+        # the same summary), so a connection that broke under the request is retried.
+        path = f"/admin/trials/{trial_id}/close"
+        return ProxySummary.from_json(await self._post(path, None, attempts=CLOSE_ATTEMPTS))
 
-    async def _post(self, path: str, body: dict[str, Any] | None, context: Context | None = None) -> dict[str, Any]:
+    async def _post(
+        self, path: str, body: dict[str, Any] | None, context: Context | None = None, attempts: int = 1
+    ) -> dict[str, Any]:
         try:
-            resp = await self._client.post(path, json=body, headers=telemetry.inject(context=context))
+            for attempt in range(attempts):
+                try:
+                    resp = await self._client.post(path, json=body, headers=telemetry.inject(context=context))
+                    break
+                except httpx.TransportError as e:
+                    if attempt + 1 == attempts or isinstance(e, httpx.TimeoutException):
+                        raise
+                    log.warning(
+                        "proxy call broke; retrying",
+                        extra={"kv": {"path": path, "attempt": attempt, "error": f"{type(e).__name__}: {e}"}},
+                    )
         except httpx.HTTPError as e:
             host, port, secure = self.address
             why = await asyncio.to_thread(tls.probe, host, port, self.tls) if secure else ""
