@@ -75,6 +75,16 @@ CASES: dict[str, tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = {
         ],
         {"chunk_tokens": 3},
     ),
+    "openhands-sdk": (
+        "secret_word",
+        [
+            _call("secret_word"),
+            _call("terminal", command=f"cat /home/agent/.agents/skills/{SKILL}/SKILL.md"),
+            _call("terminal", command="echo hello > hello.txt"),
+            _call("finish", message="Created hello.txt"),
+        ],
+        {},
+    ),
     "codex": (
         None,  # Codex's MCP tools are Responses 'namespace' tools: refused (npm_harnesses.CODEX_MCP_REFUSAL)
         [
@@ -96,13 +106,18 @@ def _prompts(stack: ModelStack, trial_id: str) -> list[str]:
 
 
 async def _run(
-    tmp_path: Path, harness: str, toml: str | None = None, backend: dict[str, Any] | None = None
+    tmp_path: Path,
+    harness: str,
+    toml: str | None = None,
+    backend: dict[str, Any] | None = None,
+    main: list[dict[str, Any]] | None = None,
 ) -> tuple[Any, list[str], str]:
     adapter = get_harness(harness)
     missing = [p for p in adapter.install_paths() if not p.exists()]
     if missing:
         pytest.skip(f"{harness} is not installed ({missing[0]}); scripts/setup installs it")
-    tool_name, main, extra = CASES[harness]
+    tool_name, script, extra = CASES.get(harness, (None, [], {}))
+    main = main or script
     if toml is None:
         toml = TOML if tool_name is not None else TOML[: TOML.index("[[environment.mcp_servers]]")]
     context = {"skills/" + SKILL + "/SKILL.md": SKILL_MD, "server.py": SERVER}
@@ -163,3 +178,25 @@ async def test_a_skills_dir_the_image_lacks_fails_setup_naming_the_field(tmp_pat
     assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED
     assert "environment.skills_dir: /nowhere is not a directory in the sandbox" in (outcome.error or "")
     assert prompts == []  # the harness never started
+
+
+MINI = [
+    _call("bash", command="echo hello > hello.txt"),
+    _call("bash", command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+]
+
+
+async def test_mini_swe_agent_gets_the_servers_in_its_instruction_as_in_harbor(tmp_path: Path) -> None:
+    toml = TOML.replace("skills_dir = '/skills'\n", "")
+    outcome, prompts, log = await _run(tmp_path, "mini-swe-agent", toml, main=MINI)
+    assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
+    listed = "MCP Servers:\nThe following MCP servers are available for this task.\n"
+    assert listed + "- notes: stdio transport, command: python3 /opt/mcp/server.py" in prompts[0]
+    assert outcome.reward == 1.0, log
+
+
+async def test_mini_swe_agent_refuses_skills_by_name(tmp_path: Path) -> None:
+    outcome, prompts, _ = await _run(tmp_path, "mini-swe-agent", main=MINI)
+    assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED
+    assert "'mini-swe-agent' cannot take task.toml environment.skills_dir" in (outcome.error or "")
+    assert prompts == []
