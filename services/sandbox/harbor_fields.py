@@ -215,9 +215,16 @@ FILES: dict[str, Rule] = {
         "task's network_mode, as Harbor builds",
     ),
     "environment/docker-compose.yaml": Rule(
-        Status.REFUSED,
-        "multi-container environments (compose services, sidecars) are not supported yet on any backend: "
-        "local, docker and kubernetes all run one sandbox per trial; run the task with Harbor or remove the file",
+        Status.MAPPED,
+        "sidecar services start with the sandbox and are reachable from it by service name, as Harbor: docker "
+        "runs each in the main container's network namespace (names mapped to 127.0.0.1; no bridge, so two "
+        "services cannot listen on one port), the agent reaches them and the model proxy, nothing else; the "
+        "verifier reaches them too but gets no public network; kubernetes runs them as containers of the "
+        "trial's pod (prebuilt images only); the local backend refuses the task. main's depends_on and "
+        "environment, and each service's image, build (context inside the task), command, entrypoint, "
+        "environment, working_dir, user, healthcheck, depends_on, init and expose are honoured; any other "
+        "key (ports, networks, volumes, privileged, cap_add, ...) is refused naming it. ${VAR} is interpolated "
+        "from environment/.env and [environment] env, never the worker's environment",
     ),
     "tests/test.sh": Rule(
         Status.MAPPED,

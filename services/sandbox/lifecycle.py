@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harnessrl.rpc import check_target
 from harnessrl.v1 import records_pb2, sandbox_pb2
+from services.sandbox.task_steps import StepOutcome
 
 # A weight of a reward: a real finite number (no bool, no numeric string, no NaN/inf).
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -38,7 +39,8 @@ VALID_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
     TrialState.QUEUED: frozenset({TrialState.SETUP, TrialState.DONE}),
     TrialState.SETUP: frozenset({TrialState.AGENT, TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
     TrialState.AGENT: frozenset({TrialState.VERIFY, TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
-    TrialState.VERIFY: frozenset({TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
+    # VERIFY -> AGENT: the next step of a multi-step task ([[steps]]).
+    TrialState.VERIFY: frozenset({TrialState.AGENT, TrialState.TEARDOWN, TrialState.QUEUED, TrialState.DONE}),
     TrialState.TEARDOWN: frozenset({TrialState.DONE, TrialState.QUEUED}),
     TrialState.DONE: frozenset(),
 }
@@ -192,6 +194,9 @@ class TrialOutcome(BaseModel):
     task_id: str = ""
     # Model names the harness asked the proxy for (each served the trial's policy).
     requested_models: list[str] = Field(default_factory=list)
+    # A multi-step task's steps that ran, in order, each with its own rewards ([[steps]]);
+    # ``rewards`` then combines them by the task's multi_step_reward_strategy.
+    steps: list[StepOutcome] = Field(default_factory=list)
 
 
 class TrialRecord(BaseModel):

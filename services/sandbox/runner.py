@@ -4,13 +4,15 @@ setup    load the task, start the sandbox (layer cache + workspace copy), regist
          the trial with the proxy, write the harness's config
 agent    run the unmodified harness; every process dies with the phase; then the
          proxy's close makes every segment durable and refuses the token
-verify   as Harbor verifies: tests/test.sh runs as the task's verifier user (the image's USER,
-         root for most images) with the task's verifier network (``verifier_policy``); the
-         agent keeps uid 1000 and the proxy alone. Before it: the backend's fresh verify
-         sandbox (docker), protected files restored and the agent's plants on the
-         verifier's routes reverted (tamper events), fresh tests; the reward is read
-         strictly (missing or invalid is verifier_error, never 0)
+verify   as Harbor verifies, with every defence of invariant 6 (``runner_verify``)
 teardown stop the sandbox, keep the artifacts, FinalizeTrajectory on the capture store
+
+A multi-step task ([[steps]], ``task_steps``) runs agent then verify once per step, in
+order, in the same sandbox (the backend's ``next_step`` between them); the proxy's close
+waits for the last step. The steps after one whose verifier gave no result, or whose
+min_reward is not met, are skipped, as Harbor skips them; a step's verifier that failed
+is the trial's verifier_error (invariant 5). The trial's rewards combine the steps'
+(multi_step_reward_strategy), each step's kept in the outcome's ``steps``.
 
 Errors inside a phase become termination reasons (``lifecycle.decide_termination``).
 Whatever else a phase raises (a backend's upload, exec or download, a harness adapter's
@@ -41,52 +43,35 @@ Only an exception of the caller's ``on_state`` escapes ``run`` (after teardown).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry import context as otel_context
-from opentelemetry.context import Context
 
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
-from services.sandbox import dockerfile, integrity, runner_guard, verifier_policy
-from services.sandbox.backends.base import (
-    Backend,
-    ExecRequest,
-    ExecResult,
-    Limits,
-    Network,
-    Phase,
-    Sandbox,
-    SandboxSpec,
-)
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, ProxySummary, ProxyTrial, UnixRelay
-from services.sandbox.errors import EnvSetupError, SandboxLost, VerifierError
-from services.sandbox.harnesses import AgentContext, HarnessAdapter, ModelAccess, get_harness
+from services.sandbox import runner_verify, task_steps, verifier_policy
+from services.sandbox.backends.base import Backend, ExecRequest, Limits, Network, Phase, SandboxSpec
+from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, UnixRelay
+from services.sandbox.errors import EnvSetupError
+from services.sandbox.harnesses import AgentContext, ModelAccess, get_harness
 from services.sandbox.harnesses.agent_extras import run_setup as run_harness_setup
-from services.sandbox.lifecycle import (
-    PhaseTimings,
-    TerminationReason,
-    TrialOutcome,
-    TrialSpec,
-    TrialState,
-    decide_termination,
-)
+from services.sandbox.lifecycle import TrialOutcome, TrialSpec, TrialState
 from services.sandbox.paths import TrialDirs
+from services.sandbox.runner_trial import Trial, build_outcome, phase_env
+from services.sandbox.runner_verify import run_exec
 from services.sandbox.settings import Settings
+from services.sandbox.task_steps import Step, StepOutcome
 from services.sandbox.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
 
 StateCallback = Callable[[TrialState], Awaitable[None]]
-_SUMMARY_BYTES = 4000
 _TEARDOWN = "teardown"
 # The flag an unexpected exception in each phase sets (None: the reason stands, the
 # error is recorded). Why each: the module docstring.
@@ -96,39 +81,6 @@ _PHASE_FAILURE: dict[str, str | None] = {
     Phase.VERIFY: "verifier_failed",
     _TEARDOWN: None,
 }
-
-
-@dataclass
-class _Trial:
-    """Mutable state of one run of a trial (flags feed decide_termination)."""
-
-    spec: TrialSpec
-    dirs: TrialDirs
-    artifacts: Path
-    task: Task | None = None
-    harness: HarnessAdapter | None = None
-    sandbox: Sandbox | None = None
-    relay: UnixRelay | None = None
-    relay_dir: Path | None = None
-    proxy_trial: ProxyTrial | None = None
-    proxy_registered: bool = False
-    summary: ProxySummary = field(default_factory=ProxySummary)
-    timings: PhaseTimings = field(default_factory=PhaseTimings)
-    flags: dict[str, bool] = field(default_factory=dict)
-    reward: float | None = None
-    rewards: dict[str, float] = field(default_factory=dict)
-    exit_code: int = 0
-    tamper: list[str] = field(default_factory=list)
-    verifier: verifier_policy.VerifierRun | None = None
-    events: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    verifier_summary: str = ""
-    # The trial's trace context when it started: the proxy parents model calls on it.
-    trace_context: Context | None = None
-
-    @property
-    def task_id(self) -> str:
-        return self.spec.task_id or (self.task.task_id if self.task else "")
 
 
 class TrialRunner:
@@ -150,7 +102,7 @@ class TrialRunner:
         cancel = cancel or asyncio.Event()
         dirs = TrialDirs(self.settings.work_dir / f"{spec.trial_id}-{uuid.uuid4().hex[:8]}")
         artifacts = self.settings.artifacts_dir / (spec.run_id or "_") / spec.trial_id
-        t = _Trial(spec=spec, dirs=dirs, artifacts=artifacts, trace_context=otel_context.get_current())
+        t = Trial(spec=spec, dirs=dirs, artifacts=artifacts, trace_context=otel_context.get_current())
 
         async def enter(state: TrialState) -> None:
             if on_state is not None:
@@ -159,22 +111,25 @@ class TrialRunner:
         try:
             await enter(TrialState.SETUP)
             await self._phase(t, Phase.SETUP, self._setup(t))
-            if self._go_on(t, cancel):
-                await enter(TrialState.AGENT)
-                await self._phase(t, Phase.AGENT, self._agent(t, cancel))
-            if self._go_on(t, cancel):
-                await enter(TrialState.VERIFY)
-                await self._phase(t, Phase.VERIFY, self._verify(t, cancel))
+            if t.task is not None and t.task.steps:
+                await self._steps(t, t.task.steps, cancel, enter)
+            else:
+                if self._go_on(t, cancel):
+                    await enter(TrialState.AGENT)
+                    await self._phase(t, Phase.AGENT, self._agent(t, cancel))
+                if self._go_on(t, cancel):
+                    await enter(TrialState.VERIFY)
+                    await self._phase(t, Phase.VERIFY, self._verify(t, cancel))
         finally:
             try:
                 await enter(TrialState.TEARDOWN)
             finally:
                 await self._phase(t, _TEARDOWN, self._teardown(t))
         t.flags["cancelled"] = t.flags.get("cancelled", False) or cancel.is_set()
-        return self._outcome(t)
+        return build_outcome(t)
 
     @classmethod
-    async def _phase(cls, t: _Trial, phase: str, work: Awaitable[None]) -> None:
+    async def _phase(cls, t: Trial, phase: str, work: Awaitable[None]) -> None:
         """Runs a phase in its own span (``sandbox.setup``...) and adds up its wall time.
         An exception the phase did not map itself becomes its infrastructure reason
         (``_PHASE_FAILURE``, the table in the module docstring)."""
@@ -193,20 +148,25 @@ class TrialRunner:
                 if flag is None:
                     t.errors.append(message)
                 else:
-                    cls._fail(t, flag, message)
+                    t.fail(flag, message)
             finally:
                 setattr(t.timings, field_name, getattr(t.timings, field_name) + time.monotonic() - started)
 
     @staticmethod
-    def _go_on(t: _Trial, cancel: asyncio.Event) -> bool:
+    def _go_on(t: Trial, cancel: asyncio.Event) -> bool:
         if cancel.is_set():
             t.flags["cancelled"] = True
         return not (t.flags.get("cancelled") or t.flags.get("setup_failed"))
 
     # -- setup -----------------------------------------------------------------
-    async def _setup(self, t: _Trial) -> None:
+    async def _setup(self, t: Trial) -> None:
         try:
             t.task = load_task(t.spec.task_path)
+            if t.task.steps and not self.backend.runs_steps:
+                raise EnvSetupError(
+                    f"task {t.task.task_id}: [[steps]] (a multi-step task) does not run on the {self.backend.name} "
+                    "backend yet; run it on local or docker"
+                )
             # Refused before anything starts (an allowlist no backend can enforce).
             t.verifier = verifier_policy.resolve(t.task)
             t.harness = get_harness(t.spec.harness)
@@ -228,9 +188,9 @@ class TrialRunner:
                 if t.task.solution_dir.is_dir():
                     await self.backend.upload(t.sandbox, t.task.solution_dir, t.sandbox.paths.solution)
         except HarnessError as e:
-            self._fail(t, "setup_failed", f"setup: {e}")
+            t.fail("setup_failed", f"setup: {e}")
 
-    async def _open_proxy(self, t: _Trial) -> Path | None:
+    async def _open_proxy(self, t: Trial) -> Path | None:
         assert t.harness is not None and t.task is not None
         access = t.harness.model_access
         if access == ModelAccess.NONE or (access == ModelAccess.OPTIONAL and self.proxy is None):
@@ -268,17 +228,22 @@ class TrialRunner:
         )
 
     # -- agent -----------------------------------------------------------------
-    async def _agent(self, t: _Trial, cancel: asyncio.Event) -> None:
+    async def _agent(self, t: Trial, cancel: asyncio.Event, step: Step | None = None, resume: bool = False) -> None:
+        """The harness's run; for a step of a multi-step task, on the step's instruction and
+        solution (``resume``: after an earlier step, in the sandbox it left, ``next_step``)."""
         assert t.task is not None and t.harness is not None and t.sandbox is not None
         sandbox, spec = t.sandbox, t.spec
+        if resume:
+            await self.backend.next_step(sandbox)
+        task = t.task if step is None else t.task.for_step(step)
         token = t.proxy_trial.token if t.proxy_trial else None
         base_url = None
         if t.proxy_trial is not None:
             base_url = f"http://127.0.0.1:{self.settings.proxy_port_in_sandbox}{t.proxy_trial.base_path}"
         ctx = AgentContext(
             trial_id=spec.trial_id,
-            task=t.task,
-            instruction=t.task.instruction,
+            task=task,
+            instruction=task.instruction,
             model=spec.model,
             max_turns=spec.max_turns,
             base_url=base_url,
@@ -296,34 +261,39 @@ class TrialRunner:
                 await self.backend.upload(sandbox, src, dst)
             await run_harness_setup(self.backend, sandbox, command)  # e.g. the task's skills
         except HarnessError as e:
-            self._fail(t, "setup_failed", f"harness setup: {e}")
+            t.fail("setup_failed", f"harness setup: {e}")
             return
-        timeout = spec.agent_timeout_s or t.task.config.agent.timeout_sec or self.settings.default_agent_timeout_s
+        task_timeout = (step.config.agent.timeout_sec if step else None) or t.task.config.agent.timeout_sec
+        timeout = spec.agent_timeout_s or task_timeout or self.settings.default_agent_timeout_s
         request = ExecRequest(
             argv=command.argv,
             phase=Phase.AGENT,
-            env=_agent_env(sandbox, command.env),
+            env=phase_env(sandbox, command.env),
             timeout_s=timeout,
             network=Network.PROXY_ONLY if base_url else Network.NONE,
             proxy_port=self.settings.proxy_port_in_sandbox if base_url else None,
             stdin=command.stdin,
         )
-        result = await self._exec(t, request, cancel)
+        result = await run_exec(self.backend, t, request, cancel)
         if result is None:
             return
-        self._record_exec(t, "agent", result)
+        prefix = f"steps/{step.name}/" if step else ""
+        t.record_exec(f"{prefix}agent", result)
         t.exit_code = result.exit_code
-        t.flags["agent_timed_out"] = result.timed_out
-        await self._close_proxy(t)
+        t.flags["agent_timed_out"] = t.flags.get("agent_timed_out", False) or result.timed_out
+        if step is not None:
+            t.steps[-1].harness_exit_code, t.steps[-1].agent_timed_out = result.exit_code, result.timed_out
+        else:
+            await self._close_proxy(t)  # a multi-step trial's, after its last step
         try:
-            await self.backend.download(sandbox, sandbox.paths.agent_logs, t.artifacts / "agent")
-            await asyncio.to_thread(t.harness.collect_logs, ctx, t.artifacts / "harness")
+            await self.backend.download(sandbox, sandbox.paths.agent_logs, t.artifacts / f"{prefix}agent")
+            await asyncio.to_thread(t.harness.collect_logs, ctx, t.artifacts / f"{prefix}harness")
         except Exception as e:
             # Artifacts only: the verifier, not these logs, decides the trial.
             log.warning("collecting the agent's logs failed", exc_info=True, extra={"kv": {"trial": spec.trial_id}})
             t.events.append(f"collecting the agent's logs failed: {type(e).__name__}: {e}")
 
-    async def _close_proxy(self, t: _Trial) -> None:
+    async def _close_proxy(self, t: Trial) -> None:
         if not t.proxy_registered or self.proxy is None:
             return
         t.proxy_registered = False
@@ -331,11 +301,11 @@ class TrialRunner:
             t.summary = await self.proxy.close(t.spec.trial_id)
         except HarnessError as e:
             # Segments may not be durable: an infrastructure failure, never a reward.
-            self._fail(t, "engine_error", f"proxy close: {e}")
+            t.fail("engine_error", f"proxy close: {e}")
             return
         except Exception as e:
             log.exception("proxy close raised", extra={"kv": {"trial": t.spec.trial_id}})
-            self._fail(t, "engine_error", f"proxy close: {type(e).__name__}: {e}")
+            t.fail("engine_error", f"proxy close: {type(e).__name__}: {e}")
             return
         summary = t.summary
         t.flags["engine_error"] = t.flags.get("engine_error", False) or summary.engine_error
@@ -345,8 +315,7 @@ class TrialRunner:
             # The harness was refused by the proxy, not answered by the policy: whatever
             # the verifier says afterwards measures the proxy, never a reward.
             detail = "; ".join(summary.refusals) or "no detail"
-            self._fail(
-                t,
+            t.fail(
                 "proxy_error",
                 f"the proxy refused {summary.refused_requests} request(s) and failed {summary.proxy_errors}: {detail}",
             )
@@ -354,48 +323,42 @@ class TrialRunner:
             t.events.append("agent:no_model_call")
 
     # -- verify ----------------------------------------------------------------
-    async def _verify(self, t: _Trial, cancel: asyncio.Event) -> None:
-        assert t.task is not None and t.sandbox is not None and t.verifier is not None
-        sandbox, cfg = t.sandbox, t.task.config.verifier
-        policy = self.settings.integrity
-        # Harbor's identity and network for the verifier, never the agent's (which kept uid
-        # 1000 and the proxy alone); the backend readies its sandbox for them first.
-        network = Network.PUBLIC if t.verifier.public else Network.NONE
-        t.tamper = await self.backend.prepare_verify(sandbox, t.verifier.user, network)
-        if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
-            t.tamper += await self.backend.restore_protected(sandbox)
-        await self.backend.upload(sandbox, t.task.tests_dir, sandbox.paths.tests)
-        env = {**_agent_env(sandbox, {}), **cfg.env}
-        request = ExecRequest(
-            argv=["/bin/bash", str(sandbox.paths.tests / "test.sh")],
-            phase=Phase.VERIFY,
-            env=runner_guard.verifier_env(env) if policy.harden_verifier_env else env,
-            timeout_s=t.spec.verifier_timeout_s or cfg.timeout_sec or self.settings.default_verifier_timeout_s,
-            network=network,
-            user=t.verifier.user,
-        )
-        result = await self._exec(t, request, cancel)
-        if result is None:
-            return
-        self._record_exec(t, "verifier", result)
-        t.verifier_summary = result.output.decode(errors="replace")[-_SUMMARY_BYTES:]
-        if cancel.is_set():
-            t.flags["cancelled"] = True
-            return
-        if result.timed_out:
-            self._fail(t, "verifier_timed_out", f"verifier ran past {request.timeout_s}s")
-            return
-        verifier_dir = t.artifacts / "verifier"
-        try:
-            await self.backend.download(sandbox, sandbox.paths.verifier_logs, verifier_dir)
-            t.rewards = integrity.read_rewards(verifier_dir)
-            t.reward = integrity.select_reward(t.rewards, t.spec.reward_key, t.spec.reward_weights)
-        except (VerifierError, FileNotFoundError) as e:
-            detail = f" (test.sh exited {result.exit_code})" if result.exit_code else ""
-            self._fail(t, "verifier_failed", f"verifier: {e}{detail}")
+    async def _verify(self, t: Trial, cancel: asyncio.Event, step: Step | None = None) -> None:
+        rewards = await runner_verify.verify(self.backend, self.settings, t, cancel, step)
+        if step is not None:
+            t.steps[-1].rewards, t.steps[-1].verified = rewards or {}, rewards is not None
+
+    # -- steps -----------------------------------------------------------------
+    async def _steps(
+        self, t: Trial, steps: tuple[Step, ...], cancel: asyncio.Event, enter: Callable[[TrialState], Awaitable[None]]
+    ) -> None:
+        """A multi-step task's agent and verify phases, step after step, as Harbor runs them."""
+        assert t.task is not None
+        for index, step in enumerate(steps):
+            if not self._go_on(t, cancel):
+                break
+            record = StepOutcome(name=step.name)
+            t.steps.append(record)
+            started = (t.timings.agent_s, t.timings.verify_s)
+            await enter(TrialState.AGENT)
+            await self._phase(t, Phase.AGENT, self._agent(t, cancel, step, resume=index > 0))
+            if self._go_on(t, cancel):
+                await enter(TrialState.VERIFY)
+                await self._phase(t, Phase.VERIFY, self._verify(t, cancel, step))
+            record.agent_s, record.verify_s = t.timings.agent_s - started[0], t.timings.verify_s - started[1]
+            if not record.verified:
+                break  # as Harbor: no result, the rest is skipped (here the trial is an infra failure)
+            failure = task_steps.min_reward_failure(record.rewards, step.config.min_reward)
+            if failure is not None and index + 1 < len(steps):
+                t.events.append(f"step {step.name!r}: {failure}: the remaining steps are skipped (min_reward)")
+                break
+        await self._close_proxy(t)
+        if t.steps and all(s.verified for s in t.steps):
+            combined = task_steps.combine(t.task.config.multi_step_reward_strategy, [s.rewards for s in t.steps])
+            runner_verify.settle(t, combined)
 
     # -- teardown --------------------------------------------------------------
-    async def _teardown(self, t: _Trial) -> None:
+    async def _teardown(self, t: Trial) -> None:
         if t.sandbox is not None:
             try:
                 await self.backend.stop(t.sandbox)
@@ -409,44 +372,6 @@ class TrialRunner:
             await t.relay.stop()
         if t.relay_dir is not None:
             await asyncio.to_thread(shutil.rmtree, t.relay_dir, True)
-
-    def _outcome(self, t: _Trial) -> TrialOutcome:
-        f = t.flags
-        reason = decide_termination(
-            cancelled=f.get("cancelled", False),
-            setup_failed=f.get("setup_failed", False),
-            engine_error=f.get("engine_error", False),
-            proxy_error=f.get("proxy_error", False),
-            verifier_timed_out=f.get("verifier_timed_out", False),
-            verifier_failed=f.get("verifier_failed", False),
-            context_overflow=f.get("context_overflow", False),
-            max_turns_reached=f.get("max_turns_reached", False),
-            agent_timed_out=f.get("agent_timed_out", False),
-        )
-        no_reward = reason in (TerminationReason.CANCELLED, TerminationReason.ENV_SETUP_FAILED)
-        outcome = TrialOutcome(
-            termination_reason=reason,
-            reward=None if no_reward else t.reward,
-            rewards={} if no_reward else t.rewards,
-            timings=t.timings,
-            num_segments=t.summary.num_segments,
-            harness_exit_code=t.exit_code,
-            tamper_events=t.tamper,
-            error="; ".join(t.errors),
-            events=t.events,
-            verifier_summary=t.verifier_summary,
-            artifacts_dir=str(t.artifacts),
-            task_id=t.task_id,
-            requested_models=sorted(t.summary.requested_models),
-        )
-        try:
-            t.artifacts.mkdir(parents=True, exist_ok=True)
-            (t.artifacts / "result.json").write_text(outcome.model_dump_json(indent=1))
-        except OSError as e:
-            # The worker still reports and finalizes the outcome; only the local copy is missing.
-            log.exception("writing result.json failed", extra={"kv": {"trial": t.spec.trial_id}})
-            outcome.error = "; ".join([*t.errors, f"result.json: {e}"])
-        return outcome
 
     async def abandon(self, spec: TrialSpec) -> None:
         """Closes, best effort, the proxy trial of a dead attempt (its worker died
@@ -472,36 +397,3 @@ class TrialRunner:
             return
         task_id = outcome.task_id or spec.task_id or Path(spec.task_path).name or "unknown"
         await self.capture.finalize(spec, task_id, outcome)
-
-    # -- helpers ---------------------------------------------------------------
-    @staticmethod
-    def _fail(t: _Trial, flag: str, message: str) -> None:
-        t.flags[flag] = True
-        t.errors.append(message)
-        log.info("trial phase failed", extra={"kv": {"trial": t.spec.trial_id, "flag": flag, "error": message}})
-
-    async def _exec(self, t: _Trial, request: ExecRequest, cancel: asyncio.Event) -> ExecResult | None:
-        """One phase's exec; a sandbox lost under it (its engine restarted, its
-        container removed) ends the trial as an infrastructure failure."""
-        assert t.sandbox is not None
-        try:
-            return await self.backend.exec(t.sandbox, request, cancel)
-        except SandboxLost as e:
-            self._fail(t, "setup_failed", f"{request.phase}: sandbox lost: {e}")
-            return None
-
-    @staticmethod
-    def _record_exec(t: _Trial, name: str, result: ExecResult) -> None:
-        t.artifacts.mkdir(parents=True, exist_ok=True)
-        (t.artifacts / f"{name}.log").write_bytes(result.output)
-        t.events += [f"{name}:{event}" for event in result.events()]
-        meta = result.model_dump(exclude={"output"})
-        (t.artifacts / f"{name}.json").write_text(json.dumps(meta, indent=1))
-
-
-def _agent_env(sandbox: Sandbox, extra: dict[str, str]) -> dict[str, str]:
-    """The env of the agent and verify phases: the task's (the image's, or the local layer's, whose
-    PATH already starts from Docker's default) over Docker's default PATH, which applies alone only
-    where a sandbox reports no PATH; then the harness's or verifier's own."""
-    base = {"PATH": dockerfile.DEFAULT_PATH, "LANG": "C.UTF-8", "TERM": "dumb"}
-    return {**base, **sandbox.env, "TMPDIR": "/tmp", **extra}

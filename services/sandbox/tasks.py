@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.config import format_validation_error
 from services.sandbox import harbor_fields
+from services.sandbox.compose import ComposeSpec, load_compose
 from services.sandbox.errors import TaskError
 from services.sandbox.task_agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
 
@@ -211,6 +212,7 @@ class Task(BaseModel):
     config: TaskConfig
     instruction: str
     warnings: tuple[str, ...] = ()  # what Harbor ignores and so does harnessrl, named
+    compose: ComposeSpec | None = None  # environment/docker-compose.yaml's sidecars (``compose``)
 
     @property
     def task_id(self) -> str:
@@ -280,7 +282,8 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
     for warning in warnings:
         log.warning("task %s: %s", name, warning)
-    return Task(path=root.resolve(), config=config, instruction=instruction, warnings=tuple(warnings))
+    compose = load_compose(root.resolve(), config.environment.env)
+    return Task(path=root.resolve(), config=config, instruction=instruction, warnings=tuple(warnings), compose=compose)
 
 
 def read_task_toml(root: Path, name: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def test_a_dataset_names_each_refusal_and_exits_1(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
     assert "REFUSED" in out and "refused   environment.gpu_types: GPU tasks" in out
-    assert "refused   environment/docker-compose.yaml: multi-container" in out
+    assert "environment/docker-compose.yaml: services: must be a mapping of at least one service" in out
     assert "unknown   environment.colour: ignored, as Harbor ignores them" in out
     assert "1 of 3 task(s) run; 2 refused" in out
 

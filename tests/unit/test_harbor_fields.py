@@ -115,9 +115,13 @@ def test_all_refusals_are_named_at_once(tmp_path: Path) -> None:
     _refused(task, "steps: multi-step", "environment.gpu_types: GPU tasks")
 
 
-def test_a_compose_file_is_refused_naming_it(tmp_path: Path) -> None:
-    task = make_task(tmp_path, context={"docker-compose.yaml": "services:\n  db:\n    image: redis\n"})
-    _refused(task, "environment/docker-compose.yaml: multi-container", "run the task with Harbor or remove the file")
+def test_a_compose_file_runs_and_what_it_cannot_do_is_refused_naming_it(tmp_path: Path) -> None:
+    task = load_task(
+        make_task(tmp_path / "ok", context={"docker-compose.yaml": "services:\n  db:\n    image: redis\n"})
+    )
+    assert task.compose is not None and [s.name for s in task.compose.services] == ["db"]
+    ports = "services:\n  db:\n    image: redis\n    ports: ['6379:6379']\n"
+    _refused(make_task(tmp_path / "ports", context={"docker-compose.yaml": ports}), "services.db.ports: not supported")
 
 
 def test_unknown_keys_are_ignored_with_a_warning_naming_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

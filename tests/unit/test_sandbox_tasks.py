@@ -43,7 +43,7 @@ def _expect(task: Path, *fragments: str) -> None:
         ("[environment]\nos = 'windows'\n", ["environment.os"]),
         ("[environment]\nworkdir = 'app'\n", ["environment.workdir", "absolute"]),
         ("[task]\nname = 'no-slash'\n", ["task.name", "org/name"]),
-        ("[[steps]]\nname = 'a'\n", ["steps", "multi-step"]),
+        ("[[steps]]\nname = 'a'\n", ["steps/a/: missing", "steps[0].name"]),
         ("[verifier]\nenvironment_mode = 'separate'\n", ["verifier", "shared"]),
         ("[agent]\nnetwork_mode = 'public'\nallowed_hosts = ['x.org']\n", ["allowed_hosts"]),
         ("[agent\n", ["not valid TOML"]),

@@ -152,6 +152,8 @@ class Backend(abc.ABC):
     """start -> exec* -> (upload/download)* -> stop. All methods are async."""
 
     name: ClassVar[str]
+    # Runs multi-step tasks ([[steps]]): its ``next_step`` readies the sandbox for the next step.
+    runs_steps: ClassVar[bool] = False
     # Set by each backend before ``Backend.__init__`` checks it (it may depend on the host).
     capabilities: Capabilities
 
@@ -198,6 +200,13 @@ class Backend(abc.ABC):
         sandbox, or must clean what the agent left on root's routes, does it here. Returns
         tamper events. Default: nothing to do (every exec picks its own user and network)."""
         return []
+
+    async def next_step(self, sandbox: Sandbox) -> None:
+        """Between the steps of a multi-step task, before the next agent phase: the sandbox as
+        the last verify left it (Harbor's shared verifier), but for the verify phase's own
+        (its tests, reward files and logs: Harbor empties /tests and /logs/verifier), with
+        everything the agent phase had (user, network, mounts). Only where ``runs_steps``."""
+        raise NotImplementedError(f"the {self.name} backend does not run multi-step tasks")
 
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:
         """Keeps a host copy of the workspace as it was before the agent (generic version)."""

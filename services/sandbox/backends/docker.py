@@ -53,6 +53,7 @@ from services.sandbox.backends.base import (
     restore_workspace,
     unpack_tar,
 )
+from services.sandbox.backends.docker_compose import ComposeRunner, ServiceGroup
 from services.sandbox.backends.docker_exec import ContainerExec, worker_identity, worker_is_dead
 from services.sandbox.backends.docker_specs import (
     LABEL_MANAGED,
@@ -104,6 +105,7 @@ class DockerBackend(Backend):
             cache_dir=settings.cache_dir,
             engine=self.cfg.host or os.environ.get("DOCKER_HOST") or "at the default socket",
         )
+        self.compose = ComposeRunner(self.client, build_network=self.cfg.build_network, pull=self.cfg.pull)
         self.capabilities = Capabilities(
             builds_dockerfile=True,
             prebuilt_images=True,
@@ -148,13 +150,23 @@ class DockerBackend(Backend):
         image = prepared.image
         inspect = await self._api(self.client.api.inspect_image, image)
         workdir = images.workdir_of(inspect, spec.task)
-        env = images.image_env(inspect) | spec.task.config.environment.env
+        compose = spec.task.compose
+        env = (
+            images.image_env(inspect) | (compose.main_environment if compose else {}) | spec.task.config.environment.env
+        )
         dirs = spec.dirs.create()
         for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT, dirs.agent_logs):
             host_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_chown_tree, dirs.agent_logs, 1000)
-        container = await self._create(spec, image, workdir)
-        handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root)
+        # A compose task's services first, in the namespace the main container then joins.
+        group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if compose else None
+        try:
+            container = await self._create(spec, image, workdir, group)
+        except BaseException:
+            if group is not None:
+                await self.compose.down(group)
+            raise
+        handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root, services=group)
         sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
         try:
             await self._api(container.start)
@@ -170,9 +182,11 @@ class DockerBackend(Backend):
         handle.image_user = str((inspect.get("Config") or {}).get("User") or "")
         return sandbox
 
-    async def _create(self, spec: SandboxSpec, image: str, workdir: str) -> Any:
-        isolate = self.integrity.isolate_network
-        kwargs = container_spec(spec, image, workdir, isolate_network=isolate, disk_quota=self.disk_quota)
+    async def _create(self, spec: SandboxSpec, image: str, workdir: str, group: ServiceGroup | None) -> Any:
+        isolate, network_mode = self.integrity.isolate_network, group.network_mode if group else None
+        kwargs = container_spec(
+            spec, image, workdir, isolate_network=isolate, disk_quota=self.disk_quota, network_mode=network_mode
+        )
         try:
             return await asyncio.to_thread(self.client.containers.create, **kwargs)
         except Exception as e:
@@ -249,6 +263,9 @@ class DockerBackend(Backend):
         handle.verify_image = image.id
         await self._api(handle.container.remove, force=True, v=True)
         network_mode = self.verify_network if network == Network.PUBLIC else "none"
+        if handle.services is not None:
+            # The services' namespace: they stay reachable by name (as Harbor), the public network is not.
+            network_mode = handle.services.network_mode
         kwargs = verify_container_spec(
             spec, image.id, str(sandbox.paths.workdir), network_mode=network_mode, disk_quota=self.disk_quota
         )
@@ -283,6 +300,11 @@ class DockerBackend(Backend):
                 if not isinstance(e, NotFound):
                     kv = {"trial": sandbox.spec.trial_id, "error": str(e)}
                     log.warning(f"{what} not removed", extra={"kv": kv})
+        if handle.services is not None:
+            for failed in await self.compose.down(handle.services):
+                log.warning(
+                    "compose service not removed", extra={"kv": {"trial": sandbox.spec.trial_id, "error": failed}}
+                )
         if not self.settings.keep_trial_dirs:
             await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
 

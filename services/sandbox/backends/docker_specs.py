@@ -26,9 +26,16 @@ def container_name(spec: SandboxSpec) -> str:
 
 
 def container_spec(
-    spec: SandboxSpec, image: str, workdir: str, *, isolate_network: bool, disk_quota: bool
+    spec: SandboxSpec,
+    image: str,
+    workdir: str,
+    *,
+    isolate_network: bool,
+    disk_quota: bool,
+    network_mode: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``client.containers.create`` for one trial."""
+    """Keyword arguments of ``client.containers.create`` for one trial; ``network_mode``:
+    a compose task's shared namespace (``container:<holder>``, ``docker_compose``)."""
     limits, dirs, paths = spec.limits, spec.dirs, SandboxPaths.for_workdir(workdir)
     volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in spec.ro_mounts}
     volumes[str(dirs.home(Phase.AGENT))] = {"bind": str(paths.home), "mode": "rw"}
@@ -44,7 +51,7 @@ def container_spec(
         "labels": {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id, LABEL_WORKER: worker_identity()},
         # No network at all; the proxy comes in through the worker's relay. Host
         # networking only when the red-team suite switches isolation off.
-        "network_mode": "none" if isolate_network else "host",
+        "network_mode": network_mode or ("none" if isolate_network else "host"),
         "mem_limit": f"{limits.memory_mb}m",
         "memswap_limit": f"{limits.memory_mb}m",
         "pids_limit": limits.pids,

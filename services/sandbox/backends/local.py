@@ -102,6 +102,11 @@ class LocalBackend(Backend):
         super().__init__(settings.integrity, self.cfg.limits_unenforced_ok)
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
+        if spec.task.compose is not None:
+            raise EnvSetupError(
+                f"task {spec.task.task_id}: environment/docker-compose.yaml: the local backend runs one sandbox and "
+                "no services (sidecars); run the task on the docker or kubernetes backend"
+            )
         verifier_policy.check_local_user(spec.task, verifier_policy.resolve(spec.task))
         layer = await self.layers.get(spec.task, squash_git=self.integrity.squash_git_history)
         dirs = spec.dirs.create()

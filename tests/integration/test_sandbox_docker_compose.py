@@ -1,0 +1,224 @@
+"""A multi-container task (environment/docker-compose.yaml) on a real Docker engine: the
+services start with the sandbox in one network namespace and are reachable by name;
+oracle 1, no-op 0; nothing left after a trial or after a killed worker's reap; the
+agent reaches the services (as Harbor intends) and the model proxy, never the host."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.localservers import DockerEngine
+from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
+from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_TRIAL, DockerBackend
+from services.sandbox.backends.local import LocalBackend
+from services.sandbox.errors import EnvSetupError
+from services.sandbox.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.paths import TrialDirs
+from services.sandbox.runner import TrialRunner
+from services.sandbox.settings import DockerBackendSettings
+from services.sandbox.tasks import load_task
+from tests.sandbox_support import make_task, settings_for
+
+# A key-value sidecar built from the task (HTTP, stdlib only): GET / returns what was PUT.
+SERVER = """\
+import http.server, sys
+value = b"empty"
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(value)
+    def do_PUT(self):
+        global value
+        value = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(204); self.end_headers()
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+COMPOSE = """\
+services:
+  main:
+    depends_on:
+      kv:
+        condition: service_healthy
+    environment:
+      KV_URL: http://kv:${KV_PORT:-5000}/
+  kv:
+    build:
+      context: ./kv
+    command: ["python3", "/srv/server.py", "${KV_PORT:-5000}"]
+    expose: ["${KV_PORT:-5000}"]
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import socket; socket.create_connection(('localhost', ${KV_PORT:-5000}), 2)"]
+      interval: 300ms
+      timeout: 5s
+      retries: 60
+  static:
+    image: python:3.11-slim
+    depends_on: [kv]
+    working_dir: /srv
+    entrypoint: ["python3", "-m", "http.server", "--bind", "127.0.0.1"]
+    command: ["6000"]
+"""
+PUT = "import os, urllib.request as u; u.urlopen(u.Request(os.environ['KV_URL'], b'solved', method='PUT'))"
+GET = "import urllib.request as u; print(u.urlopen('http://kv:5000/').read().decode())"
+TEST_SH = f"""\
+#!/bin/bash
+if [ "$(python3 -c "{GET}")" = solved ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def compose_task(root: Path, compose: str = COMPOSE) -> Path:
+    task = make_task(
+        root,
+        "kv",
+        dockerfile="FROM python:3.11-slim\nWORKDIR /app\n",
+        context={"kv/Dockerfile": "FROM python:3.11-slim\nCOPY server.py /srv/server.py\n", "kv/server.py": SERVER},
+        test_sh=TEST_SH,
+        solve_sh=f'#!/bin/bash\npython3 -c "{PUT}"\n',
+    )
+    (task / "environment" / "docker-compose.yaml").write_text(compose)
+    return task
+
+
+@pytest.fixture
+def backend(tmp_path: Path, docker_engine: DockerEngine) -> DockerBackend:
+    return DockerBackend(
+        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+    )
+
+
+def trial_containers(backend: DockerBackend, trial_id: str) -> list[str]:
+    found = backend.client.containers.list(all=True, filters={"label": f"{LABEL_TRIAL}={trial_id}"})
+    return [c.name for c in found]
+
+
+async def start(backend: DockerBackend | LocalBackend, task_dir: Path, name: str = "c") -> Sandbox:
+    spec = SandboxSpec(
+        trial_id=f"{name}-{time.monotonic_ns() % 10**9}",
+        task=load_task(task_dir),
+        dirs=TrialDirs(backend.settings.work_dir / name),
+        limits=Limits(memory_mb=256, storage_mb=64, pids=64),
+    )
+    return await backend.start(spec)
+
+
+async def sh(backend: DockerBackend, box: Sandbox, script: str, phase: Phase = Phase.AGENT, **kw: Any) -> str:
+    request = ExecRequest(argv=["/bin/bash", "-c", script], phase=phase, env=dict(box.env), timeout_s=30, **kw)
+    result = await backend.exec(box, request)
+    return result.output.decode()
+
+
+async def test_oracle_reaches_the_sidecar_by_name_and_scores_1_nop_0(backend: DockerBackend, tmp_path: Path) -> None:
+    task = compose_task(tmp_path / "tasks")
+    runner = TrialRunner(backend.settings, backend)
+    oracle = await runner.run(TrialSpec(trial_id="cp-oracle", task_path=str(task), harness="oracle"))
+    nop = await runner.run(TrialSpec(trial_id="cp-nop", task_path=str(task), harness="nop"))
+    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.error
+    assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop.error
+    # Every container of both trials (holder, sidecars, agent's, verifier's) is gone.
+    assert trial_containers(backend, "cp-oracle") == [] and trial_containers(backend, "cp-nop") == []
+
+
+async def test_agent_reaches_services_and_the_proxy_only(backend: DockerBackend, tmp_path: Path) -> None:
+    """Harbor's services share a network with main, so the agent reaches them by name (the
+    cookbook's simulated-user and api-server tasks need it); the host and the internet stay out."""
+    host_server = socket.create_server(("127.0.0.1", 0))
+    port = host_server.getsockname()[1]
+    sock = tmp_path / "proxy.sock"
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nproxy")
+        await writer.drain()
+        writer.close()
+
+    proxy = await asyncio.start_unix_server(answer, path=str(sock))
+    box = await start(backend, compose_task(tmp_path / "tasks"))
+    box.spec = box.spec.model_copy(update={"proxy_socket": sock})
+    connect = (
+        "import socket, sys; s = socket.socket(); s.settimeout(2); print(s.connect_ex((sys.argv[1], int(sys.argv[2]))))"
+    )
+    script = f"""
+    id -u; ls /sys/class/net | tr '\\n' ' '; echo
+    getent hosts kv static main | awk '{{print $1}}' | sort -u | tr '\\n' ' '; echo
+    python3 -c "{GET}"
+    python3 -c "import urllib.request as u; print(u.urlopen('http://static:6000/').status)"
+    python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:4100/v1').read().decode())"
+    python3 -c "{connect}" 127.0.0.1 {port}
+    python3 -c "{connect}" 1.1.1.1 80 2>&1 | tail -1
+    echo "$KV_URL"
+    """
+    try:
+        out = (await sh(backend, box, script, network=Network.PROXY_ONLY, proxy_port=4100)).split("\n")
+    finally:
+        host_server.close()
+        proxy.close()
+        await backend.stop(box)
+    assert out[0] == "1000" and out[1].split() == ["lo"], out
+    assert out[2].split() == ["127.0.0.1"], "every service name is the shared loopback"
+    assert out[3:6] == ["empty", "200", "proxy"], out
+    assert out[6] != "0", "the host's loopback is not the sandbox's"
+    assert out[7] != "0" and out[8] == "http://kv:5000/", out
+    assert trial_containers(backend, box.spec.trial_id) == []
+
+
+async def test_a_killed_workers_services_are_reaped(backend: DockerBackend, tmp_path: Path) -> None:
+    task = compose_task(tmp_path / "tasks")
+    script = textwrap.dedent(f"""
+        import asyncio
+        from pathlib import Path
+        from services.sandbox.backends.base import Limits, SandboxSpec
+        from services.sandbox.backends.docker import DockerBackend
+        from services.sandbox.paths import TrialDirs
+        from services.sandbox.settings import DockerBackendSettings
+        from services.sandbox.tasks import load_task
+        from tests.sandbox_support import settings_for
+
+        async def main():
+            tmp = Path({str(tmp_path / "worker")!r})
+            docker = DockerBackendSettings(host={backend.cfg.host!r})
+            backend = DockerBackend(settings_for(tmp, backend="docker", docker=docker))
+            task = load_task({str(task)!r})
+            spec = SandboxSpec(trial_id="cp-orphan", task=task, dirs=TrialDirs(tmp / "t"), limits=Limits())
+            await backend.start(spec)
+            print("started", flush=True)
+            await asyncio.sleep(600)
+
+        asyncio.run(main())
+    """)
+    worker = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=subprocess.PIPE, cwd=os.getcwd())
+    try:
+        assert worker.stdout is not None
+        line = await asyncio.wait_for(worker.stdout.readline(), 180)
+        assert line.strip() == b"started"
+        assert len(trial_containers(backend, "cp-orphan")) == 4, "holder, two sidecars, the agent's"
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        await worker.wait()
+    assert await backend.cleanup_orphans() >= 4
+    assert trial_containers(backend, "cp-orphan") == []
+
+
+async def test_a_service_that_never_gets_healthy_fails_setup_naming_it(backend: DockerBackend, tmp_path: Path) -> None:
+    broken = COMPOSE.replace("socket.create_connection(('localhost', ${KV_PORT:-5000}), 2)", "raise SystemExit(1)")
+    broken = broken.replace("retries: 60", "retries: 2")
+    with pytest.raises(EnvSetupError, match=r"docker-compose.yaml: services.kv.healthcheck: the service is unhealthy"):
+        await start(backend, compose_task(tmp_path / "tasks", broken), "bad")
+    managed = backend.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+    assert [c for c in managed if c.labels.get(LABEL_TRIAL, "").startswith("bad-")] == []
+
+
+async def test_the_local_backend_refuses_a_compose_task_naming_the_file(tmp_path: Path) -> None:
+    local = LocalBackend(settings_for(tmp_path))
+    with pytest.raises(EnvSetupError, match=r"environment/docker-compose.yaml: the local backend runs one sandbox"):
+        await start(local, compose_task(tmp_path / "tasks"), "local")

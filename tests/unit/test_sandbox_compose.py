@@ -1,0 +1,143 @@
+"""A task's environment/docker-compose.yaml read as Harbor runs it (services.sandbox.compose),
+and what the Docker backend asks the engine for (docker_compose's specs): no engine needed."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from services.sandbox.backends.base import Limits, SandboxSpec
+from services.sandbox.backends.docker_compose import holder_spec, sidecar_spec
+from services.sandbox.compose import load_compose
+from services.sandbox.errors import TaskError
+from services.sandbox.paths import TrialDirs
+from services.sandbox.tasks import load_task
+from tests.sandbox_support import make_task
+
+GOOD = """\
+services:
+  main:
+    depends_on:
+      api:
+        condition: service_healthy
+    environment:
+      API_URL: http://api:${API_PORT:-5000}
+  api:
+    build:
+      context: ./api
+      args: {GREETING: "${GREETING}"}
+    expose: ["5000"]
+    command: python3 /srv/server.py ${API_PORT:-5000}
+    environment:
+      - TOKEN=$$literal
+      - MODE
+    healthcheck:
+      test: ["CMD", "python3", "-c", "print(1)"]
+      interval: 500ms
+      timeout: 1m30s
+      retries: 5
+  cache:
+    image: python:3.11-slim
+    depends_on: [api]
+    entrypoint: ["python3", "-m", "http.server"]
+    user: "1000"
+"""
+
+
+def task_with(tmp_path: Path, compose: str, *, toml: str | None = None, dotenv: str = "") -> Path:
+    root = make_task(tmp_path, "c", toml=toml, context={"api/Dockerfile": "FROM python:3.11-slim\n"})
+    (root / "environment" / "docker-compose.yaml").write_text(textwrap.dedent(compose))
+    if dotenv:
+        (root / "environment" / ".env").write_text(dotenv)
+    return root
+
+
+def test_a_compose_file_is_read_as_docker_compose_reads_it(tmp_path: Path) -> None:
+    toml = '[task]\nname = "o/{name}"\n[environment]\nenv = {{ MODE = "fast" }}\n'
+    root = task_with(tmp_path, GOOD, toml=toml, dotenv="# comment\nGREETING='hi there'\nMODE=slow\n")
+    task = load_task(root)
+    spec = task.compose
+    assert spec is not None and [s.name for s in spec.services] == ["api", "cache"]
+    assert spec.names == ["main", "api", "cache"]
+    assert spec.main_depends_on == {"api": "service_healthy"}
+    assert spec.main_environment == {"API_URL": "http://api:5000"}
+    api, cache = spec.services
+    assert api.build is not None and api.build.context == (root / "environment" / "api").resolve()
+    assert api.build.args == {"GREETING": "hi there"}  # from .env
+    assert api.command == ("python3", "/srv/server.py", "5000")
+    assert api.environment == {"TOKEN": "$literal", "MODE": "fast"}  # [environment] env over .env
+    assert api.healthcheck is not None and api.healthcheck.test == ("CMD", "python3", "-c", "print(1)")
+    assert (api.healthcheck.interval_s, api.healthcheck.timeout_s, api.healthcheck.retries) == (0.5, 90.0, 5)
+    assert cache.depends_on == {"api": "service_started"} and cache.image == "python:3.11-slim"
+    assert cache.entrypoint == ("python3", "-m", "http.server") and cache.user == "1000"
+
+
+def test_services_start_after_what_they_depend_on(tmp_path: Path) -> None:
+    compose = """\
+    services:
+      web: {image: a, depends_on: {db: {condition: service_healthy}, queue: {condition: service_started}}}
+      queue: {image: b, depends_on: [db]}
+      db: {image: c, healthcheck: {test: "true"}}
+    """
+    spec = load_compose(task_with(tmp_path, compose))
+    assert spec is not None and [s.name for s in spec.services] == ["db", "queue", "web"]
+    assert spec.services[0].healthcheck is not None and spec.services[0].healthcheck.test == ("CMD-SHELL", "true")
+
+
+@pytest.mark.parametrize(
+    ("compose", "field", "why"),
+    [
+        ("services: [unclosed", "", "not valid YAML"),
+        ("- a list\n", "", "must be a mapping"),
+        ("version: '3'\n", "services", "at least one service"),
+        ("services:\n  main: {depends_on: []}\n", "services", "no service besides 'main'"),
+        ("services:\n  api: {image: a, ports: ['80:80']}\n", "services.api.ports", "not supported"),
+        ("services:\n  api: {image: a, privileged: true}\n", "services.api.privileged", "not supported"),
+        ("services:\n  api: {image: a, volumes: ['/:/host']}\n", "services.api.volumes", "not supported"),
+        ("services:\n  main: {networks: [n]}\n  api: {image: a}\n", "services.main.networks", "not supported"),
+        ("services:\n  api: {image: a}\nnetworks: {n: {}}\n", "networks", "not supported"),
+        ("services:\n  api: {build: {context: ../..}}\n", "services.api.build.context", "outside the task"),
+        ("services:\n  api: {build: ./nope}\n", "services.api.build.context", "not a folder"),
+        (
+            "services:\n  api: {build: {context: ./api, dockerfile: ../../x}}\n",
+            "services.api.build.dockerfile",
+            "inside",
+        ),
+        ("services:\n  api: {command: x}\n", "services.api", "neither 'image' nor 'build'"),
+        ("services:\n  api: {image: a, depends_on: [db]}\n", "services.api.depends_on", "'db' is not a service"),
+        ("services:\n  a: {image: a, depends_on: [b]}\n  b: {image: b, depends_on: [a]}\n", "depends_on", "cycle"),
+        ("services:\n  api: {image: '${NOPE}'}\n", "services.api.image", "variable NOPE is set neither"),
+        ("services:\n  api: {image: '${NOPE:?give it}'}\n", "services.api.image", "NOPE is required: give it"),
+        ("services:\n  api: {image: a, healthcheck: {test: x, interval: soon}}\n", "interval", "not a duration"),
+        (
+            "services:\n  api: {image: a, depends_on: {b: {condition: up}}}\n  b: {image: b}\n",
+            "services.api.depends_on.b.condition",
+            "must be one of",
+        ),
+    ],
+)
+def test_malformed_or_unsupported_compose_is_refused_naming_file_and_field(
+    tmp_path: Path, compose: str, field: str, why: str
+) -> None:
+    root = task_with(tmp_path, compose)
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    message = str(info.value)
+    assert "environment/docker-compose.yaml" in message and field in message and why in message, message
+
+
+def test_engine_specs_share_one_namespace_with_the_names_mapped(tmp_path: Path) -> None:
+    task = load_task(task_with(tmp_path, GOOD, dotenv="GREETING=x\n"))
+    assert task.compose is not None
+    spec = SandboxSpec(trial_id="t1", task=task, dirs=TrialDirs(tmp_path / "t"), limits=Limits(memory_mb=300, pids=40))
+    holder = holder_spec(spec, task.compose, "img", isolate_network=True)
+    assert holder["network_mode"] == "none" and holder["cap_drop"] == ["ALL"]
+    assert holder["extra_hosts"] == {"main": "127.0.0.1", "api": "127.0.0.1", "cache": "127.0.0.1"}
+    assert holder["labels"]["io.harnessrl.trial"] == "t1" and "io.harnessrl.worker" in holder["labels"]
+    api = sidecar_spec(spec, task.compose.services[0], "api-img", "container:abc")
+    assert api["network_mode"] == "container:abc" and api["security_opt"] == ["no-new-privileges"]
+    assert (api["mem_limit"], api["pids_limit"]) == ("300m", 40)
+    assert api["healthcheck"]["interval"] == 500_000_000 and api["healthcheck"]["retries"] == 5
+    assert api["labels"]["io.harnessrl.service"] == "api" and "privileged" not in api
