@@ -20,6 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from services.sandbox import task_steps
+
 
 class Status(StrEnum):
     SUPPORTED = "supported"  # honoured with Harbor's meaning
@@ -99,12 +101,26 @@ FIELDS: dict[str, Rule] = {
         Status.SUPPORTED, "free-form table; harnessrl reads difficulty, category, split and repo (pools, disjointness)"
     ),
     "steps": Rule(
-        Status.REFUSED,
-        "multi-step tasks ([[steps]], steps/NAME/) are not supported yet: the runner has one agent phase and "
-        "one verify phase per trial; split the task into single-step tasks",
+        Status.MAPPED,
+        "[[steps]] run in order in one sandbox, as Harbor's: each step's agent phase gets steps/NAME/instruction.md "
+        "(the harness starts again; the workspace, its HOME and the proxy trial carry over: one trajectory), then "
+        "its verify phase runs test.sh from tests/ overlaid with steps/NAME/tests/, with every defence of a "
+        "single verify; the oracle runs steps/NAME/solution/solve.sh, else solution/. Timeouts: steps.agent "
+        "timeout_sec, else [agent]'s; steps.verifier timeout_sec, 600 s when unset as in Harbor (never "
+        "[verifier]'s); verifier env: [verifier] env, then the step's. The steps after one whose verifier gave "
+        "no result or whose min_reward (a number: 'reward'; a table: each key; missing: -inf) is not met are "
+        "skipped, as in Harbor. Differs: a step's failed verifier is the trial's verifier_error (Harbor averages "
+        "the steps before it); /logs/agent is not emptied between steps; docker's next step runs in a new agent "
+        "container from the last verifier's filesystem (without /tests, /logs/verifier). Refused: per-step "
+        "agent.user, verifier user, network, environment, collect, healthcheck, artifacts, steps/NAME/workdir/; "
+        "the kubernetes backend",
+        task_steps.refusal,  # the step fields that cannot run, by name
     ),
     "multi_step_reward_strategy": Rule(
-        Status.SUPPORTED, "applies only with [[steps]] (refused); on a single-step task it has no effect, as in Harbor"
+        Status.SUPPORTED,
+        "with [[steps]], as Harbor: 'mean' (unset too), per key over the steps that gave a result, a missing "
+        "key counting 0; 'final', the last step's; other values are refused. Each step's rewards are kept in "
+        "the outcome's steps; on a single-step task it has no effect, as in Harbor",
     ),
     "artifacts": Rule(
         Status.REFUSED,

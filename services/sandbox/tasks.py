@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harnessrl.config import format_validation_error
-from services.sandbox import harbor_fields
+from services.sandbox import harbor_fields, task_steps
 from services.sandbox.compose import ComposeSpec, load_compose
 from services.sandbox.errors import TaskError
 from services.sandbox.task_agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
@@ -183,8 +183,9 @@ class TaskConfig(_Section):
     solution: SolutionConfig = SolutionConfig()
     source: str | None = None
     artifacts: list[Any] = Field(default_factory=list)
-    steps: list[Any] | None = None
+    steps: list[task_steps.StepConfig] | None = None  # multi-step tasks: task_steps
     multi_step_reward_strategy: Literal["mean", "final"] | None = None
+    _unique_steps = field_validator("steps")(task_steps.unique_names)
 
     @model_validator(mode="before")
     @classmethod
@@ -212,6 +213,8 @@ class Task(BaseModel):
     config: TaskConfig
     instruction: str
     warnings: tuple[str, ...] = ()  # what Harbor ignores and so does harnessrl, named
+    steps: tuple[task_steps.Step, ...] = ()  # [[steps]], in order (then ``instruction`` is unused)
+    solution_path: Path | None = None  # a step's solution/ (``for_step``); None: the task's
     compose: ComposeSpec | None = None  # environment/docker-compose.yaml's sidecars (``compose``)
 
     @property
@@ -234,7 +237,11 @@ class Task(BaseModel):
 
     @property
     def solution_dir(self) -> Path:
-        return self.path / "solution"
+        return self.solution_path or self.path / "solution"
+
+    def for_step(self, step: task_steps.Step) -> Task:
+        """The task as a step's agent phase sees it: the step's instruction and solution."""
+        return self.model_copy(update={"instruction": step.instruction, "solution_path": step.solution_dir})
 
     def environment_hash(self) -> str:
         """sha256 of everything that decides the built environment (Dockerfile,
@@ -263,6 +270,35 @@ def load_task(path: str | Path) -> Task:
     if not root.is_dir():
         raise TaskError(name, "not a directory")
     config, warnings = _load_config(root, name)
+    steps, instruction = _load_steps(root, name, config) if config.steps else ((), _load_instruction(root, name))
+    env = config.environment
+    unreachable = unreachable_servers(root, env.mcp_servers)
+    if unreachable:
+        raise TaskError(name, "task.toml: " + "; ".join(unreachable))
+    if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file():
+        raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
+    for warning in warnings:
+        log.warning("task %s: %s", name, warning)
+    compose = load_compose(root.resolve(), config.environment.env)
+    return Task(
+        path=root.resolve(),
+        config=config,
+        instruction=instruction,
+        warnings=tuple(warnings),
+        steps=steps,
+        compose=compose,
+    )
+
+
+def _load_steps(root: Path, name: str, config: TaskConfig) -> tuple[tuple[task_steps.Step, ...], str]:
+    """Each step's instruction and tests, as Harbor reads them; the root instruction.md is unused."""
+    try:
+        return task_steps.load_steps(root, config.steps or []), ""
+    except ValueError as e:
+        raise TaskError(name, str(e)) from e
+
+
+def _load_instruction(root: Path, name: str) -> str:
     instruction_file = root / "instruction.md"
     if not instruction_file.is_file():
         raise TaskError(name, "missing instruction.md")
@@ -274,16 +310,7 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(name, "instruction.md is empty")
     if not (root / "tests" / "test.sh").is_file():
         raise TaskError(name, "missing tests/test.sh (the verifier)")
-    env = config.environment
-    unreachable = unreachable_servers(root, env.mcp_servers)
-    if unreachable:
-        raise TaskError(name, "task.toml: " + "; ".join(unreachable))
-    if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file():
-        raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
-    for warning in warnings:
-        log.warning("task %s: %s", name, warning)
-    compose = load_compose(root.resolve(), config.environment.env)
-    return Task(path=root.resolve(), config=config, instruction=instruction, warnings=tuple(warnings), compose=compose)
+    return instruction
 
 
 def read_task_toml(root: Path, name: str) -> dict[str, Any]:
@@ -340,6 +367,7 @@ def _load_config(root: Path, name: str) -> tuple[TaskConfig, list[str]]:
             data[section] = {k: v for k, v in data[section].items() if k != key}
         else:
             del data[dotted]
+    unknown += task_steps.drop_unknown_keys(data)  # inside [[steps]] tables, dropped there
     warnings = []
     if unknown:
         warnings.append(

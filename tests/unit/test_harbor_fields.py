@@ -55,7 +55,6 @@ def test_a_stale_doc_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 # One value per refused field, as a task would set it.
 REFUSED_TOML = {
-    "steps": "[[steps]]\nname = 'one'\n",
     "artifacts": "artifacts = ['/app/out.txt']\n",
     "verifier.environment": "[verifier.environment]\ncpus = 1\n",
     "verifier.collect": "[[verifier.collect]]\ncommand = 'true'\n",
@@ -111,8 +110,8 @@ def test_the_same_fields_with_values_that_run(tmp_path: Path) -> None:
 
 
 def test_all_refusals_are_named_at_once(tmp_path: Path) -> None:
-    task = make_task(tmp_path, toml="[[steps]]\nname = 'a'\n[environment]\ngpu_types = ['H100']\n")
-    _refused(task, "steps: multi-step", "environment.gpu_types: GPU tasks")
+    toml = "[environment]\ngpu_types = ['H100']\n[[steps]]\nname = 'a'\n[steps.healthcheck]\ncommand = 'true'\n"
+    _refused(make_task(tmp_path, toml=toml), "steps: steps[0].healthcheck: a per-step", "environment.gpu_types: GPU")
 
 
 def test_a_compose_file_runs_and_what_it_cannot_do_is_refused_naming_it(tmp_path: Path) -> None:

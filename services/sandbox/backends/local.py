@@ -71,6 +71,7 @@ class _Handle:
 
 class LocalBackend(Backend):
     name = "local"
+    runs_steps = True
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -248,6 +249,13 @@ class LocalBackend(Backend):
         return await asyncio.to_thread(
             restore_workspace, sandbox, sandbox.spec.dirs.workspace, pristine, self.integrity
         )
+
+    async def next_step(self, sandbox: Sandbox) -> None:
+        """The workspace and the agent's HOME carry over as they are; each verify exec mounts
+        its own /tests (hidden from the agent); /logs/verifier is emptied (no stale reward)."""
+        verifier_logs = sandbox.spec.dirs.verifier_logs
+        await asyncio.to_thread(shutil.rmtree, verifier_logs, True)
+        verifier_logs.mkdir(parents=True)
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
         dirs, handle = sandbox.spec.dirs, _handle(sandbox)
