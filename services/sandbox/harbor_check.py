@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.sandbox import harbor_fields
-from services.sandbox.errors import TaskError
+from services.sandbox import harbor_fields, verifier_policy
+from services.sandbox.errors import EnvSetupError, TaskError
 from services.sandbox.harbor_fields import Status
-from services.sandbox.tasks import harbor_keys, load_task, read_task_toml
+from services.sandbox.tasks import Task, harbor_keys, load_task, read_task_toml
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,24 @@ def check_task(root: Path) -> TaskReport:
         if (root / name).exists():
             report.fields.append(FieldReport(name, rule.status, refused_files.get(name, rule.note)))
     try:
-        report.task_id = load_task(root).task_id
+        task = load_task(root)
     except TaskError as e:
         if report.runs:  # a refusal is reported field by field already
             report.error = str(e)
+        return report
+    report.task_id = task.task_id
+    _refuse_at_setup(report, task)
     return report
+
+
+def _refuse_at_setup(report: TaskReport, task: Task) -> None:
+    """What a valid task is refused for when a trial starts: the verifier's network (an
+    'allowlist', set or inherited from [environment]), reported on verifier.network_mode."""
+    try:
+        verifier_policy.resolve(task)
+    except EnvSetupError as e:
+        report.fields = [f for f in report.fields if f.field != "verifier.network_mode"]
+        report.fields.append(FieldReport("verifier.network_mode", Status.REFUSED, f"refused at setup: {e}"))
 
 
 def check(roots: list[Path]) -> list[TaskReport]:

@@ -123,9 +123,16 @@ FIELDS: dict[str, Rule] = {
         "the outcome's steps; on a single-step task it has no effect, as in Harbor",
     ),
     "artifacts": Rule(
-        Status.REFUSED,
-        "task-level artifacts are not collected yet: a trial keeps /logs/agent and /logs/verifier only; "
-        "copy what you need into /logs/verifier from tests/test.sh",
+        Status.MAPPED,
+        "collected as Harbor collects them: after the agent phase, before the verifier, into the trial's output "
+        "folder (TrialOutcome.artifacts_dir) under artifacts/<destination or source>, with Harbor's "
+        "artifacts/manifest.json (status ok, failed or skipped per entry; a missing source is 'failed', never a "
+        "failed trial) and one event per entry (artifact:STATUS:SOURCE); exclude patterns as tar --exclude. "
+        "Differences: links are resolved inside the sandbox and a link out of a collected directory is dropped "
+        "(docker: the directory fails whole), a trial keeps at most 256 MiB and 20000 files, a relative source "
+        "is from / (as docker cp), service other than 'main' is refused, Harbor's implicit /logs/artifacts is "
+        "not provided, and the local backend reaches only the workspace, HOME and /logs/agent (other paths: "
+        "'failed')",
     ),
     # -- [task] -------------------------------------------------------------------------------
     "task.name": Rule(Status.SUPPORTED, "org/name; the task's id"),
@@ -205,9 +212,15 @@ FIELDS: dict[str, Rule] = {
         "sandbox); headers on mini-swe-agent and openhands-sdk are refused at trial start, as in Harbor",
     ),
     "environment.healthcheck": Rule(
-        Status.REFUSED,
-        "not supported yet: no readiness check runs before the agent; start what the task needs from the "
-        "Dockerfile's image or the instruction",
+        Status.MAPPED,
+        "run after the sandbox starts and before the agent, as Harbor: bash -c command in the working "
+        "directory, start_period_sec / start_interval_sec / interval_sec / retries with Harbor's defaults; the "
+        "first pass goes on; retries consecutive failures after the start period end the trial env_setup_failed "
+        "(the agent never runs) naming the command and its last output. Differences: it runs as the sandbox "
+        "user (uid 1000, as the agent; Harbor: the image's USER) with the sandbox's own loopback only, an "
+        "attempt past timeout_sec counts as a failure (Docker's meaning; Harbor's docker environment ends the "
+        "trial); the local backend keeps no process between execs (an ENTRYPOINT does not run there), docker "
+        "runs the image's ENTRYPOINT as Harbor's does",
     ),
     "environment.network_mode": Rule(Status.MAPPED, "'no-network' as Harbor; 'public' and 'allowlist': " + _NET_PHASES),
     "environment.allowed_hosts": Rule(Status.MAPPED, "none of them is reachable: " + _NET_PHASES),

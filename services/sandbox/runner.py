@@ -56,11 +56,13 @@ from opentelemetry import context as otel_context
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
 from services.sandbox import runner_verify, task_steps, verifier_policy
+from services.sandbox.artifacts import collect as collect_artifacts
 from services.sandbox.backends.base import Backend, ExecRequest, Limits, Network, Phase, SandboxSpec
 from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, UnixRelay
 from services.sandbox.errors import EnvSetupError
 from services.sandbox.harnesses import AgentContext, ModelAccess, get_harness
 from services.sandbox.harnesses.agent_extras import run_setup as run_harness_setup
+from services.sandbox.healthcheck import wait_until_healthy
 from services.sandbox.lifecycle import TrialOutcome, TrialSpec, TrialState
 from services.sandbox.paths import TrialDirs
 from services.sandbox.runner_trial import Trial, build_outcome, phase_env
@@ -181,6 +183,7 @@ class TrialRunner:
                 proxy_socket=proxy_socket,
             )
             t.sandbox = await self.backend.start(sandbox_spec)
+            t.events += await wait_until_healthy(self.backend, t.sandbox, t.task)  # Harbor's, pre-agent
             await self.backend.snapshot_pristine(t.sandbox)
             if not self.settings.integrity.hide_tests_and_solution:
                 # Defence switched off (red-team only): the agent phase sees both.
@@ -292,6 +295,7 @@ class TrialRunner:
             # Artifacts only: the verifier, not these logs, decides the trial.
             log.warning("collecting the agent's logs failed", exc_info=True, extra={"kv": {"trial": spec.trial_id}})
             t.events.append(f"collecting the agent's logs failed: {type(e).__name__}: {e}")
+        t.events += await collect_artifacts(self.backend, sandbox, t.task, t.artifacts / prefix)  # before verify
 
     async def _close_proxy(self, t: Trial) -> None:
         if not t.proxy_registered or self.proxy is None:

@@ -30,8 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.config import format_validation_error
 from services.sandbox import harbor_fields, task_steps
+from services.sandbox.artifacts import ArtifactEntry, normalize_entries
 from services.sandbox.compose import ComposeSpec, load_compose
 from services.sandbox.errors import TaskError
+from services.sandbox.healthcheck import Healthcheck
 from services.sandbox.task_agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ class EnvironmentConfig(PhaseNetwork):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     skills_dir: str | None = None
-    healthcheck: dict[str, Any] | None = None
+    healthcheck: Healthcheck | None = None  # run before the agent: services.sandbox.healthcheck
     mcp_servers: list[McpServer] = Field(default_factory=list)
     allow_internet: bool | None = None
 
@@ -182,7 +184,7 @@ class TaskConfig(_Section):
     environment: EnvironmentConfig = EnvironmentConfig()
     solution: SolutionConfig = SolutionConfig()
     source: str | None = None
-    artifacts: list[Any] = Field(default_factory=list)
+    artifacts: list[ArtifactEntry] = Field(default_factory=list)  # collected: services.sandbox.artifacts
     steps: list[task_steps.StepConfig] | None = None  # multi-step tasks: task_steps
     multi_step_reward_strategy: Literal["mean", "final"] | None = None
     _unique_steps = field_validator("steps")(task_steps.unique_names)
@@ -194,6 +196,8 @@ class TaskConfig(_Section):
             data = dict(data)
             data.setdefault("schema_version", data.pop("version"))
         return data
+
+    _artifacts = field_validator("artifacts", mode="before")(normalize_entries)
 
     @field_validator("schema_version", mode="before")
     @classmethod

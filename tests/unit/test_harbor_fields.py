@@ -55,13 +55,11 @@ def test_a_stale_doc_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 # One value per refused field, as a task would set it.
 REFUSED_TOML = {
-    "artifacts": "artifacts = ['/app/out.txt']\n",
     "verifier.environment": "[verifier.environment]\ncpus = 1\n",
     "verifier.collect": "[[verifier.collect]]\ncommand = 'true'\n",
     "agent.user": "[agent]\nuser = 1001\n",
     "environment.gpu_types": "[environment]\ngpu_types = ['H100']\n",
     "environment.tpu": "[environment.tpu]\ntype = 'v6e'\ntopology = '2x4'\n",
-    "environment.healthcheck": "[environment.healthcheck]\ncommand = 'true'\n",
 }
 
 
