@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from services.sandbox.backends import kubernetes_compose
 from services.sandbox.backends.base import Phase, SandboxSpec
 from services.sandbox.errors import EnvSetupError
 from services.sandbox.paths import SandboxPaths
@@ -252,7 +253,8 @@ def pod_manifest(
         quota["cpu"] = str(limits.cpus)
     # Agent and verifier never run at once: only the agent reserves the trial's quota.
     small = {"memory": "64Mi", "cpu": "10m", "ephemeral-storage": "64Mi"}
-    env = [{"name": k, "value": v} for k, v in sorted(env_cfg.env.items())]
+    env_vars = kubernetes_compose.main_environment(spec) | env_cfg.env
+    env = [{"name": k, "value": v} for k, v in sorted(env_vars.items())]
 
     def sandbox_container(
         name: str, uid: int, requests: dict[str, str], mounts: list[dict[str, Any]]
@@ -308,6 +310,8 @@ def pod_manifest(
                 "securityContext": _security(RELAY_UID, read_only_root=True),
             }
         )
+    # A compose task's services: more containers of the pod, reachable by name (kubernetes_compose).
+    containers += kubernetes_compose.sidecars(spec, cfg)
     init = {
         "name": INIT,
         "image": image,
@@ -334,6 +338,8 @@ def pod_manifest(
         "containers": containers,
         "volumes": volumes + _runtime_volume_sources(cfg),
     }
+    if spec.task.compose is not None:
+        body["hostAliases"] = kubernetes_compose.host_aliases(spec.task.compose)
     if cfg.runtime_class_name:
         body["runtimeClassName"] = cfg.runtime_class_name
     if cfg.node_selector:
