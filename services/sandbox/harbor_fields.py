@@ -199,13 +199,15 @@ FIELDS: dict[str, Rule] = {
         "a directory in the environment (relative: to the working directory), as in Harbor; its contents are "
         "copied in the sandbox before the agent starts to where each harness reads skills: claude-code "
         "~/.claude/skills, codex ~/.agents/skills, opencode ~/.config/opencode/skills, openhands-sdk "
-        "~/.agents/skills (loaded by the SDK); mini-swe-agent is refused at trial start, as in Harbor. A "
-        "directory the sandbox lacks fails setup (env_setup_failed) naming the field; Harbor copies nothing",
+        "~/.agents/skills (loaded by the SDK); mini-swe-agent is refused at trial start, as in Harbor; oracle, "
+        "nop and shell (no model) ignore it, as Harbor's oracle and nop. A directory the sandbox lacks fails "
+        "setup (env_setup_failed) naming the field; Harbor copies nothing",
     ),
     "environment.mcp_servers": Rule(
         Status.MAPPED,
         "given to each harness in its own config (claude-code --mcp-config, opencode mcp, openhands-sdk "
-        "mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor); codex is refused at "
+        "mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor; oracle, nop and shell "
+        "ignore them, as Harbor's oracle and nop); codex is refused at "
         "trial start (it offers MCP tools as Responses 'namespace' tools, which the proxy does not render yet). "
         "stdio servers run in the sandbox; a url's host must be localhost or a service of the task's compose "
         "file (the agent reaches nothing else); '${VAR}' headers are refused (no host environment reaches a "
