@@ -94,6 +94,14 @@ async def test_oracle_scores_1_and_nop_0_with_each_steps_rewards_kept(tmp_path: 
     result = json.loads((artifacts / "result.json").read_text())
     assert [s["name"] for s in result["steps"]] == ["greet", "personalise"]
 
+    if kind["backend"] == "docker":  # every container and commit of the trial is gone with it
+        import docker
+
+        client = docker.DockerClient(base_url=kind["docker"].host)  # type: ignore[attr-defined]
+        left = client.images.list(all=True, filters={"label": "io.harnessrl.verify=true"})
+        left += client.containers.list(all=True, filters={"label": "io.harnessrl.managed=true"})
+        assert left == [], left
+
     nop, _ = await run(tmp_path, EXAMPLE, kind, "nop")
     assert (nop.termination_reason, nop.reward) == (R.COMPLETED, 0.0), (nop.error, nop.verifier_summary)
     # min_reward = 1.0 on 'greet': the rest is skipped, and the mean is over the step that ran.
@@ -146,3 +154,17 @@ async def test_the_step_timeouts_apply(tmp_path: Path) -> None:
     # The agent of 'greet' ran out of its own 1 s; its verifier still graded it (0), as in Harbor.
     assert outcome.termination_reason == R.AGENT_TIMEOUT and outcome.steps[0].agent_timed_out
     assert outcome.steps[0].agent_s < 4 and step_rewards(outcome) == {"greet": {"reward": 0.0}}
+
+
+async def test_a_backend_without_steps_refuses_the_task_by_name_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.sandbox.backends.kubernetes import KubernetesBackend
+    from services.sandbox.backends.local import LocalBackend
+
+    assert not KubernetesBackend.runs_steps  # refused there: no next_step for a pod yet
+    monkeypatch.setattr(LocalBackend, "runs_steps", False)
+    outcome, states = await run(tmp_path, EXAMPLE, {"backend": "local"}, "oracle")
+    assert outcome.termination_reason == R.ENV_SETUP_FAILED and outcome.steps == []
+    assert "[[steps]] (a multi-step task) does not run on the local backend" in outcome.error
+    assert TrialState.AGENT not in states

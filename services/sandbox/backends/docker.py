@@ -67,6 +67,7 @@ from services.sandbox.backends.docker_specs import (
     verify_container_spec,
     verify_script,
 )
+from services.sandbox.backends.docker_steps import next_agent_container
 from services.sandbox.backends.limits import watch_disk
 from services.sandbox.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.paths import SandboxPaths
@@ -77,6 +78,7 @@ log = logging.getLogger(__name__)
 
 class DockerBackend(Backend):
     name = "docker"
+    runs_steps = True
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -279,6 +281,10 @@ class DockerBackend(Backend):
         await self._api(container.start)
         await self._api(container.reload)
 
+    async def next_step(self, sandbox: Sandbox) -> None:
+        """A new agent container from the last verifier's filesystem (``docker_steps``)."""
+        await next_agent_container(self, sandbox)
+
     async def stop(self, sandbox: Sandbox) -> None:
         handle = _handle(sandbox)
         if handle.stopped:
@@ -288,8 +294,9 @@ class DockerBackend(Backend):
         # v: a container's anonymous volumes go with it (an image's VOLUME; a verifier's
         # commit records the agent container's mount points as volumes of its own).
         removals = [(functools.partial(handle.container.remove, v=True), "container")]
-        if handle.verify_image:
-            removals.append((functools.partial(self.client.images.remove, handle.verify_image), "verifier's commit"))
+        for commit in [handle.verify_image, *reversed(handle.step_images)]:  # a child before its parent
+            if commit:
+                removals.append((functools.partial(self.client.images.remove, commit), "verifier's commit"))
         for remove, what in removals:
             try:
                 await asyncio.to_thread(remove, force=True)

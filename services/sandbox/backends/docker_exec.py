@@ -65,6 +65,8 @@ class ContainerExec:
     image_user: str = ""
     # The commit of the agent's final filesystem the verifier's container runs (removed at stop).
     verify_image: str = ""
+    # A multi-step task's commits between steps (``docker_steps``), removed at stop, newest first.
+    step_images: list[str] = field(default_factory=list)
     # A compose task's holder and sidecars (``docker_compose``), removed at stop.
     services: Any = None
     pristine: Path | None = None
