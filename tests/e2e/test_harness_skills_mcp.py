@@ -1,6 +1,6 @@
 """A Harbor task's ``skills_dir`` and ``mcp_servers`` reach each real, unmodified harness in
 a sandbox: the image holds the skills (``COPY skills /skills``) and a tiny stdio MCP server
-(tests/e2e/fixtures/mcp_stdio_server.py); the scripted policy calls the server's tool and
+(tests/e2e/fixtures/mcp_server.py); the scripted policy calls the server's tool and
 opens the skill. What the harness sent the proxy (the engine's log of the rendered prompts)
 proves it read our config: its tools offer the MCP tool, its prompt lists the skill, the
 tool's answer (only the server in the sandbox knows it) and the skill's body come back."""
@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
 ]
 MODEL = default_model_dir().name
-SERVER = (Path(__file__).parent / "fixtures" / "mcp_stdio_server.py").read_text()
+SERVER = (Path(__file__).parent / "fixtures" / "mcp_server.py").read_text()
 WORD = "PAPAYA-42"  # only the MCP server in the sandbox answers it
 SKILL = "greeting-protocol"
 SKILL_BODY = "House style marker SKILL-BODY-7731: greeting files hold one lowercase word."
@@ -111,6 +111,7 @@ async def _run(
     toml: str | None = None,
     backend: dict[str, Any] | None = None,
     main: list[dict[str, Any]] | None = None,
+    files: dict[str, str] | None = None,
 ) -> tuple[Any, list[str], str]:
     adapter = get_harness(harness)
     missing = [p for p in adapter.install_paths() if not p.exists()]
@@ -120,7 +121,7 @@ async def _run(
     main = main or script
     if toml is None:
         toml = TOML if tool_name is not None else TOML[: TOML.index("[[environment.mcp_servers]]")]
-    context = {"skills/" + SKILL + "/SKILL.md": SKILL_MD, "server.py": SERVER}
+    context = {"skills/" + SKILL + "/SKILL.md": SKILL_MD, "server.py": SERVER, **(files or {})}
     task = make_task(
         tmp_path / "tasks", toml=toml, instruction="Create hello.txt", dockerfile=DOCKERFILE, context=context
     )
@@ -200,3 +201,50 @@ async def test_mini_swe_agent_refuses_skills_by_name(tmp_path: Path) -> None:
     assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED
     assert "'mini-swe-agent' cannot take task.toml environment.skills_dir" in (outcome.error or "")
     assert prompts == []
+
+
+# A streamable-HTTP MCP server as a compose sidecar, reached by its service name.
+SIDECAR_TOML = (
+    "[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n[environment]\nmemory_mb = 4096\n"
+    "[[environment.mcp_servers]]\nname = 'web'\ntransport = 'streamable-http'\nurl = 'http://mcp-server:8000/mcp'\n"
+)
+SIDECAR_COMPOSE = """\
+services:
+  main:
+    build:
+      context: .
+    depends_on:
+      mcp-server:
+        condition: service_healthy
+  mcp-server:
+    build:
+      context: ./mcp
+    command: ["python3", "/srv/server.py", "--http", "8000"]
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import socket; socket.create_connection(('localhost', 8000), 2)"]
+      interval: 300ms
+      timeout: 5s
+      retries: 60
+"""
+SIDECAR_FILES = {
+    "docker-compose.yaml": SIDECAR_COMPOSE,
+    "mcp/Dockerfile": "FROM python:3.11-slim\nCOPY server.py /srv/server.py\n",
+    "mcp/server.py": SERVER,
+}
+
+
+async def test_claude_code_reaches_an_http_mcp_server_in_a_compose_sidecar(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    engine = request.getfixturevalue("docker_engine")
+    backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    main = [
+        _call("mcp__web__secret_word"),
+        _call("Bash", command="echo hello > hello.txt", description="Write"),
+        {"content": "Created hello.txt."},
+    ]
+    outcome, prompts, log = await _run(tmp_path, "claude-code", SIDECAR_TOML, backend, main, SIDECAR_FILES)
+    assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
+    assert "mcp__web__secret_word" in prompts[0], f"the sidecar's tool was not offered: {log}"
+    assert WORD in prompts[-1], "the sidecar's answer never came back"
+    assert outcome.reward == 1.0, log
