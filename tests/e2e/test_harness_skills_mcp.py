@@ -1,9 +1,12 @@
 """A Harbor task's ``skills_dir`` and ``mcp_servers`` reach each real, unmodified harness in
-a sandbox: the image holds the skills (``COPY skills /skills``) and a tiny stdio MCP server
-(tests/e2e/fixtures/mcp_server.py); the scripted policy calls the server's tool and
-opens the skill. What the harness sent the proxy (the engine's log of the rendered prompts)
-proves it read our config: its tools offer the MCP tool, its prompt lists the skill, the
-tool's answer (only the server in the sandbox knows it) and the skill's body come back."""
+a sandbox: the image holds the skills (``COPY skills /skills``) and a tiny MCP server
+(tests/e2e/fixtures/mcp_server.py: stdio in the sandbox, or streamable HTTP as a compose
+sidecar reached by its service name); the scripted policy calls the server's tool and opens
+the skill. What the harness sent the proxy (the engine's log of the rendered prompts) proves
+it read our config: it offers the MCP tool, lists the skill, and the tool's answer (only the
+server knows it) and the skill's body come back. Codex takes skills only (its MCP tools are
+Responses 'namespace' tools, refused); mini-swe-agent gets the servers in its instruction and
+refuses skills, as in Harbor."""
 
 from __future__ import annotations
 
