@@ -54,7 +54,8 @@ def test_a_malformed_healthcheck_is_named(tmp_path: Path, body: str, fragment: s
 def test_artifacts_are_strings_or_tables(tmp_path: Path) -> None:
     toml = (
         "artifacts = ['/app/out.txt', 'var/log/x', "
-        "{{ source = '/app/logs', destination = 'logs', exclude = ['*.tmp'] }}, {{ source = '/a', service = 'main' }}]\n"
+        "{{ source = '/app/logs', destination = 'logs', exclude = ['*.tmp'] }}, "
+        "{{ source = '/a', service = 'main' }}]\n"
     )
     entries = load_task(make_task(tmp_path, toml=toml)).config.artifacts
     assert [(e.source, e.destination, e.exclude) for e in entries] == [
