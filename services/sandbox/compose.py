@@ -5,9 +5,11 @@ Harbor merges the task's compose file over its own base, in which the service
 docker_image``, ``sleep infinity``); every other service is a sidecar started with
 it and reachable by its service name. What is kept here:
 
-- ``main``: ``depends_on`` (it starts once those conditions hold) and
-  ``environment`` (added to the task's env). Anything else of ``main`` is refused:
-  its image, network and mounts are the sandbox's.
+- ``main``: ``depends_on`` (it starts once those conditions hold), ``environment``
+  (under the task's env) and ``build`` (``context``, ``dockerfile``, ``args``: the
+  image the docker backend builds for it; ``[environment] docker_image`` wins, as
+  Harbor's prebuilt image does). Anything else of ``main`` is refused: its
+  network and mounts are the sandbox's.
 - each sidecar: ``image`` or ``build`` (``context`` relative to the compose file's
   folder, as ``docker compose`` resolves it, and inside the task; ``dockerfile``,
   ``args``), ``command``, ``entrypoint``, ``environment``, ``working_dir``, ``user``,
@@ -46,7 +48,7 @@ _BRACED_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])(.*))?$", re.S)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _TOP_KEYS = {"services", "version", "name"}
-_MAIN_KEYS = {"depends_on", "environment"}
+_MAIN_KEYS = {"depends_on", "environment", "build"}
 _SIDECAR_KEYS = {
     "image",
     "build",
@@ -114,6 +116,8 @@ class ComposeSpec(BaseModel):
     services: tuple[Service, ...]
     main_depends_on: dict[str, str] = {}
     main_environment: dict[str, str] = {}
+    # main's build, where the file overrides Harbor's (context environment/, its Dockerfile).
+    main_build: Build | None = None
 
     @property
     def names(self) -> list[str]:
@@ -189,8 +193,6 @@ class _Reader:
                 main = body
             else:
                 sidecars[name] = self.service(name, body)
-        if not sidecars:
-            raise self.fail("services", "no service besides 'main': nothing for the compose file to add")
         main_deps = self.depends_on(f"services.{MAIN}.depends_on", main.get("depends_on"))
         for owner, deps in [(MAIN, main_deps), *((s.name, s.depends_on) for s in sidecars.values())]:
             for dep in deps:
@@ -200,6 +202,7 @@ class _Reader:
             services=tuple(sidecars[n] for n in _start_order(sidecars, self)),
             main_depends_on=main_deps,
             main_environment=self.environment(f"services.{MAIN}.environment", main.get("environment")),
+            main_build=self.build(f"services.{MAIN}.build", main["build"]) if "build" in main else None,
         )
 
     def _check_keys(self, field: str, body: dict[str, Any], allowed: set[str]) -> None:
@@ -274,8 +277,8 @@ class _Reader:
         raise self.fail(field, "must be a string or a list of strings")
 
     def environment(self, field: str, value: Any) -> dict[str, str]:
-        """A list of ``K=V`` (a bare ``K`` takes the variable of that name, dropped when unset)
-        or a mapping (a null value likewise)."""
+        """A list of ``K=V`` (a bare ``K`` takes the variable of that name: refused when unset,
+        since compose would read it from the worker's environment) or a mapping (a null value likewise)."""
         if value is None:
             return {}
         pairs: list[tuple[str, Any]] = []
@@ -294,8 +297,13 @@ class _Reader:
             if not key:
                 raise self.fail(field, "an empty variable name")
             if val is None:
-                if key in self.variables:
-                    out[key] = self.variables[key]
+                if key not in self.variables:
+                    raise self.fail(
+                        f"{field}.{key}",
+                        "takes its value from the environment, and the worker's own is never passed into a "
+                        "sandbox; set it in [environment] env or environment/.env",
+                    )
+                out[key] = self.variables[key]
                 continue
             if isinstance(val, (dict, list)):
                 raise self.fail(f"{field}.{key}", "must be a string, a number or a boolean")

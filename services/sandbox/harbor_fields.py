@@ -251,11 +251,13 @@ FILES: dict[str, Rule] = {
         "runs each in the main container's network namespace (names mapped to 127.0.0.1; no bridge, so two "
         "services cannot listen on one port), the agent reaches them and the model proxy, nothing else; the "
         "verifier reaches them too but gets no public network; kubernetes runs them as containers of the "
-        "trial's pod (prebuilt images only); the local backend refuses the task. main's depends_on and "
+        "trial's pod (prebuilt images only); the local backend refuses the task. main's build (context, "
+        "dockerfile, args; [environment] docker_image wins, as Harbor's prebuilt image), depends_on and "
         "environment, and each service's image, build (context inside the task), command, entrypoint, "
         "environment, working_dir, user, healthcheck, depends_on, init and expose are honoured; any other "
         "key (ports, networks, volumes, privileged, cap_add, ...) is refused naming it. ${VAR} is interpolated "
-        "from environment/.env and [environment] env, never the worker's environment",
+        "from environment/.env and [environment] env, never the worker's environment (a variable found in "
+        "neither, without a default, is refused by name)",
     ),
     "tests/test.sh": Rule(
         Status.MAPPED,

@@ -279,11 +279,12 @@ def load_task(path: str | Path) -> Task:
     unreachable = unreachable_servers(root, env.mcp_servers)
     if unreachable:
         raise TaskError(name, "task.toml: " + "; ".join(unreachable))
-    if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file():
+    compose = load_compose(root.resolve(), config.environment.env)
+    main_build = compose is not None and compose.main_build is not None  # Harbor: a compose file may build main
+    if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file() and not main_build:
         raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")
     for warning in warnings:
         log.warning("task %s: %s", name, warning)
-    compose = load_compose(root.resolve(), config.environment.env)
     return Task(
         path=root.resolve(),
         config=config,

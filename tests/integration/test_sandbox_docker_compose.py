@@ -46,6 +46,9 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_foreve
 COMPOSE = """\
 services:
   main:
+    build:
+      context: ./app
+      args: {GREETING: "${GREETING:-hello}"}
     depends_on:
       kv:
         condition: service_healthy
@@ -68,6 +71,7 @@ services:
     entrypoint: ["python3", "-m", "http.server", "--bind", "127.0.0.1"]
     command: ["6000"]
 """
+MAIN_DOCKERFILE = "FROM python:3.11-slim\nARG GREETING\nWORKDIR /app\nCOPY seed.txt .\nRUN echo $GREETING > greeting\n"
 PUT = "import os, urllib.request as u; u.urlopen(u.Request(os.environ['KV_URL'], b'solved', method='PUT'))"
 GET = "import urllib.request as u; print(u.urlopen('http://kv:5000/').read().decode())"
 TEST_SH = f"""\
@@ -81,11 +85,16 @@ def compose_task(root: Path, compose: str = COMPOSE) -> Path:
     task = make_task(
         root,
         "kv",
-        dockerfile="FROM python:3.11-slim\nWORKDIR /app\n",
-        context={"kv/Dockerfile": "FROM python:3.11-slim\nCOPY server.py /srv/server.py\n", "kv/server.py": SERVER},
+        context={
+            "app/Dockerfile": MAIN_DOCKERFILE,
+            "app/seed.txt": "seed\n",
+            "kv/Dockerfile": "FROM python:3.11-slim\nCOPY server.py /srv/server.py\n",
+            "kv/server.py": SERVER,
+        },
         test_sh=TEST_SH,
         solve_sh=f'#!/bin/bash\npython3 -c "{PUT}"\n',
     )
+    (task / "environment" / "Dockerfile").unlink()  # main's image is the compose file's build
     (task / "environment" / "docker-compose.yaml").write_text(compose)
     return task
 
@@ -157,6 +166,7 @@ async def test_agent_reaches_services_and_the_proxy_only(backend: DockerBackend,
     python3 -c "{connect}" 127.0.0.1 {port}
     python3 -c "{connect}" 1.1.1.1 80 2>&1 | tail -1
     echo "$KV_URL"
+    cat /app/greeting /app/seed.txt
     """
     try:
         out = (await sh(backend, box, script, network=Network.PROXY_ONLY, proxy_port=4100)).split("\n")
@@ -169,6 +179,7 @@ async def test_agent_reaches_services_and_the_proxy_only(backend: DockerBackend,
     assert out[3:6] == ["empty", "200", "proxy"], out
     assert out[6] != "0", "the host's loopback is not the sandbox's"
     assert out[7] != "0" and out[8] == "http://kv:5000/", out
+    assert out[9:11] == ["hello", "seed"], "main's image is the compose file's build (context, args)"
     assert trial_containers(backend, box.spec.trial_id) == []
 
 

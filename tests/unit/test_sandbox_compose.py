@@ -92,7 +92,12 @@ def test_services_start_after_what_they_depend_on(tmp_path: Path) -> None:
         ("services: [unclosed", "", "not valid YAML"),
         ("- a list\n", "", "must be a mapping"),
         ("version: '3'\n", "services", "at least one service"),
-        ("services:\n  main: {depends_on: []}\n", "services", "no service besides 'main'"),
+        (
+            "services:\n  main: {environment: [AWS_KEY]}\n",
+            "services.main.environment.AWS_KEY",
+            "the worker's own is never passed into a sandbox",
+        ),
+        ("services:\n  main: {image: x}\n", "services.main.image", "not supported"),
         ("services:\n  api: {image: a, ports: ['80:80']}\n", "services.api.ports", "not supported"),
         ("services:\n  api: {image: a, privileged: true}\n", "services.api.privileged", "not supported"),
         ("services:\n  api: {image: a, volumes: ['/:/host']}\n", "services.api.volumes", "not supported"),
@@ -129,7 +134,7 @@ def test_malformed_or_unsupported_compose_is_refused_naming_file_and_field(
 
 
 def test_engine_specs_share_one_namespace_with_the_names_mapped(tmp_path: Path) -> None:
-    task = load_task(task_with(tmp_path, GOOD, dotenv="GREETING=x\n"))
+    task = load_task(task_with(tmp_path, GOOD, dotenv="GREETING=x\nMODE=m\n"))
     assert task.compose is not None
     spec = SandboxSpec(trial_id="t1", task=task, dirs=TrialDirs(tmp_path / "t"), limits=Limits(memory_mb=300, pids=40))
     holder = holder_spec(spec, task.compose, "img", isolate_network=True)
@@ -141,3 +146,27 @@ def test_engine_specs_share_one_namespace_with_the_names_mapped(tmp_path: Path) 
     assert (api["mem_limit"], api["pids_limit"]) == ("300m", 40)
     assert api["healthcheck"]["interval"] == 500_000_000 and api["healthcheck"]["retries"] == 5
     assert api["labels"]["io.harnessrl.service"] == "api" and "privileged" not in api
+
+
+def test_main_may_be_built_by_the_compose_file_and_stand_alone(tmp_path: Path) -> None:
+    from services.sandbox.backends.docker_images import ImageStore, base_images, build_hash
+
+    compose = "services:\n  main:\n    build: {context: .., dockerfile: img/Main.df, args: {V: '${V:-2}'}}\n"
+    root = make_task(tmp_path, "m")
+    (root / "environment" / "Dockerfile").unlink()
+    (root / "img").mkdir()
+    (root / "img" / "Main.df").write_text("ARG BASE=debian:bookworm-slim\nFROM $BASE\nCOPY tests/ /t/\n")
+    (root / "environment" / "docker-compose.yaml").write_text(compose)
+    task = load_task(root)  # no environment/Dockerfile: the compose file builds main, as Harbor allows
+    assert task.compose is not None and task.compose.services == ()
+    store = ImageStore(None, build_network="host", pull=False, cache_dir=tmp_path, engine="e")
+    kwargs = store.build_kwargs(task, "tag")
+    assert (kwargs["path"], kwargs["dockerfile"], kwargs["buildargs"]) == (
+        str(root.resolve()),
+        "img/Main.df",
+        {"V": "2"},
+    )
+    assert base_images(task) == ["debian:bookworm-slim"]
+    before = build_hash(task)
+    (root / "img" / "extra.txt").write_text("changes the build context")
+    assert build_hash(load_task(root)) != before, "the main build's whole context keys the image"

@@ -161,7 +161,8 @@ class DockerBackend(Backend):
             host_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_chown_tree, dirs.agent_logs, 1000)
         # A compose task's services first, in the namespace the main container then joins.
-        group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if compose else None
+        up = compose is not None and bool(compose.services)
+        group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if up else None
         try:
             container = await self._create(spec, image, workdir, group)
         except BaseException:

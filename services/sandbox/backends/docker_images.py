@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import shlex
 import shutil
 import tarfile
@@ -102,7 +103,7 @@ class ImageStore:
             async with self._lock(f"image:{name}"):
                 image = await self._prebuilt(task, name)
         else:
-            environment_hash = await asyncio.to_thread(task.environment_hash)
+            environment_hash = await asyncio.to_thread(build_hash, task)
             async with self._lock(f"env:{environment_hash}"):
                 image = await self._built(task, environment_hash)
         inspect = await self._call(task, f"inspecting image {image}", self.client.api.inspect_image, image)
@@ -160,7 +161,7 @@ class ImageStore:
         whole build context on every trial: 60-80 ms for a small task, 4-6 s for a 50 MB,
         2,000-file context (measured here, 2026-12-04). Where the FROM lines cannot be read,
         the engine's cache decides: slower, never stale."""
-        if task.dockerfile is None:
+        if main_dockerfile(task) is None:
             raise EnvSetupError(f"task {task.task_id}: no environment/Dockerfile and no [environment] docker_image")
         bases = await asyncio.to_thread(base_images, task)
         if bases is None:
@@ -180,15 +181,20 @@ class ImageStore:
 
     def build_kwargs(self, task: Task, tag: str) -> dict[str, Any]:
         """``docker build``'s arguments. The build always has ``build_network``: Harbor's
-        network_mode / allow_internet govern the running phases, never the image build."""
-        return {
-            "path": str(task.environment_dir),
+        network_mode / allow_internet govern the running phases, never the image build.
+        A compose file's ``main`` build (context, dockerfile, args) replaces environment/."""
+        main = task.compose.main_build if task.compose else None
+        kwargs: dict[str, Any] = {
+            "path": str(main.context if main else task.environment_dir),
             "tag": tag,
             "rm": True,
             "forcerm": True,
             "pull": False,
             "network_mode": self.build_network,
         }
+        if main is not None:
+            kwargs |= {"dockerfile": main.dockerfile, "buildargs": dict(main.args)}
+        return kwargs
 
     def _build(self, task: Task, tag: str) -> Any:
         try:
@@ -294,14 +300,38 @@ def _closed_dirs(attrs: dict[str, Any]) -> list[str]:
     return [d for d in str(labels.get(LABEL_CLOSED, "")).split(",") if d]
 
 
+def main_dockerfile(task: Task) -> Path | None:
+    """The Dockerfile of the task's image: a compose file's ``main`` build, else environment/Dockerfile."""
+    main = task.compose.main_build if task.compose else None
+    return main.context / main.dockerfile if main else task.dockerfile
+
+
+def build_hash(task: Task) -> str:
+    """The task's environment hash, and where a compose file's ``main`` build names another
+    context, that context's files and the build's dockerfile and args too."""
+    main = task.compose.main_build if task.compose else None
+    if main is None or main.context == task.environment_dir:
+        return task.environment_hash() + (f"{main.dockerfile}{sorted(main.args.items())}" if main else "")
+    h = hashlib.sha256(task.environment_hash().encode())
+    h.update(f"{main.dockerfile}\0{sorted(main.args.items())}\0".encode())
+    for path in sorted(main.context.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            h.update(f"{path.relative_to(main.context).as_posix()} {path.stat().st_mode & 0o777:o}\n".encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+        elif path.is_symlink():
+            h.update(f"link {path.relative_to(main.context).as_posix()} {os.readlink(path)}\n".encode())
+    return h.hexdigest()
+
+
 def base_images(task: Task) -> list[str] | None:
     """The images the task's Dockerfile builds on, in order, once each: every FROM that is
     not an earlier stage (with the ARG defaults declared before the first FROM substituted,
     as Docker does; no build args are passed) and every ``COPY --from`` that names an
     image. ``scratch`` is no image. None where the Dockerfile cannot be read."""
-    assert task.dockerfile is not None
+    path = main_dockerfile(task)
+    assert path is not None
     try:
-        instructions = dockerfile.parse(task.dockerfile.read_text())
+        instructions = dockerfile.parse(path.read_text())
     except (dockerfile.DockerfileError, UnicodeDecodeError, OSError):
         return None
     global_args: dict[str, str] = {}
