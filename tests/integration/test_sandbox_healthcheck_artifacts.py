@@ -225,3 +225,28 @@ async def test_artifacts_are_collected_after_the_agent_as_harbor_collects_them(
         assert linky["status"] == "failed" and "copying it out failed" in linky["detail"], linky
         # /app/escape resolves in the container to its own /etc/passwd: the image's file, collected.
         assert manifest["/app/escape"]["status"] == "ok" and not (out / "app" / "escape").is_symlink()
+
+
+STEPS_EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "examples" / "steps"
+
+
+async def test_with_steps_the_healthcheck_runs_once_and_each_step_keeps_its_artifacts(
+    tmp_path: Path, kind: dict[str, object]
+) -> None:
+    """Harbor's multi-step trial: the top-level healthcheck once, when the environment starts;
+    the task's artifacts after each step's agent, kept per step (steps/NAME/artifacts)."""
+    task = Path(shutil.copytree(STEPS_EXAMPLE, tmp_path / "steps"))
+    toml = (task / "task.toml").read_text()
+    top = "artifacts = ['/app/greet.sh']\n"
+    hc = f"[environment.healthcheck]\ncommand = '{WARMUP}'\ninterval_sec = 0.1\n"
+    (task / "task.toml").write_text(top + toml.replace("\n[[steps]]\n", f"\n{hc}\n[[steps]]\n", 1))
+    outcome = await run(tmp_path, task, kind, "oracle")
+    assert (outcome.termination_reason, outcome.reward) == (R.COMPLETED, 1.0), (outcome.error, outcome.events)
+    (event,) = [e for e in outcome.events if e.startswith("healthcheck:")]  # once, at the start
+    assert event.startswith("healthcheck:passed after 3"), event
+    steps = Path(outcome.artifacts_dir) / "steps"
+    assert (steps / "greet" / "artifacts" / "app" / "greet.sh").read_text() == "#!/bin/bash\necho hello\n"
+    assert "${1:+ $1}" in (steps / "personalise" / "artifacts" / "app" / "greet.sh").read_text()
+    for name in ("greet", "personalise"):
+        (entry,) = json.loads((steps / name / "artifacts" / "manifest.json").read_text())
+        assert entry["status"] == "ok", entry
