@@ -46,7 +46,7 @@ class AppendSegmentResponse(_message.Message):
     def __init__(self, duplicate: _Optional[bool] = ..., segment_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalizeTrajectoryRequest(_message.Message):
-    __slots__ = ("run_id", "trial_id", "task_id", "group_id", "group_size", "step", "harness", "reward", "has_reward", "termination_reason", "timings", "verifier_summary", "harness_exit_code", "metadata", "rewards")
+    __slots__ = ("run_id", "trial_id", "task_id", "group_id", "group_size", "step", "harness", "reward", "has_reward", "termination_reason", "timings", "verifier_summary", "harness_exit_code", "metadata", "rewards", "task_steps")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class FinalizeTrajectoryRequest(_message.Message):
     HARNESS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_STEPS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trial_id: str
     task_id: str
@@ -91,7 +92,8 @@ class FinalizeTrajectoryRequest(_message.Message):
     harness_exit_code: int
     metadata: _containers.ScalarMap[str, str]
     rewards: _containers.ScalarMap[str, float]
-    def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., verifier_summary: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., rewards: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    task_steps: _containers.RepeatedCompositeFieldContainer[_records_pb2.TaskStepResult]
+    def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., verifier_summary: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., rewards: _Optional[_Mapping[str, float]] = ..., task_steps: _Optional[_Iterable[_Union[_records_pb2.TaskStepResult, _Mapping]]] = ...) -> None: ...
 
 class FinalizeTrajectoryResponse(_message.Message):
     __slots__ = ("group_ready", "duplicate")

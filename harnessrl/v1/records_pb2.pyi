@@ -135,7 +135,7 @@ class ThreadInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., trainable: _Optional[bool] = ..., num_segments: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("run_id", "trial_id", "task_id", "group_id", "group_size", "step", "harness", "segments", "threads", "reward", "has_reward", "termination_reason", "timings", "verifier_summary", "policy_versions_seen", "harness_exit_code", "finalized", "finalized_at", "metadata", "rewards")
+    __slots__ = ("run_id", "trial_id", "task_id", "group_id", "group_size", "step", "harness", "segments", "threads", "reward", "has_reward", "termination_reason", "timings", "verifier_summary", "policy_versions_seen", "harness_exit_code", "finalized", "finalized_at", "metadata", "rewards", "task_steps")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class Trajectory(_message.Message):
     FINALIZED_AT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_STEPS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trial_id: str
     task_id: str
@@ -190,4 +191,22 @@ class Trajectory(_message.Message):
     finalized_at: float
     metadata: _containers.ScalarMap[str, str]
     rewards: _containers.ScalarMap[str, float]
-    def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., threads: _Optional[_Iterable[_Union[ThreadInfo, _Mapping]]] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., termination_reason: _Optional[_Union[TerminationReason, str]] = ..., timings: _Optional[_Union[PhaseTimings, _Mapping]] = ..., verifier_summary: _Optional[str] = ..., policy_versions_seen: _Optional[_Iterable[int]] = ..., harness_exit_code: _Optional[int] = ..., finalized: _Optional[bool] = ..., finalized_at: _Optional[float] = ..., metadata: _Optional[_Mapping[str, str]] = ..., rewards: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    task_steps: _containers.RepeatedCompositeFieldContainer[TaskStepResult]
+    def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., step: _Optional[int] = ..., harness: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., threads: _Optional[_Iterable[_Union[ThreadInfo, _Mapping]]] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., termination_reason: _Optional[_Union[TerminationReason, str]] = ..., timings: _Optional[_Union[PhaseTimings, _Mapping]] = ..., verifier_summary: _Optional[str] = ..., policy_versions_seen: _Optional[_Iterable[int]] = ..., harness_exit_code: _Optional[int] = ..., finalized: _Optional[bool] = ..., finalized_at: _Optional[float] = ..., metadata: _Optional[_Mapping[str, str]] = ..., rewards: _Optional[_Mapping[str, float]] = ..., task_steps: _Optional[_Iterable[_Union[TaskStepResult, _Mapping]]] = ...) -> None: ...
+
+class TaskStepResult(_message.Message):
+    __slots__ = ("name", "rewards", "verified")
+    class RewardsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rewards: _containers.ScalarMap[str, float]
+    verified: bool
+    def __init__(self, name: _Optional[str] = ..., rewards: _Optional[_Mapping[str, float]] = ..., verified: _Optional[bool] = ...) -> None: ...

@@ -94,6 +94,7 @@ def trajectory_proto(
         msg.harness_exit_code = final.harness_exit_code
         msg.metadata.update(final.metadata)
         msg.rewards.update(final_rewards(final))
+        msg.task_steps.extend(final.task_steps)
     return msg
 
 

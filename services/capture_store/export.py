@@ -19,6 +19,11 @@ from harnessrl import arrays
 from harnessrl.v1 import records_pb2
 
 
+def task_steps(traj: records_pb2.Trajectory) -> list[dict[str, Any]]:
+    """A multi-step task's steps (``Trajectory.task_steps``) as plain data."""
+    return [{"name": s.name, "rewards": dict(s.rewards), "verified": s.verified} for s in traj.task_steps]
+
+
 def reason_name(value: int) -> str:
     """``TERMINATION_REASON_MAX_TURNS`` -> ``max_turns``."""
     return records_pb2.TerminationReason.Name(value).removeprefix("TERMINATION_REASON_").lower()
@@ -30,6 +35,8 @@ def segment_objects(traj: records_pb2.Trajectory, with_routes: bool = False) -> 
         "reward": traj.reward if traj.has_reward else None,
         # Every value the verifier wrote; "reward" above is the one the run trained on.
         "rewards": dict(traj.rewards),
+        # A multi-step task's steps, each with its own rewards ("rewards" combines them).
+        "task_steps": task_steps(traj),
         "termination_reason": reason_name(traj.termination_reason) if traj.finalized else None,
         "finalized": traj.finalized,
     }
@@ -76,6 +83,19 @@ PARQUET_SCHEMA = pa.schema(
         ("finalized_at", pa.float64()),
         ("reward", pa.float64()),  # null when the verifier gave none
         ("rewards", pa.map_(pa.string(), pa.float64())),  # every value the verifier wrote
+        # A multi-step task's steps, in order, each with its own rewards (empty: single-step).
+        (
+            "task_steps",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("name", pa.string()),
+                        ("rewards", pa.map_(pa.string(), pa.float64())),
+                        ("verified", pa.bool_()),
+                    ]
+                )
+            ),
+        ),
         ("termination_reason", pa.string()),
         ("harness_exit_code", pa.int32()),
         ("setup_s", pa.float64()),
@@ -109,6 +129,7 @@ def metadata_row(traj: records_pb2.Trajectory) -> dict[str, Any]:
         "finalized_at": traj.finalized_at if traj.finalized else None,
         "reward": traj.reward if traj.has_reward else None,
         "rewards": sorted(traj.rewards.items()),
+        "task_steps": [{**s, "rewards": sorted(s["rewards"].items())} for s in task_steps(traj)],
         "termination_reason": reason_name(traj.termination_reason) if traj.finalized else None,
         "harness_exit_code": traj.harness_exit_code,
         "setup_s": t.setup_s,

@@ -9,6 +9,7 @@ import hashlib
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ MAX_TEXT = 256
 MAX_SUMMARY = 16 * 1024
 MAX_METADATA = 64
 MAX_REWARDS = 64
+MAX_TASK_STEPS = 64
 MAX_GROUP_SIZE = 4096
 VALID_REASONS = set(records_pb2.TerminationReason.values()) - {records_pb2.TERMINATION_REASON_UNSPECIFIED}
 
@@ -148,11 +150,21 @@ def check_finalize(req: capture_pb2.FinalizeTrajectoryRequest) -> None:
     for k, v in req.metadata.items():
         check_text(k, "metadata key")
         check_text(v, f"metadata[{k!r}]", 4096)
-    if len(req.rewards) > MAX_REWARDS:
-        raise InvalidArgument(f"rewards has {len(req.rewards)} entries; the limit is {MAX_REWARDS}")
-    for k, v in req.rewards.items():
+    check_rewards(req.rewards, "rewards")
+    if len(req.task_steps) > MAX_TASK_STEPS:
+        raise InvalidArgument(f"task_steps has {len(req.task_steps)} entries; the limit is {MAX_TASK_STEPS}")
+    for i, step in enumerate(req.task_steps):
+        check_text(step.name, f"task_steps[{i}].name")
+        check_rewards(step.rewards, f"task_steps[{i}].rewards")
+
+
+def check_rewards(rewards: Mapping[str, float], field: str) -> None:
+    """A rewards map: bounded, named keys, finite values."""
+    if len(rewards) > MAX_REWARDS:
+        raise InvalidArgument(f"{field} has {len(rewards)} entries; the limit is {MAX_REWARDS}")
+    for k, v in rewards.items():
         if not k:
-            raise InvalidArgument("rewards has an empty key")
-        check_text(k, "rewards key")
+            raise InvalidArgument(f"{field} has an empty key")
+        check_text(k, f"{field} key")
         if not math.isfinite(v):
-            raise InvalidArgument(f"rewards[{k!r}] {v} is not finite")
+            raise InvalidArgument(f"{field}[{k!r}] {v} is not finite")

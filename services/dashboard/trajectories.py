@@ -61,6 +61,8 @@ def row(traj: records_pb2.Trajectory) -> dict[str, Any]:
         "harness": traj.harness,
         "reward": traj.reward if traj.has_reward else None,
         "rewards": dict(traj.rewards),
+        # A multi-step task's steps, each with its own rewards ("rewards" combines them).
+        "task_steps": [{"name": s.name, "rewards": dict(s.rewards), "verified": s.verified} for s in traj.task_steps],
         "termination_reason": reason,
         "infra": reason in INFRA_REASONS,
         "finalized": traj.finalized,

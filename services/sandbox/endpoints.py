@@ -23,8 +23,9 @@ from opentelemetry.context import Context
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError, Unavailable
 from harnessrl.rpc import connect
-from harnessrl.v1 import capture_pb2, capture_pb2_grpc
+from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.sandbox.lifecycle import REASON_TO_PROTO, PhaseTimings, TrialOutcome, TrialSpec
+from services.sandbox.task_steps import StepOutcome
 
 log = logging.getLogger(__name__)
 # A close whose connection broke under it is sent again (a fresh connection each time).
@@ -164,6 +165,9 @@ class CaptureFinalizer:
             reward=outcome.reward or 0.0,
             has_reward=outcome.reward is not None,
             rewards=outcome.rewards,
+            task_steps=[
+                records_pb2.TaskStepResult(name=s.name, rewards=s.rewards, verified=s.verified) for s in outcome.steps
+            ],
             termination_reason=REASON_TO_PROTO[outcome.termination_reason],
             timings=outcome.timings.to_proto(),
             verifier_summary=outcome.verifier_summary[-4000:],
@@ -196,6 +200,7 @@ class CaptureFinalizer:
             termination_reason=_REASON_FROM_PROTO[traj.termination_reason],
             reward=traj.reward if traj.has_reward else None,
             rewards=dict(traj.rewards),
+            steps=[StepOutcome(name=s.name, rewards=dict(s.rewards), verified=s.verified) for s in traj.task_steps],
             timings=PhaseTimings(**{f: getattr(traj.timings, f) for f in PhaseTimings.model_fields}),
             num_segments=len(traj.segments),
             harness_exit_code=traj.harness_exit_code,
