@@ -99,14 +99,14 @@ async def wait_until_healthy(backend: Backend, sandbox: Sandbox, task: Task) -> 
             continue
         failures += 1
         if failures >= hc.retries:
-            raise HealthcheckFailed(_failure(hc, result, attempts))
+            raise HealthcheckFailed(_failure(hc, result, failures, attempts))
         await asyncio.sleep(hc.interval_sec)
 
 
-def _failure(hc: Healthcheck, result: ExecResult, attempts: int) -> str:
+def _failure(hc: Healthcheck, result: ExecResult, failures: int, attempts: int) -> str:
     how = f"ran past timeout_sec = {hc.timeout_sec:g}" if result.timed_out else f"exited {result.exit_code}"
     tail = result.output.decode(errors="replace").strip()[-_OUTPUT_TAIL:] or "(no output)"
     return (
-        f"[environment.healthcheck] never passed: {hc.command!r} failed {hc.retries} consecutive time(s) "
+        f"[environment.healthcheck] never passed: {hc.command!r} failed {failures} consecutive time(s) "
         f"after the start period ({attempts} attempt(s) in all); the last {how}: {tail}"
     )

@@ -98,6 +98,14 @@ async def test_a_healthcheck_that_never_passes_fails_setup_by_name_and_no_agent_
     assert not (artifacts / "verifier.log").exists()
 
 
+async def test_an_attempt_past_timeout_sec_counts_as_a_failure(tmp_path: Path, kind: dict[str, object]) -> None:
+    hc = "command = 'echo started; sleep 30'\ntimeout_sec = 0.5\ninterval_sec = 0.1\nretries = 2\n"
+    outcome = await run(tmp_path, healthcheck_task(tmp_path / "tasks", "slow", hc), kind, "oracle")
+    assert outcome.termination_reason == R.ENV_SETUP_FAILED, outcome.error
+    assert "failed 2 consecutive time(s)" in outcome.error and "(2 attempt(s) in all)" in outcome.error
+    assert "the last ran past timeout_sec = 0.5: started" in outcome.error
+
+
 SERVICE_DOCKERFILE = """\
 FROM python:3.11-slim
 WORKDIR /app
