@@ -17,15 +17,17 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store.export import PARQUET_SCHEMA, metadata_row, segment_objects
+from services.gateway.engines.scripted import read_generation_log
 from services.sandbox.endpoints import CaptureFinalizer
 from services.sandbox.factory import build_worker
 from services.sandbox.lifecycle import TerminationReason, TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard
-from tests.sandbox_support import settings_for, wait_for_state
+from tests.sandbox_support import model_stack, settings_for, wait_for_state
 
 if TYPE_CHECKING:
     from services.capture_store.server import CaptureServer
@@ -115,3 +117,66 @@ async def test_a_malformed_step_result_is_refused_by_name(capture: CaptureServer
             await store.FinalizeTrajectory(req, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "task_steps[0].rewards['reward'] nan is not finite" in (info.value.details() or "")
+
+
+# Each step's agent asks the model once with its own instruction, through the trial's proxy.
+ASK = """set -e
+python3 - <<'PY'
+import json, os, urllib.request
+
+base, key, model = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["HARNESSRL_MODEL"]
+body = {"model": model, "messages": [{"role": "user", "content": os.environ["HARNESSRL_INSTRUCTION"]}]}
+headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+request = urllib.request.Request(f"{base}/chat/completions", data=json.dumps(body).encode(), headers=headers)
+answer = json.load(urllib.request.urlopen(request, timeout=60))["choices"][0]["message"]["content"]
+step = "two" if os.path.exists("/app/greet.sh") else "one"
+open(f"/logs/agent/answer-{step}.txt", "w").write(answer)
+PY
+if [ -e /app/greet.sh ]; then printf '#!/bin/bash\\necho "hello${1:+ $1}"\\n' > /app/greet.sh
+else printf '#!/bin/bash\\necho hello\\n' > /app/greet.sh; fi
+"""
+
+
+@pytest.mark.skipif(not (default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
+async def test_every_steps_model_calls_are_one_trajectory(tmp_path: Path) -> None:
+    from services.proxy.chat.tokenizer import Tokenizer
+    from services.sandbox.backends.local import LocalBackend
+    from services.sandbox.endpoints import ProxyAdmin
+    from services.sandbox.runner import TrialRunner
+
+    turns = [{"content": "On it."}]  # a fresh conversation's first turn, in each step
+    async with model_stack(tmp_path / "stack", {"main": turns, "*": turns}) as stack:
+        settings = stack.sandbox_settings(tmp_path)
+        finalizer = CaptureFinalizer(settings.capture_target or "", None)
+        runner = TrialRunner(
+            settings, LocalBackend(settings), ProxyAdmin(stack.proxy.url, stack.admin_token), finalizer
+        )
+        spec = TrialSpec(
+            trial_id="steps-model",
+            run_id=RUN,
+            task_path=str(EXAMPLE),
+            group_id="g",
+            harness="shell",
+            harness_options={"script": ASK},
+            model=default_model_dir().name,
+        )
+        outcome = await runner.run(spec)
+        assert (outcome.termination_reason, outcome.reward) == (TerminationReason.COMPLETED, 1.0), outcome.error
+        await runner.finalize(spec, outcome)
+        await finalizer.aclose()
+        # The proxy stayed open for the second step: each step's agent got its answer.
+        agent = Path(outcome.artifacts_dir) / "steps" / "personalise" / "agent"
+        assert [(agent / f"answer-{n}.txt").read_text() for n in ("one", "two")] == ["On it."] * 2
+        async with connect(f"127.0.0.1:{stack.capture.port}") as channel:
+            store = capture_pb2_grpc.CaptureStoreStub(channel)
+            req = capture_pb2.GetTrajectoryRequest(run_id=RUN, trial_id=spec.trial_id, include_tokens=True)
+            traj: records_pb2.Trajectory = await store.GetTrajectory(req, timeout=10)
+        assert traj.finalized and sum(s.num_turns for s in traj.segments) == 2
+        assert [s.name for s in traj.task_steps] == ["greet", "personalise"]
+        tokenizer = Tokenizer(default_model_dir())
+        prompts = [
+            tokenizer.decode(r["prompt_ids"], skip_special_tokens=False)
+            for r in read_generation_log(stack.engine_log)
+            if r["trial_id"] == spec.trial_id
+        ]
+        assert len(prompts) == 2 and "Write an executable script" in prompts[0] and "Extend" in prompts[1]
