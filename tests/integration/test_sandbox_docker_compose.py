@@ -69,7 +69,7 @@ services:
     depends_on: [kv]
     working_dir: /srv
     entrypoint: ["python3", "-m", "http.server", "--bind", "127.0.0.1"]
-    command: ["6000"]
+    command: ["${STATIC_PORT:-6000}"]
 """
 MAIN_DOCKERFILE = "FROM python:3.11-slim\nARG GREETING\nWORKDIR /app\nCOPY seed.txt .\nRUN echo $GREETING > greeting\n"
 PUT = "import os, urllib.request as u; u.urlopen(u.Request(os.environ['KV_URL'], b'solved', method='PUT'))"
@@ -81,17 +81,18 @@ else echo 0 > /logs/verifier/reward.txt; fi
 """
 
 
-def compose_task(root: Path, compose: str = COMPOSE) -> Path:
+def compose_task(root: Path, compose: str = COMPOSE, *, toml: str | None = None, test_sh: str = TEST_SH) -> Path:
     task = make_task(
         root,
         "kv",
+        toml=toml,
         context={
             "app/Dockerfile": MAIN_DOCKERFILE,
             "app/seed.txt": "seed\n",
             "kv/Dockerfile": "FROM python:3.11-slim\nCOPY server.py /srv/server.py\n",
             "kv/server.py": SERVER,
         },
-        test_sh=TEST_SH,
+        test_sh=test_sh,
         solve_sh=f'#!/bin/bash\npython3 -c "{PUT}"\n',
     )
     (task / "environment" / "Dockerfile").unlink()  # main's image is the compose file's build
@@ -233,3 +234,47 @@ async def test_the_local_backend_refuses_a_compose_task_naming_the_file(tmp_path
     local = LocalBackend(settings_for(tmp_path))
     with pytest.raises(EnvSetupError, match=r"environment/docker-compose.yaml: the local backend runs one sandbox"):
         await start(local, compose_task(tmp_path / "tasks"), "local")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_public_verifier_gets_its_network_and_the_services_by_name(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """Harbor's verifier has the task's network and the compose network at once: here its
+    container is on verify_network (the host's, the tests' stand-in internet) and the worker
+    relays each service port into it, the names mapped to its loopback."""
+    internet = socket.create_server(("127.0.0.1", 0))
+    internet.listen()
+    kv_port, static_port = free_port(), free_port()
+    toml = (
+        'schema_version = "1.4"\n[task]\nname = "test/{name}"\n[verifier]\ntimeout_sec = 60\n'
+        f'[environment]\nenv = {{{{ KV_PORT = "{kv_port}", STATIC_PORT = "{static_port}" }}}}\n'
+    )
+    get = f"import urllib.request as u; print(u.urlopen('http://kv:{kv_port}/').read().decode())"
+    probe = f"import socket; print(socket.create_connection(('127.0.0.1', {internet.getsockname()[1]}), 2) and 'net')"
+    test_sh = f"""#!/bin/bash
+{{ python3 -c "{get}"; python3 -c "{probe}"; }} > /logs/verifier/seen.txt 2>&1
+seen=$(tr '\\n' ' ' < /logs/verifier/seen.txt)
+if [ "$seen" = "solved net " ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+    task = compose_task(tmp_path / "tasks", toml=toml, test_sh=test_sh)
+    solve = f"import urllib.request as u; u.urlopen(u.Request('http://kv:{kv_port}/', b'solved', method='PUT'))"
+    (task / "solution" / "solve.sh").write_text(f'#!/bin/bash\npython3 -c "{solve}"\n')
+    docker = DockerBackendSettings(host=docker_engine.host, verify_network="host")
+    backend = DockerBackend(settings_for(tmp_path, backend="docker", docker=docker))
+    try:
+        oracle = await TrialRunner(backend.settings, backend).run(
+            TrialSpec(trial_id="cp-public", task_path=str(task), harness="oracle")
+        )
+    finally:
+        internet.close()
+    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.error
+    assert trial_containers(backend, "cp-public") == []
+    for port in (kv_port, static_port):  # the relays closed with the trial
+        with socket.socket() as again:
+            assert again.connect_ex(("127.0.0.1", port)) != 0

@@ -266,12 +266,15 @@ class DockerBackend(Backend):
         handle.verify_image = image.id
         await self._api(handle.container.remove, force=True, v=True)
         network_mode = self.verify_network if network == Network.PUBLIC else "none"
-        if handle.services is not None:
-            # The services' namespace: they stay reachable by name (as Harbor), the public network is not.
-            network_mode = handle.services.network_mode
+        group = handle.services
+        if group is not None and network_mode == "none":
+            network_mode = group.network_mode  # the services' namespace: reachable by name, as Harbor
         kwargs = verify_container_spec(
             spec, image.id, str(sandbox.paths.workdir), network_mode=network_mode, disk_quota=self.disk_quota
         )
+        relay = group is not None and network_mode != group.network_mode
+        if relay:  # a public verifier: its network, and the services by name through the worker's relays
+            kwargs["extra_hosts"] = group.hosts
         if not self.disk_quota:
             kwargs.pop("storage_opt", None)
         try:
@@ -281,6 +284,8 @@ class DockerBackend(Backend):
         handle.container, handle.events = container, None
         await self._api(container.start)
         await self._api(container.reload)
+        if relay and group is not None:
+            await self.compose.relay_into(group, container)
 
     async def next_step(self, sandbox: Sandbox) -> None:
         """A new agent container from the last verifier's filesystem (``docker_steps``)."""

@@ -30,6 +30,7 @@ from typing import Any
 from docker.errors import APIError, BuildError, NotFound
 from requests.exceptions import RequestException
 
+from services.sandbox.backends import docker_service_relay as service_relay
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.docker_exec import worker_identity
 from services.sandbox.backends.docker_specs import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER
@@ -49,7 +50,9 @@ class ServiceGroup:
     """A trial's holder and sidecars, in start order (removed in reverse)."""
 
     holder: Any
+    hosts: dict[str, str] = field(default_factory=dict)  # every service name -> 127.0.0.1
     sidecars: dict[str, Any] = field(default_factory=dict)
+    relays: list[asyncio.Server] = field(default_factory=list)  # a public verifier's (docker_service_relay)
 
     @property
     def network_mode(self) -> str:
@@ -143,9 +146,10 @@ class ComposeRunner:
         holder = await self._call(
             self.client.containers.create, **holder_spec(spec, compose, holder_image, isolate_network=isolate_network)
         )
-        group = ServiceGroup(holder)
+        group = ServiceGroup(holder, hosts=dict.fromkeys(compose.names, "127.0.0.1"))
         try:
             await self._call(holder.start)
+            await self._call(holder.reload)
             deadline = time.monotonic() + READY_TIMEOUT_S
             for service in compose.services:
                 await self.wait(group, service.depends_on, service.name, deadline)
@@ -166,6 +170,7 @@ class ComposeRunner:
 
     async def down(self, group: ServiceGroup) -> list[str]:
         """Removes every container of the group; returns what could not be removed."""
+        await service_relay.close(group.relays)
         failed = []
         for container in group.containers():
             try:
@@ -175,6 +180,12 @@ class ComposeRunner:
             except (APIError, RequestException) as e:
                 failed.append(f"{container.id[:12]}: {e}")
         return failed
+
+    async def relay_into(self, group: ServiceGroup, container: Any) -> None:
+        """The services' TCP ports, relayed into ``container``'s own network namespace."""
+        await service_relay.close(group.relays)
+        holder_pid, pid = int(group.holder.attrs["State"]["Pid"]), int(container.attrs["State"]["Pid"])
+        group.relays = await service_relay.relay_services(holder_pid, pid)
 
     # -- images ------------------------------------------------------------------------
     async def image_for(self, spec: SandboxSpec, service: Service) -> str:
