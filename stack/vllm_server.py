@@ -4,6 +4,7 @@ bench needs, started with the flags the gateway's vLLM engine requires."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,4 +66,8 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        # What is left of its group (an engine core whose API server died first): the group
+        # id stays the server's PID while any member lives, so no other process is hit.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
