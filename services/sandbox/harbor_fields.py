@@ -105,15 +105,15 @@ FIELDS: dict[str, Rule] = {
         "[[steps]] run in order in one sandbox, as Harbor's: each step's agent phase gets steps/NAME/instruction.md "
         "(the harness starts again; the workspace, its HOME and the proxy trial carry over: one trajectory), then "
         "its verify phase runs test.sh from tests/ overlaid with steps/NAME/tests/, with every defence of a "
-        "single verify; the oracle runs steps/NAME/solution/solve.sh, else solution/. Timeouts: steps.agent "
-        "timeout_sec, else [agent]'s; steps.verifier timeout_sec, 600 s when unset as in Harbor (never "
-        "[verifier]'s); verifier env: [verifier] env, then the step's. The steps after one whose verifier gave "
-        "no result or whose min_reward (a number: 'reward'; a table: each key; missing: -inf) is not met are "
-        "skipped, as in Harbor. Differs: a step's failed verifier is the trial's verifier_error (Harbor averages "
-        "the steps before it); /logs/agent is not emptied between steps; docker's next step runs in a new agent "
-        "container from the last verifier's filesystem (without /tests, /logs/verifier). Refused: per-step "
-        "agent.user, verifier user, network, environment, collect, healthcheck, artifacts, steps/NAME/workdir/; "
-        "the kubernetes backend",
+        "single verify; the oracle runs steps/NAME/solution/solve.sh, else solution/; /tests, /logs/verifier and "
+        "/logs/agent are emptied before the next step (each step's logs are kept under steps/NAME/). Timeouts: "
+        "steps.agent timeout_sec, else [agent]'s; steps.verifier timeout_sec, 600 s when unset as in Harbor "
+        "(never [verifier]'s); verifier env: [verifier] env, then the step's. The steps after one whose verifier "
+        "gave no result or whose min_reward (a number: 'reward'; a table: each key; missing: -inf) is not met "
+        "are skipped, as in Harbor. Differs: a step's failed verifier is the trial's verifier_error (Harbor "
+        "averages the steps before it); docker's next step runs in a new agent container made from the last "
+        "verifier's filesystem. Refused: per-step agent.user, verifier user, network, environment, collect, "
+        "healthcheck, artifacts, steps/NAME/workdir/; the kubernetes backend",
         task_steps.refusal,  # the step fields that cannot run, by name
     ),
     "multi_step_reward_strategy": Rule(

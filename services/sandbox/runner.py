@@ -22,8 +22,8 @@ reason, its type and message in the outcome's error; teardown still runs and the
 crashing its worker into a retry. Which reason, per boundary:
 
 setup     load, start, snapshot_pristine, (red-team) uploads  -> env_setup_failed
-agent     harness uploads, the agent's exec                   -> env_setup_failed: the
-          policy never got a fair run, so nothing afterwards is a reward
+agent     (a later step's) next_step, harness uploads, the agent's exec -> env_setup_failed:
+          the policy never got a fair run, so nothing afterwards is a reward
           the proxy's close                                   -> engine_error (segments
           may not be durable)
           downloading the agent's logs, collect_logs          -> an event only: logs are

@@ -25,11 +25,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "exampl
 R = TerminationReason
 
 # The agent of every step reports what it sees: its instruction, the verify phase's files
-# (never: the last step's tests and reward), then does the step as its solution would.
+# and the last agent's logs (never: Harbor empties them), then does the step as its solution would.
 PROBE = """echo "instruction: $HARNESSRL_INSTRUCTION" | head -1
-for p in /tests /logs/verifier/reward.txt /logs/verifier/reward.json /solution; do
+for p in /tests /logs/verifier/reward.txt /logs/verifier/reward.json /solution /logs/agent/earlier; do
   if [ -e "$p" ]; then echo "visible: $p"; fi
 done
+touch /logs/agent/earlier
 echo "uid: $(id -u)"
 if [ -e /app/greet.sh ]; then
   printf '#!/bin/bash\\necho "hello${1:+ $1}"\\n' > /app/greet.sh

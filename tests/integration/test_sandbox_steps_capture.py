@@ -164,9 +164,12 @@ async def test_every_steps_model_calls_are_one_trajectory(tmp_path: Path) -> Non
         assert (outcome.termination_reason, outcome.reward) == (TerminationReason.COMPLETED, 1.0), outcome.error
         await runner.finalize(spec, outcome)
         await finalizer.aclose()
-        # The proxy stayed open for the second step: each step's agent got its answer.
-        agent = Path(outcome.artifacts_dir) / "steps" / "personalise" / "agent"
-        assert [(agent / f"answer-{n}.txt").read_text() for n in ("one", "two")] == ["On it."] * 2
+        # The proxy stayed open for the second step: each step's agent got its answer. Each
+        # step's /logs/agent is its own (emptied before the next step, as Harbor empties it).
+        steps = Path(outcome.artifacts_dir) / "steps"
+        assert [p.name for p in (steps / "greet" / "agent").iterdir()] == ["answer-one.txt"]
+        assert [p.name for p in (steps / "personalise" / "agent").iterdir()] == ["answer-two.txt"]
+        assert (steps / "personalise" / "agent" / "answer-two.txt").read_text() == "On it."
         async with connect(f"127.0.0.1:{stack.capture.port}") as channel:
             store = capture_pb2_grpc.CaptureStoreStub(channel)
             req = capture_pb2.GetTrajectoryRequest(run_id=RUN, trial_id=spec.trial_id, include_tokens=True)

@@ -204,7 +204,8 @@ class Backend(abc.ABC):
     async def next_step(self, sandbox: Sandbox) -> None:
         """Between the steps of a multi-step task, before the next agent phase: the sandbox as
         the last verify left it (Harbor's shared verifier), but for the verify phase's own
-        (its tests, reward files and logs: Harbor empties /tests and /logs/verifier), with
+        (its tests, reward files and logs: Harbor empties /tests and /logs/verifier) and the
+        last agent's logs (Harbor empties /logs/agent; the runner kept them per step), with
         everything the agent phase had (user, network, mounts). Only where ``runs_steps``."""
         raise NotImplementedError(f"the {self.name} backend does not run multi-step tasks")
 
@@ -220,6 +221,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def stop(self, sandbox: Sandbox) -> None:
         """Kills whatever is left and releases every resource. Idempotent."""
+
+
+def empty_dir(path: Path) -> None:
+    """Removes what ``path`` holds, keeping the directory itself (its owner, its mode: a mount
+    point stays one): /logs/agent between the steps of a multi-step task, as Harbor empties it."""
+    import shutil
+
+    for child in path.iterdir() if path.is_dir() else ():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def restore_workspace(sandbox: Sandbox, current: Path, pristine: Path, policy: IntegrityPolicy) -> list[str]:

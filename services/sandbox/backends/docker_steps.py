@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from docker.errors import APIError
 from requests.exceptions import RequestException
 
+from services.sandbox.backends.base import empty_dir
 from services.sandbox.backends.docker_exec import ContainerExec, worker_identity
 from services.sandbox.backends.docker_specs import (
     LABEL_MANAGED,
@@ -43,6 +44,7 @@ async def next_agent_container(backend: DockerBackend, sandbox: Sandbox) -> None
     handle, spec = sandbox.handle, sandbox.spec
     assert isinstance(handle, ContainerExec)
     await handle.root(VERIFY_LEFTOVERS)
+    await asyncio.to_thread(empty_dir, spec.dirs.agent_logs)  # bind-mounted /logs/agent, as Harbor empties it
     if not backend.integrity.kill_agent_processes:
         return  # red-team only: the verifier ran in the agent's own container, which goes on
     labels = {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id, LABEL_WORKER: worker_identity(), LABEL_VERIFY: "true"}

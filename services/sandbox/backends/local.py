@@ -40,6 +40,7 @@ from services.sandbox.backends.base import (
     Phase,
     Sandbox,
     SandboxSpec,
+    empty_dir,
     restore_workspace,
 )
 from services.sandbox.backends.cgroups import CgroupSupport, PhaseCgroup
@@ -252,10 +253,10 @@ class LocalBackend(Backend):
 
     async def next_step(self, sandbox: Sandbox) -> None:
         """The workspace and the agent's HOME carry over as they are; each verify exec mounts
-        its own /tests (hidden from the agent); /logs/verifier is emptied (no stale reward)."""
-        verifier_logs = sandbox.spec.dirs.verifier_logs
-        await asyncio.to_thread(shutil.rmtree, verifier_logs, True)
-        verifier_logs.mkdir(parents=True)
+        its own /tests (hidden from the agent); /logs/verifier (no stale reward) and
+        /logs/agent are emptied."""
+        for logs in (sandbox.spec.dirs.verifier_logs, sandbox.spec.dirs.agent_logs):
+            await asyncio.to_thread(empty_dir, logs)
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
         dirs, handle = sandbox.spec.dirs, _handle(sandbox)
