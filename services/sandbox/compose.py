@@ -37,14 +37,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from services.sandbox import compose_env
 from services.sandbox.errors import TaskError
 
 COMPOSE_FILE = "environment/docker-compose.yaml"
 MAIN = "main"
 CONDITIONS = ("service_started", "service_healthy", "service_completed_successfully")
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
-_VAR_RE = re.compile(r"\$(?:(\$)|\{([^}]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-_BRACED_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])(.*))?$", re.S)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _TOP_KEYS = {"services", "version", "name"}
@@ -136,30 +135,12 @@ def load_compose(task_root: Path, task_env: dict[str, str] | None = None) -> Com
 class _Reader:
     def __init__(self, task_root: Path, path: Path, task_env: dict[str, str]) -> None:
         self.root, self.path, self.task_env = task_root, path, task_env
-        self.variables = {**self._dotenv(), **task_env, "CONTEXT_DIR": str(path.parent.resolve())}
+        dotenv = compose_env.read_dotenv(path.parent / ".env", task_root)
+        self.variables = {**dotenv, **task_env, "CONTEXT_DIR": str(path.parent.resolve())}
 
     def fail(self, field: str, why: str) -> TaskError:
         where = f"{COMPOSE_FILE}: {field}: " if field else f"{COMPOSE_FILE}: "
         return TaskError(str(self.root), where + why)
-
-    def _dotenv(self) -> dict[str, str]:
-        """``.env`` beside the compose file, as ``docker compose`` reads it (KEY=VALUE lines)."""
-        dotenv = self.path.parent / ".env"
-        if not dotenv.is_file():
-            return {}
-        out: dict[str, str] = {}
-        for n, line in enumerate(dotenv.read_text().splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.removeprefix("export ").partition("=")
-            if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key.strip()):
-                raise TaskError(str(self.root), f"environment/.env: line {n}: not KEY=VALUE: {line!r}")
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
-            out[key.strip()] = value
-        return out
 
     # -- reading -------------------------------------------------------------------------
     def read(self) -> ComposeSpec:
@@ -365,46 +346,8 @@ class _Reader:
             out[str(name)] = condition
         return out
 
-    # -- interpolation ---------------------------------------------------------------------
     def interpolate(self, value: Any, field: str) -> Any:
-        if isinstance(value, str):
-            return _VAR_RE.sub(lambda m: self._substitute(m, field), value)
-        if isinstance(value, dict):
-            return {k: self.interpolate(v, f"{field}.{k}" if field else str(k)) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.interpolate(v, field) for v in value]
-        return value
-
-    def _substitute(self, match: re.Match[str], field: str) -> str:
-        if match.group(1):
-            return "$"
-        name = match.group(3)
-        if name is not None:
-            return self._variable(name, field)
-        braced = _BRACED_RE.match(match.group(2))
-        if braced is None:
-            raise self.fail(field, f"invalid interpolation {match.group(0)!r}")
-        name, op, arg = braced.group(1), braced.group(2), braced.group(3) or ""
-        value = self.variables.get(name)
-        empty = value is None or (op is not None and op.startswith(":") and value == "")
-        if op in ("-", ":-"):
-            return arg if empty else str(value)
-        if op in ("+", ":+"):
-            return "" if empty else arg
-        if op in ("?", ":?"):
-            if empty:
-                raise self.fail(field, f"variable {name} is required: {arg or 'unset'}")
-            return str(value)
-        return self._variable(name, field)
-
-    def _variable(self, name: str, field: str) -> str:
-        if name not in self.variables:
-            raise self.fail(
-                field,
-                f"variable {name} is set neither in environment/.env nor in [environment] env, and has no "
-                "default (the worker's own environment is not read); give it a default: ${" + name + ":-value}",
-            )
-        return self.variables[name]
+        return compose_env.interpolate(value, field, self.variables, self.fail)
 
 
 def _start_order(services: dict[str, Service], reader: _Reader) -> list[str]:

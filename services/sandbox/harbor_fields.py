@@ -167,7 +167,10 @@ FIELDS: dict[str, Rule] = {
         Status.REFUSED, "a separate verifier environment is not supported yet: the verifier runs in the agent's sandbox"
     ),
     "verifier.collect": Rule(
-        Status.REFUSED, "[[verifier.collect]] hooks run in compose services, which are not supported yet"
+        Status.REFUSED,
+        "[[verifier.collect]] hooks (commands run in compose services to snapshot their state into artifacts for "
+        "a separate verifier) are not supported: the verifier runs in the trial's sandbox, where the compose "
+        "services stay reachable by name; query them from tests/test.sh",
     ),
     # -- [agent] ------------------------------------------------------------------------------
     "agent.timeout_sec": Rule(Status.SUPPORTED, "a trial's agent_timeout overrides it; unset: default_agent_timeout_s"),

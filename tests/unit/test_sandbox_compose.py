@@ -170,3 +170,11 @@ def test_main_may_be_built_by_the_compose_file_and_stand_alone(tmp_path: Path) -
     before = build_hash(task)
     (root / "img" / "extra.txt").write_text("changes the build context")
     assert build_hash(load_task(root)) != before, "the main build's whole context keys the image"
+
+
+def test_dotenv_and_interpolation_forms(tmp_path: Path) -> None:
+    compose = "services:\n  a:\n    image: 'x${TAG:+-$TAG}${EMPTY:-:d}${EMPTY-:e}'\n"
+    spec = load_compose(task_with(tmp_path / "ok", compose, dotenv="export TAG=1\nEMPTY=\n"))
+    assert spec is not None and spec.services[0].image == "x-1:d"
+    with pytest.raises(TaskError, match=r"environment/.env: line 2: not KEY=VALUE: 'oops'"):
+        load_compose(task_with(tmp_path / "bad", compose, dotenv="TAG=1\noops\n"))
