@@ -63,10 +63,36 @@ _SIDECAR_KEYS = {
 }
 _BUILD_KEYS = {"context", "dockerfile", "args"}
 _HEALTH_KEYS = {"test", "interval", "timeout", "retries", "start_period", "disable"}
-_WHY_REFUSED = (
-    "not supported: every service shares the main container's network namespace (no bridge, no published "
-    "port, no host mount, no extra privilege); supported keys: "
+# Keys refused for what the sandbox is: one network namespace, no bridge, no host mount, no privilege.
+_ISOLATION = {
+    "ports",
+    "networks",
+    "network_mode",
+    "volumes",
+    "volumes_from",
+    "privileged",
+    "cap_add",
+    "devices",
+    "hostname",
+    "container_name",
+    "extra_hosts",
+    "dns",
+    "pid",
+    "ipc",
+    "userns_mode",
+    "security_opt",
+    "configs",
+    "secrets",
+}
+_WHY_ISOLATION = (
+    "every service shares the main container's network namespace, with no bridge, no published port, no "
+    "host mount and no extra privilege"
 )
+
+
+def _why_refused(key: str, allowed: set[str]) -> str:
+    why = f" ({_WHY_ISOLATION})" if key in _ISOLATION else ""
+    return f"not supported{why}; supported keys: {', '.join(sorted(allowed))}"
 
 
 class Healthcheck(BaseModel):
@@ -155,7 +181,7 @@ class _Reader:
         data = self.interpolate(data, "")
         extra = sorted(k for k in data if k not in _TOP_KEYS and not str(k).startswith("x-"))
         if extra:
-            raise self.fail(str(extra[0]), _WHY_REFUSED + ", ".join(sorted(_TOP_KEYS)))
+            raise self.fail(str(extra[0]), _why_refused(str(extra[0]), _TOP_KEYS))
         services = data.get("services")
         if not isinstance(services, dict) or not services:
             raise self.fail("services", "must be a mapping of at least one service")
@@ -189,7 +215,7 @@ class _Reader:
     def _check_keys(self, field: str, body: dict[str, Any], allowed: set[str]) -> None:
         for key in body:
             if key not in allowed and not str(key).startswith("x-"):
-                raise self.fail(f"{field}.{key}", _WHY_REFUSED + ", ".join(sorted(allowed)))
+                raise self.fail(f"{field}.{key}", _why_refused(str(key), allowed))
 
     def service(self, name: str, body: dict[str, Any]) -> Service:
         field = f"services.{name}"
@@ -340,6 +366,11 @@ class _Reader:
             raise self.fail(field, "must be a list of services or a mapping of service to condition")
         out: dict[str, str] = {}
         for name, spec in value.items():
+            if isinstance(spec, dict):
+                # restart (restart when the dependency restarts): nothing restarts during a trial.
+                self._check_keys(f"{field}.{name}", spec, {"condition", "required", "restart"})
+                if spec.get("required", True) is not True:
+                    raise self.fail(f"{field}.{name}.required", "an optional dependency is not supported")
             condition = (spec or {}).get("condition", "service_started") if isinstance(spec, dict) else None
             if condition not in CONDITIONS:
                 raise self.fail(f"{field}.{name}.condition", f"must be one of {list(CONDITIONS)}, got {condition!r}")

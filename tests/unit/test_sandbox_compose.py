@@ -98,7 +98,7 @@ def test_services_start_after_what_they_depend_on(tmp_path: Path) -> None:
             "the worker's own is never passed into a sandbox",
         ),
         ("services:\n  main: {image: x}\n", "services.main.image", "not supported"),
-        ("services:\n  api: {image: a, ports: ['80:80']}\n", "services.api.ports", "not supported"),
+        ("services:\n  api: {image: a, ports: ['80:80']}\n", "services.api.ports", "no published port"),
         ("services:\n  api: {image: a, privileged: true}\n", "services.api.privileged", "not supported"),
         ("services:\n  api: {image: a, volumes: ['/:/host']}\n", "services.api.volumes", "not supported"),
         ("services:\n  main: {networks: [n]}\n  api: {image: a}\n", "services.main.networks", "not supported"),
@@ -116,6 +116,16 @@ def test_services_start_after_what_they_depend_on(tmp_path: Path) -> None:
         ("services:\n  api: {image: '${NOPE}'}\n", "services.api.image", "variable NOPE is set neither"),
         ("services:\n  api: {image: '${NOPE:?give it}'}\n", "services.api.image", "NOPE is required: give it"),
         ("services:\n  api: {image: a, healthcheck: {test: x, interval: soon}}\n", "interval", "not a duration"),
+        (
+            "services:\n  api: {image: a, depends_on: {b: {required: false}}}\n  b: {image: b}\n",
+            "services.api.depends_on.b.required",
+            "an optional dependency is not supported",
+        ),
+        (
+            "services:\n  api: {image: a, depends_on: {b: {condtion: x}}}\n  b: {image: b}\n",
+            "services.api.depends_on.b.condtion",
+            "not supported",
+        ),
         (
             "services:\n  api: {image: a, depends_on: {b: {condition: up}}}\n  b: {image: b}\n",
             "services.api.depends_on.b.condition",
