@@ -11,12 +11,11 @@ from typing import Any
 
 from pydantic import Field, StrictBool
 
-from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
+from services.proxy.chat.conversation import Conversation, Message, ToolCall
 from services.proxy.chat.toolchoice import ToolChoice, refuse_structured_output
 from services.proxy.errors import BadRequest
 from services.proxy.protocol import Loose, text_of
-
-CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+from services.proxy.responses.tools import ResponsesTool, ToolNames, flat_name, offered
 
 
 class Item(Loose):
@@ -26,17 +25,11 @@ class Item(Loose):
     id: str | None = None
     call_id: str | None = None
     name: str | None = None
+    namespace: str | None = None  # a call of a namespace's tool (``tools.py``)
     arguments: str | None = None
     input: str | None = None
     output: str | list[dict[str, Any]] | None = None
     summary: list[dict[str, Any]] | None = None
-
-
-class ResponsesTool(Loose):
-    type: str
-    name: str | None = None
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
 
 
 class ResponsesRequest(Loose):
@@ -57,7 +50,7 @@ class ResponsesRequest(Loose):
     text: dict[str, Any] | None = None  # ``format`` checked by ``tool_choice``; ``verbosity`` is ignored
 
 
-_HOSTED = "the proxy serves function and custom tools only"
+_HOSTED = "the proxy serves function and custom tools only (also those inside namespace tools)"
 
 
 def tool_choice(req: ResponsesRequest) -> ToolChoice:
@@ -75,7 +68,13 @@ def tool_choice(req: ResponsesRequest) -> ToolChoice:
             name = value.get("name")
             if not isinstance(name, str) or not name:
                 raise BadRequest(f"tool_choice of type {kind!r} needs a non-empty 'name'", param="tool_choice.name")
-            return ToolChoice("tool", name, parallel)
+            # A namespace's tool: by its flat name, or by name and ``namespace`` (as a call item names it).
+            space = value.get("namespace")
+            if space is not None and (not isinstance(space, str) or not space):
+                raise BadRequest(
+                    f"tool_choice 'namespace' must be a non-empty string, got {space!r}", param="tool_choice.namespace"
+                )
+            return ToolChoice("tool", flat_name(space, name) if space else name, parallel)
         if kind == "allowed_tools":
             raise BadRequest(
                 "tool_choice 'allowed_tools' is not supported: send only the allowed tools in 'tools'",
@@ -126,7 +125,8 @@ class _Builder:
             t["ref"] = t["ref"] or _ref(item.id)
         elif kind in ("function_call", "custom_tool_call"):
             args = item.arguments if kind == "function_call" else json.dumps({"input": item.input or ""})
-            self.assistant()["calls"].append(ToolCall(item.call_id or "", item.name or "", args or ""))
+            name = flat_name(item.namespace, item.name or "") if item.namespace else item.name or ""
+            self.assistant()["calls"].append(ToolCall(item.call_id or "", name, args or ""))
         elif kind in ("function_call_output", "custom_tool_call_output"):
             self.flush()
             self.messages.append(Message("tool", text_of(item.output), tool_call_id=item.call_id or ""))
@@ -142,8 +142,8 @@ def input_items(req: ResponsesRequest) -> list[Item]:
     return [Item(type="message", role="user", content=req.input)] if isinstance(req.input, str) else req.input
 
 
-def to_conversation(req: ResponsesRequest, earlier: Sequence[Item] = ()) -> tuple[Conversation, set[str]]:
-    """The conversation, and the names of custom (free-form input) tools.
+def to_conversation(req: ResponsesRequest, earlier: Sequence[Item] = ()) -> tuple[Conversation, ToolNames]:
+    """The conversation, and how calls of its tools map back to items (``tools.py``).
     ``earlier``: the items of the chain ``previous_response_id`` names, oldest first."""
     items = [*earlier, *input_items(req)]
     builder = _Builder()
@@ -155,11 +155,5 @@ def to_conversation(req: ResponsesRequest, earlier: Sequence[Item] = ()) -> tupl
     for item in items[lead:]:
         builder.add(item)
     builder.flush()
-    tools, custom = [], set()
-    for t in req.tools or ():
-        if t.type == "function" and t.name:
-            tools.append(Tool(t.name, t.description or "", t.parameters or {}))
-        elif t.type == "custom" and t.name:
-            tools.append(Tool(t.name, t.description or "", CUSTOM_INPUT_SCHEMA))
-            custom.add(t.name)
-    return Conversation("\n\n".join(system), tuple(builder.messages), tuple(tools), protocol="responses"), custom
+    tools, names = offered(req.tools or ())
+    return Conversation("\n\n".join(system), tuple(builder.messages), tools, protocol="responses"), names

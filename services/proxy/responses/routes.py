@@ -21,6 +21,7 @@ from services.proxy.openai.logprobs import TokenLogprobs, responses_request
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.responses.models import Item, ResponsesRequest, input_items, to_conversation, tool_choice
 from services.proxy.responses.store import ResponseStore
+from services.proxy.responses.tools import ToolNames, note_dropped
 from services.proxy.trials import ProxyCore, Trial
 from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
 
@@ -32,18 +33,18 @@ async def responses(trial_id: str, request: Request) -> Response:
     trial = authenticate(request, trial_id)
     body = await parse_request(request, ResponsesRequest, "responses")
     earlier = trial.responses.chain(body.previous_response_id) if body.previous_response_id else []
-    call, custom, lp = await begin(core_of(request), trial, body, earlier, whole=not body.stream)
+    call, names, lp = await begin(core_of(request), trial, body, earlier, whole=not body.stream)
 
     def store(done: Done) -> None:
         if body.store:
-            keep(trial.responses, body, done, custom)
+            keep(trial.responses, body, done, names)
 
     if body.stream:
-        stream = EventStream(call, body.model, custom, lp, store, echo(body))
+        stream = EventStream(call, body.model, names, lp, store, echo(body))
         return StreamingResponse(stream.events(), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
-            items = _items(event, custom, lp.take() if lp else None)
+            items = _items(event, names, lp.take() if lp else None)
             obj = {**response_object(call.turn_id, body.model, "completed", items, event), **echo(body)}
             store(event)
             return FastJSON(obj)
@@ -63,12 +64,13 @@ async def delete_response(trial_id: str, response_id: str, request: Request) -> 
 
 async def begin(
     core: ProxyCore, trial: Trial, body: ResponsesRequest, earlier: Sequence[Item], *, whole: bool = False
-) -> tuple[ModelCall, set[str], TokenLogprobs | None]:
+) -> tuple[ModelCall, ToolNames, TokenLogprobs | None]:
     """Starts one turn (HTTP and WebSocket alike): ``earlier``, the items of the chain
     ``previous_response_id`` named, then the request's own input. ``whole``: the client
     takes the response only at its end (HTTP without ``stream``; a WebSocket streams)."""
     core.check_model(trial, body.model)
-    conv, custom = to_conversation(body, earlier)
+    conv, names = to_conversation(body, earlier)
+    note_dropped(trial, names.dropped)
     top = responses_request(body.include, body.top_logprobs)
     choice = forcing(tool_choice(body), core.model, conv.tools)
     params = CallParams(
@@ -76,7 +78,7 @@ async def begin(
     )
     call = ModelCall(core, trial, conv, params)
     await call.start()
-    return call, custom, TokenLogprobs(call, top) if top is not None else None
+    return call, names, TokenLogprobs(call, top) if top is not None else None
 
 
 def echo(body: ResponsesRequest) -> dict[str, Any]:
@@ -89,24 +91,28 @@ def echo(body: ResponsesRequest) -> dict[str, Any]:
     }
 
 
-def keep(store: ResponseStore, body: ResponsesRequest, done: Done, custom: set[str]) -> None:
+def keep(store: ResponseStore, body: ResponsesRequest, done: Done, names: ToolNames) -> None:
     """Keeps a finished response for ``previous_response_id``: the input its request
     added and its output items as a harness would echo them."""
-    output = _items(done, custom, None)
+    output = _items(done, names, None)
     obj = {**response_object(done.turn_id, body.model, "completed", output, done), **echo(body)}
     echoed = [Item.model_validate(o) for o in output]
     store.put(obj["id"], body.previous_response_id or None, input_items(body), echoed, obj)
 
 
-def _call_item(c: ToolCallOut, custom: set[str], status: str = "completed") -> dict[str, Any]:
-    if c.name in custom:
+def _call_item(c: ToolCallOut, names: ToolNames, status: str = "completed") -> dict[str, Any]:
+    """A call's output item: a namespace's tool by its own name and ``namespace`` (``tools.py``)."""
+    name, namespace = names.wire(c.name)
+    spaced = {"namespace": namespace} if namespace else {}
+    if c.name in names.custom:
         value = json.loads(c.arguments).get("input", c.arguments)
         text = value if isinstance(value, str) else json.dumps(value)
         return {
             "type": "custom_tool_call",
             "id": f"ctc_{c.id}",
             "call_id": c.id,
-            "name": c.name,
+            "name": name,
+            **spaced,
             "input": text,
             "status": status,
         }
@@ -114,7 +120,8 @@ def _call_item(c: ToolCallOut, custom: set[str], status: str = "completed") -> d
         "type": "function_call",
         "id": f"fc_{c.id}",
         "call_id": c.id,
-        "name": c.name,
+        "name": name,
+        **spaced,
         "arguments": c.arguments,
         "status": status,
     }
@@ -136,11 +143,11 @@ def _message_item(
     return {"type": "message", "id": f"msg_{turn}", "status": status, "role": "assistant", "content": content}
 
 
-def _items(done: Done, custom: set[str], logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def _items(done: Done, names: ToolNames, logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     items = [_reasoning_item(done.turn_id, done.reasoning)] if done.reasoning else []
     if done.content:  # the turn's logprobs ride on its text; a turn of tool calls only has none
         items.append(_message_item(done.turn_id, done.content, logprobs=logprobs))
-    return items + [_call_item(c, custom) for c in done.calls]
+    return items + [_call_item(c, names) for c in done.calls]
 
 
 def response_object(
@@ -178,13 +185,13 @@ class EventStream:
         self,
         call: ModelCall,
         model: str,
-        custom: set[str],
+        names: ToolNames,
         lp: TokenLogprobs | None,
         on_done: Callable[[Done], None] | None = None,
         echo: dict[str, Any] | None = None,
         encode: Callable[[dict[str, Any], str], bytes] = sse,
     ) -> None:
-        self.call, self.model, self.custom, self.lp = call, model, custom, lp
+        self.call, self.model, self.names, self.lp = call, model, names, lp
         self.encode = encode  # one event as sent: an SSE frame, or a WebSocket message's JSON
         self.on_done = on_done  # called once the turn is committed, before response.completed
         self.echo = echo or {}  # request fields every response object repeats
@@ -254,12 +261,12 @@ class EventStream:
         if event.kind == "call":
             out = self._close()
             self.open, self.buffer, self.tool = "call", "", (event.id, event.text)
-            if event.text not in self.custom:
+            if event.text not in self.names.custom:
                 c = ToolCallOut(event.id, event.text, "")
-                out.append(self._added(_call_item(c, self.custom, "in_progress")))
+                out.append(self._added(_call_item(c, self.names, "in_progress")))
             return out
         self.buffer += event.text
-        if self.tool[1] in self.custom:
+        if self.tool[1] in self.names.custom:
             return []
         item_id, idx = f"fc_{self.tool[0]}", len(self.output)
         return [self.ev("response.function_call_arguments.delta", item_id=item_id, output_index=idx, delta=event.text)]
@@ -271,9 +278,9 @@ class EventStream:
             confirmed = [x for x in done.calls if x.id == call_id]
             whole, c = bool(confirmed), confirmed[0] if confirmed else c
         self.open, self.buffer = None, ""
-        if name in self.custom:
+        if name in self.names.custom:
             return self._call(c) if whole else []
-        idx, item = len(self.output), _call_item(c, self.custom, "completed" if whole else "incomplete")
+        idx, item = len(self.output), _call_item(c, self.names, "completed" if whole else "incomplete")
         args = {"item_id": item["id"], "output_index": idx, "arguments": c.arguments}
         out = [self.ev("response.function_call_arguments.done", **args)]
         out.append(self.ev("response.output_item.done", output_index=idx, item=item))
@@ -373,10 +380,10 @@ class EventStream:
     def _call(self, c: ToolCallOut) -> list[bytes]:
         """A whole call's events (a custom tool's: its input is sent once known)."""
         idx = len(self.output)
-        item = _call_item(c, self.custom)
+        item = _call_item(c, self.names)
         out = [
             self._added(
-                {**_call_item(c, self.custom, "in_progress"), "arguments": ""}
+                {**_call_item(c, self.names, "in_progress"), "arguments": ""}
                 if item["type"] == "function_call"
                 else {**item, "input": "", "status": "in_progress"}
             )

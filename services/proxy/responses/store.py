@@ -68,6 +68,7 @@ class ResponseStore:
         self.closed = False
         self.chained = 0  # requests whose previous_response_id this store resolved (a trial's: any transport)
         self.ws_connections = 0  # WebSocket connections of the trial (``ws.py``)
+        self.dropped_tools: dict[str, int] = {}  # hosted tool type: requests it was dropped from (``tools.py``)
 
     def __len__(self) -> int:
         return len(self._items)

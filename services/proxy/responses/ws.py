@@ -160,12 +160,12 @@ class Connection:
         if not generate:
             await self.warm_up(body)
             return
-        call, custom, lp = await begin(self.core, self.trial, body, earlier)
+        call, names, lp = await begin(self.core, self.trial, body, earlier)
 
         def store(done: Done) -> None:
-            keep(self.trial.responses if body.store else self.cache, body, done, custom)
+            keep(self.trial.responses if body.store else self.cache, body, done, names)
 
-        stream = EventStream(call, body.model, custom, lp, store, echo(body), encode=_encode)
+        stream = EventStream(call, body.model, names, lp, store, echo(body), encode=_encode)
         async with aclosing(stream.events()) as events:  # a client that leaves aborts the turn
             async for event in events:
                 await self.send(event)

@@ -128,7 +128,7 @@ def test_responses_items_form_assistant_turns() -> None:
         }
     )
     conv, custom = responses_conv(req)
-    assert conv.system == "I\n\nD" and custom == {"apply_patch"}
+    assert conv.system == "I\n\nD" and custom.custom == {"apply_patch"}
     assert [t.name for t in conv.tools] == ["exec", "apply_patch"]
     assert conv.messages == (
         Message("user", "go"),
