@@ -22,7 +22,7 @@ from tests.integration.proxy.stack import MODEL, Stack, check_faithful, script
 from tests.integration.proxy.test_proxy_responses_ws import dial, sse_call, ws_call
 from tests.unit.proxy.test_proxy_responses_namespace import CODEX_TOOLS
 
-MAIN = [
+MAIN: list[dict[str, Any]] = [
     {"content": "Asking the notes server.", "tool_calls": [{"name": "mcp__notes__secret_word", "arguments": {}}]},
     {"content": "The word is PAPAYA-42."},
 ]
