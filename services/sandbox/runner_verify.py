@@ -15,7 +15,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from services.sandbox import integrity, runner_guard
+from services.sandbox import integrity, runner_guard, verifier_policy
 from services.sandbox.backends.base import Backend, ExecRequest, ExecResult, Network, Phase, SandboxSpec
 from services.sandbox.errors import SandboxLost, VerifierError
 from services.sandbox.runner_trial import Trial, phase_env
@@ -47,8 +47,9 @@ async def verify(
     policy = settings.integrity
     # Harbor's identity and network for the verifier, never the agent's (which kept uid
     # 1000 and the proxy alone); the backend readies its sandbox for them first.
-    network = Network.PUBLIC if t.verifier.public else Network.NONE
-    t.tamper += await backend.prepare_verify(sandbox, t.verifier.user, network)
+    run = verifier_policy.for_step(t.verifier, step.config.verifier.user if step else None)
+    network = Network.PUBLIC if run.public else Network.NONE
+    t.tamper += await backend.prepare_verify(sandbox, run.user, network)
     if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
         t.tamper += await backend.restore_protected(sandbox)
     tests = t.task.tests_dir if step is None else await asyncio.to_thread(_step_tests, sandbox.spec, step)
@@ -63,7 +64,7 @@ async def verify(
         env=runner_guard.verifier_env(env) if policy.harden_verifier_env else env,
         timeout_s=t.spec.verifier_timeout_s or timeout or settings.default_verifier_timeout_s,
         network=network,
-        user=t.verifier.user,
+        user=run.user,
     )
     result = await run_exec(backend, t, request, cancel)
     if result is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +39,6 @@ _VERIFIER_KEYS |= {"collect"}
 # A step's fields that cannot run here yet, and why (a set value is refused by name).
 REFUSED: dict[str, str] = {
     "agent.user": "every agent phase runs as the sandbox user 'agent' (uid 1000); remove it",
-    "verifier.user": "a per-step verifier user is not supported yet; set [verifier] user for every step",
     "verifier.network_mode": "a per-step verifier network is not supported yet; set [verifier] network_mode",
     "verifier.allowed_hosts": "a per-step verifier network is not supported yet (allowlist is refused anyway)",
     "verifier.environment_mode": "only the shared verifier is supported: the step verifies in the trial's sandbox",
@@ -232,7 +232,7 @@ def min_reward_failure(rewards: dict[str, float] | None, min_reward: float | dic
     return None
 
 
-def combine(strategy: Literal["mean", "final"] | None, results: list[dict[str, float] | None]) -> dict[str, float]:
+def combine(strategy: Literal["mean", "final"] | None, results: Sequence[dict[str, float] | None]) -> dict[str, float]:
     """The trial's rewards from those of the steps that ran (in order; None: no result).
     ``final``: the last step's; ``mean`` (unset too): per key over the steps with a result,
     a missing key counting 0. {} when nothing is left (no reward)."""

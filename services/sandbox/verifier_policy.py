@@ -193,12 +193,17 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst, follow_symlinks=False)
 
 
-def check_local_user(task: Task, run: VerifierRun) -> None:
+def check_local_user(task: Task, run: VerifierRun, field: str = "[verifier] user") -> None:
     """The local backend has two identities: root (uid 0 in its user namespace) and the
-    sandbox user (uid 1000). Any other ``[verifier] user`` is refused by name."""
+    sandbox user (uid 1000). Any other ``[verifier] user`` (or a step's) is refused by name."""
     if run.user in (IMAGE_USER, "root", "0", "0:0", "1000", "1000:1000", "agent"):
         return
     raise EnvSetupError(
-        f"task {task.task_id}: [verifier] user = {run.user!r} is not supported by the local backend (it has root "
+        f"task {task.task_id}: {field} = {run.user!r} is not supported by the local backend (it has root "
         "and uid 1000 only); use the docker backend"
     )
+
+
+def for_step(run: VerifierRun, step_user: str | int | None) -> VerifierRun:
+    """A step's verifier ([[steps]]): its own ``verifier.user`` when set, as Harbor; the task's network."""
+    return run if step_user is None else VerifierRun(user=str(step_user), public=run.public)

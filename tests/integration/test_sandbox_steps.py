@@ -169,3 +169,26 @@ async def test_a_backend_without_steps_refuses_the_task_by_name_before_it_starts
     assert outcome.termination_reason == R.ENV_SETUP_FAILED and outcome.steps == []
     assert "[[steps]] (a multi-step task) does not run on the local backend" in outcome.error
     assert TrialState.AGENT not in states
+
+
+WHO = """#!/bin/bash
+source /tests/lib.sh
+ok=0; [ "$(greeting)" = hello ] && ok=1
+echo "{\\"reward\\": $ok, \\"uid\\": $(id -u)}" > /logs/verifier/reward.json
+"""
+
+
+async def test_a_steps_verifier_user_is_its_own_as_in_harbor(tmp_path: Path, kind: dict[str, object]) -> None:
+    own = ('env = { GREETING_NAME = "Ada" }', 'env = { GREETING_NAME = "Ada" }\nuser = "1000"')
+    files = {"steps/greet/tests/test.sh": WHO, "steps/personalise/tests/test.sh": WHO}
+    outcome, _ = await run(tmp_path, variant(tmp_path, own, files), kind, "oracle")
+    assert outcome.termination_reason == R.COMPLETED, (outcome.error, outcome.verifier_summary)
+    # 'greet' verifies as [verifier] user (unset: the image's USER, root); 'personalise' as its own.
+    assert step_rewards(outcome) == {"greet": {"reward": 1.0, "uid": 0.0}, "personalise": {"reward": 1.0, "uid": 1000}}
+
+
+async def test_a_step_verifier_user_local_cannot_be_fails_setup_by_name(tmp_path: Path) -> None:
+    task = variant(tmp_path, ('env = { GREETING_NAME = "Ada" }', 'env = { GREETING_NAME = "Ada" }\nuser = "app"'))
+    outcome, _ = await run(tmp_path, task, {"backend": "local"}, "oracle")
+    assert outcome.termination_reason == R.ENV_SETUP_FAILED and outcome.steps == []
+    assert "steps[1].verifier.user = 'app' is not supported by the local backend" in outcome.error

@@ -109,7 +109,11 @@ class LocalBackend(Backend):
                 f"task {spec.task.task_id}: environment/docker-compose.yaml: the local backend runs one sandbox and "
                 "no services (sidecars); run the task on the docker or kubernetes backend"
             )
-        verifier_policy.check_local_user(spec.task, verifier_policy.resolve(spec.task))
+        run = verifier_policy.resolve(spec.task)
+        verifier_policy.check_local_user(spec.task, run)
+        for i, step in enumerate(spec.task.steps):
+            step_run = verifier_policy.for_step(run, step.config.verifier.user)
+            verifier_policy.check_local_user(spec.task, step_run, f"steps[{i}].verifier.user")
         layer = await self.layers.get(spec.task, squash_git=self.integrity.squash_git_history)
         dirs = spec.dirs.create()
         owner = _own(dirs.root / OWNER_FILE)
