@@ -101,6 +101,10 @@ def _ubuntu(suite: str, names: tuple[str, ...], hooks: tuple[str, ...] = ()) -> 
         suite=suite,
         names=names,
         variant="minbase",
+        # minbase is Essential and Priority: required only; Ubuntu's apt is 'important' (Debian's
+        # is 'required'), so it is named, with Ubuntu's keyring: the official image has both,
+        # and Harbor's verifiers begin with apt-get update && apt-get install.
+        packages=("apt", "ubuntu-keyring"),
         sources=tuple(f"deb {UBUNTU_ARCHIVE} {p} main" for p in pockets),
         ubuntu_keyring=True,
         hooks=(f"printf '%s\\n' '{final}' > \"$1/etc/apt/sources.list\"", *hooks),

@@ -44,6 +44,8 @@ else echo 0 > /logs/verifier/reward.txt; fi
 NOBLE_DOCKERFILE = """\
 FROM ubuntu:24.04
 RUN grep -qx 'VERSION_CODENAME=noble' /etc/os-release && grep -q universe /etc/apt/sources.list && id -u ubuntu
+# What a Harbor verifier does first: apt from Ubuntu's archive, verified by the image's own keyring.
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends hello && hello
 WORKDIR /app
 """
 
@@ -110,10 +112,11 @@ def test_base_images_cli_imports_a_chosen_name_and_refuses_an_unknown_one(
     assert any(line in done.stdout for line in ("ubuntu:22.04: imported", "ubuntu:22.04: present"))
     client = docker.DockerClient(base_url=docker_engine.host)
     try:
-        release = client.containers.run("ubuntu:22.04", ["cat", "/etc/os-release"], network_mode="none", remove=True)
+        probe = "cat /etc/os-release && apt-get --version && test -s /usr/share/keyrings/ubuntu-archive-keyring.gpg"
+        release = client.containers.run("ubuntu:22.04", ["sh", "-c", probe], network_mode="none", remove=True)
     finally:
         client.close()
-    assert b"VERSION_CODENAME=jammy" in release
+    assert b"VERSION_CODENAME=jammy" in release and b"apt " in release, "Ubuntu's images have apt and its keyring"
     bad = run_cli("sandbox", "base-images", "--build-only", "--image", "ubuntu:99.04")
     assert bad.returncode == 2 and "--image" in bad.stderr and "ubuntu:99.04" in bad.stderr
     assert "ubuntu:24.04" in bad.stderr, "the error lists the known names"
