@@ -4,9 +4,10 @@ a sandbox: the image holds the skills (``COPY skills /skills``) and a tiny MCP s
 sidecar reached by its service name); the scripted policy calls the server's tool and opens
 the skill. What the harness sent the proxy (the engine's log of the rendered prompts) proves
 it read our config: it offers the MCP tool, lists the skill, and the tool's answer (only the
-server knows it) and the skill's body come back. Codex takes skills only (its MCP tools are
-Responses 'namespace' tools, refused); mini-swe-agent gets the servers in its instruction and
-refuses skills, as in Harbor."""
+server knows it) and the skill's body come back. Codex offers its MCP tools as a Responses
+'namespace' tool (the proxy offers them to the model as mcp__NAME__TOOL and answers a call as
+(namespace, name)), and its sub-agent tools likewise (multi_agent_v1); mini-swe-agent gets the
+servers in its instruction and refuses skills, as in Harbor."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ CASES: dict[str, tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = {
         {},
     ),
     "codex": (
-        None,  # Codex's MCP tools are Responses 'namespace' tools: refused (npm_harnesses.CODEX_MCP_REFUSAL)
+        "mcp__notes__secret_word",  # Responses namespace mcp__notes, tool secret_word (proxy/responses/tools.py)
         [
+            _call("mcp__notes__secret_word"),
             _call("exec_command", cmd=f"cat /home/agent/.agents/skills/{SKILL}/SKILL.md"),
             _call("exec_command", cmd="echo hello > hello.txt"),
             {"content": "Created hello.txt."},
@@ -173,6 +175,8 @@ async def test_the_harness_offers_and_uses_the_tasks_skill_and_mcp_tool(
     if tool_name is not None:
         assert tool_name in first, f"the MCP tool was not offered: {log}"
         assert WORD in last, "the MCP tool's answer (from the server in the sandbox) never came back"
+    if harness == "codex":  # its sub-agent tools, on by default in 0.171 (feature multi_agent): offered too
+        assert '"name": "multi_agent_v1__spawn_agent"' in first, "Codex's spawn_agent was not offered"
     assert "SKILL-BODY-7731" in last, "the skill's body was never loaded"
     assert outcome.reward == 1.0, log
 

@@ -68,10 +68,19 @@ def test_codex(tmp_path: Path) -> None:
     assert "mcp_servers" not in tomllib.loads((tmp_path / "home" / ".codex" / "config.toml").read_text())
 
 
-@pytest.mark.parametrize("servers", [STDIO, HTTP, SSE])
-def test_codex_refuses_mcp_servers_by_name(tmp_path: Path, servers: str) -> None:
-    with pytest.raises(EnvSetupError, match=r"'codex' cannot take task\.toml environment\.mcp_servers: .*'namespace'"):
-        get_harness("codex").prepare(_ctx(tmp_path, servers))
+def test_codex_mcp_servers(tmp_path: Path) -> None:
+    get_harness("codex").prepare(_ctx(tmp_path, STDIO + HTTP))
+    config = tomllib.loads((tmp_path / "home" / ".codex" / "config.toml").read_text())
+    assert config["mcp_servers"] == {
+        "notes": {"command": "python3", "args": ["/opt/s.py"]},
+        "api": {"url": "http://localhost:9/mcp", "http_headers": {"X-Mode": "fast"}},
+    }
+    assert config["model_providers"]["harnessrl"]["wire_api"] == "responses"  # the tables follow, not nest
+
+
+def test_codex_refuses_an_sse_mcp_server_by_name(tmp_path: Path) -> None:
+    with pytest.raises(EnvSetupError, match=r"'codex' cannot reach MCP server 'feed' .*transport 'sse'"):
+        get_harness("codex").prepare(_ctx(tmp_path, STDIO + SSE))
 
 
 def test_opencode(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from harnessrl import paths
+from services.sandbox.errors import EnvSetupError
 from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 
@@ -141,13 +142,39 @@ class OpenCode(_NpmHarness):
         return [".local/share/opencode"]
 
 
-# Seen with codex-cli 0.171: Codex starts the servers of [mcp_servers.NAME] but offers their
-# tools as a Responses 'namespace' tool ({"type": "namespace", "name": "mcp__NAME", "tools": [...]})
-# and accepts a call only as (namespace, name); the proxy renders function and custom tools only.
-CODEX_MCP_REFUSAL = (
-    "Codex offers MCP tools as Responses 'namespace' tools, which the proxy does not render or answer yet "
-    "(function and custom tools only): its model would never see them"
-)
+# Seen with codex-cli 0.171: Codex starts the servers of [mcp_servers.NAME] and offers their
+# tools as a Responses 'namespace' tool ({"type": "namespace", "name": "mcp__NAME", "tools": [...]}),
+# which the proxy offers to the model as mcp__NAME__TOOL and answers as (namespace, name)
+# (services/proxy/responses/tools.py). Its MCP client speaks stdio and streamable HTTP, not sse.
+CODEX_MCP_SSE_REFUSAL = "Codex's MCP client speaks stdio and streamable HTTP only"
+
+
+def _toml_str(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in escaped) + '"'
+
+
+def codex_mcp_toml(ctx: AgentContext) -> list[str]:
+    """Codex's ``[mcp_servers.NAME]`` tables of config.toml (stdio: command/args; HTTP: url/http_headers);
+    an sse server is refused by name."""
+    lines: list[str] = []
+    for s in extras.mcp_servers(ctx):
+        if s.transport == "sse":
+            raise EnvSetupError(
+                f"harness 'codex' cannot reach MCP server {s.name!r} (task.toml environment.mcp_servers "
+                f"transport 'sse'): {CODEX_MCP_SSE_REFUSAL}"
+            )
+        lines.append(f"[mcp_servers.{_toml_str(s.name)}]")
+        if s.transport == "stdio":
+            lines.append(f"command = {_toml_str(s.command or '')}")
+            lines.append("args = [" + ", ".join(_toml_str(a) for a in s.args) + "]")
+        else:
+            lines.append(f"url = {_toml_str(s.url or '')}")
+            if s.headers:
+                pairs = ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in s.headers.items())
+                lines.append(f"http_headers = {{ {pairs} }}")
+        lines.append("")
+    return lines
 
 
 class Codex(_NpmHarness):
@@ -157,7 +184,7 @@ class Codex(_NpmHarness):
     binary = "codex"
 
     def prepare(self, ctx: AgentContext) -> AgentCommand:
-        extras.refuse(self.name, ctx, mcp=CODEX_MCP_REFUSAL)
+        mcp = codex_mcp_toml(ctx)
         codex_home = ctx.home / ".codex"
         config = "\n".join(
             [
@@ -176,6 +203,7 @@ class Codex(_NpmHarness):
                 'wire_api = "responses"',
                 'env_key = "HARNESSRL_API_KEY"',
                 "",
+                *mcp,
             ]
         )
         write_text(codex_home / "config.toml", config)
