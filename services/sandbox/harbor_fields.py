@@ -108,13 +108,13 @@ FIELDS: dict[str, Rule] = {
         "single verify; the oracle runs steps/NAME/solution/solve.sh, else solution/; /tests, /logs/verifier and "
         "/logs/agent are emptied before the next step (each step's logs are kept under steps/NAME/). Timeouts: "
         "steps.agent timeout_sec, else [agent]'s; steps.verifier timeout_sec, 600 s when unset as in Harbor "
-        "(never [verifier]'s); verifier env: [verifier] env, then the step's; steps.verifier user, else [verifier]'s. "
-        "The steps after one whose verifier "
-        "gave no result or whose min_reward (a number: 'reward'; a table: each key; missing: -inf) is not met "
-        "are skipped, as in Harbor. Differs: a step's failed verifier is the trial's verifier_error (Harbor "
-        "averages the steps before it); docker's next step runs in a new agent container made from the last "
-        "verifier's filesystem. Refused: per-step agent.user, verifier network, environment, collect, "
-        "healthcheck, artifacts, steps/NAME/workdir/; the kubernetes backend",
+        "(never [verifier]'s); verifier env: [verifier] env, then the step's; steps.verifier user and "
+        "network_mode, else [verifier]'s. The steps after one whose verifier gave no result or whose min_reward "
+        "(a number: 'reward'; a table: each key; missing: -inf) is not met are skipped, as in Harbor. Differs: a "
+        "step's failed verifier is the trial's verifier_error (Harbor averages the steps before it); docker's "
+        "next step runs in a new agent container made from the last verifier's filesystem. Refused: per-step "
+        "agent.user, verifier allowlist, environment, collect, healthcheck, artifacts, steps/NAME/workdir/; the "
+        "kubernetes backend",
         task_steps.refusal,  # the step fields that cannot run, by name
     ),
     "multi_step_reward_strategy": Rule(

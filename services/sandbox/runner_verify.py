@@ -47,7 +47,9 @@ async def verify(
     policy = settings.integrity
     # Harbor's identity and network for the verifier, never the agent's (which kept uid
     # 1000 and the proxy alone); the backend readies its sandbox for them first.
-    run = verifier_policy.for_step(t.verifier, step.config.verifier.user if step else None)
+    # A step's own verifier user and network where it sets them, as Harbor.
+    own = step.config.verifier if step else None
+    run = verifier_policy.for_step(t.verifier, own.user, own.network_mode) if own else t.verifier
     network = Network.PUBLIC if run.public else Network.NONE
     t.tamper += await backend.prepare_verify(sandbox, run.user, network)
     if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:

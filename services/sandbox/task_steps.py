@@ -39,8 +39,7 @@ _VERIFIER_KEYS |= {"collect"}
 # A step's fields that cannot run here yet, and why (a set value is refused by name).
 REFUSED: dict[str, str] = {
     "agent.user": "every agent phase runs as the sandbox user 'agent' (uid 1000); remove it",
-    "verifier.network_mode": "a per-step verifier network is not supported yet; set [verifier] network_mode",
-    "verifier.allowed_hosts": "a per-step verifier network is not supported yet (allowlist is refused anyway)",
+    "verifier.allowed_hosts": "only with network_mode = 'allowlist', which no backend here enforces (no egress proxy)",
     "verifier.environment_mode": "only the shared verifier is supported: the step verifies in the trial's sandbox",
     "verifier.environment": "a separate verifier environment is not supported yet",
     "verifier.collect": "[[verifier.collect]] hooks run in compose services, which steps do not support yet",
@@ -66,7 +65,8 @@ class StepVerifier(_Table):
     timeout_sec: float = Field(default=600.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
     user: str | int | None = None
-    network_mode: str | None = None
+    # Over [verifier] network_mode (then [environment]'s), as Harbor; 'allowlist' is refused.
+    network_mode: Literal["no-network", "public", "allowlist"] | None = None
     allowed_hosts: list[str] | None = None
     environment_mode: str | None = None
     environment: dict[str, Any] | None = None
@@ -173,6 +173,12 @@ def refusal(steps: Any) -> str | None:
             holder = step.get(table) if table else step
             if isinstance(holder, dict) and holder.get(key) not in (None, "", [], {}):
                 lines.append(f"steps[{i}].{dotted}: {why}")
+        verifier = step.get("verifier")
+        if isinstance(verifier, dict) and verifier.get("network_mode") == "allowlist":
+            lines.append(
+                f"steps[{i}].verifier.network_mode: 'allowlist' is not supported: no backend here has an egress "
+                "proxy to enforce allowed_hosts; use 'public' or 'no-network'"
+            )
     return "; ".join(lines) or None
 
 

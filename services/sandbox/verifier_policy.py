@@ -204,6 +204,9 @@ def check_local_user(task: Task, run: VerifierRun, field: str = "[verifier] user
     )
 
 
-def for_step(run: VerifierRun, step_user: str | int | None) -> VerifierRun:
-    """A step's verifier ([[steps]]): its own ``verifier.user`` when set, as Harbor; the task's network."""
-    return run if step_user is None else VerifierRun(user=str(step_user), public=run.public)
+def for_step(run: VerifierRun, step_user: str | int | None, step_network: str | None = None) -> VerifierRun:
+    """A step's verifier ([[steps]]): its own ``verifier.user`` and ``network_mode`` where set, else the
+    task's (``run``), as Harbor (an 'allowlist' is refused when the task loads, ``task_steps``)."""
+    user = run.user if step_user is None else str(step_user)
+    public = run.public if step_network is None else step_network == NetworkMode.PUBLIC
+    return VerifierRun(user=user, public=public)

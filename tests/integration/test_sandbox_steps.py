@@ -6,9 +6,12 @@ strategies; each step's rewards are kept in the outcome and in result.json."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from services.sandbox.factory import create_backend
 from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
 from services.sandbox.runner import TrialRunner
 from services.sandbox.settings import DockerBackendSettings
+from tests.integration.test_sandbox_verifier_identity import REACH, host_network
 from tests.sandbox_support import settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -38,6 +42,17 @@ else
   printf '#!/bin/bash\\necho hello\\n' > /app/greet.sh
 fi
 """
+
+
+@pytest.fixture(scope="module")
+def host_server() -> Iterator[int]:
+    """The verifier's "internet": a server on the host's loopback (``host_network`` reaches it)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    thread.join()
 
 
 @pytest.fixture(params=["local", "docker"])
@@ -192,3 +207,32 @@ async def test_a_step_verifier_user_local_cannot_be_fails_setup_by_name(tmp_path
     outcome, _ = await run(tmp_path, task, {"backend": "local"}, "oracle")
     assert outcome.termination_reason == R.ENV_SETUP_FAILED and outcome.steps == []
     assert "steps[1].verifier.user = 'app' is not supported by the local backend" in outcome.error
+
+
+NET = f"""#!/bin/bash
+{REACH} && net=1 || net=0
+echo "{{\\"reward\\": 1, \\"net\\": $net}}" > /logs/verifier/reward.json
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_a_steps_verifier_network_is_its_own_as_in_harbor(
+    tmp_path: Path, host_server: int, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """[steps.verifier] network_mode over [verifier]'s (then [environment]'s 'no-network' here)."""
+    engine = request.getfixturevalue("docker_engine") if backend == "docker" else None
+    public = (
+        'env = { GREETING_NAME = "Ada" }',
+        f'env = {{ PROBE_URL = "http://127.0.0.1:{host_server}/" }}\nnetwork_mode = "public"',
+    )
+    files = {"steps/greet/tests/test.sh": NET, "steps/personalise/tests/test.sh": NET}
+    task = variant(tmp_path, public, files)
+    text = (
+        (task / "task.toml")
+        .read_text()
+        .replace("[verifier]\n", f'[verifier]\nenv = {{ PROBE_URL = "http://127.0.0.1:{host_server}/" }}\n', 1)
+    )
+    (task / "task.toml").write_text(text)
+    outcome, _ = await run(tmp_path, task, host_network(backend, engine), "oracle")
+    assert outcome.termination_reason == R.COMPLETED, (outcome.error, outcome.verifier_summary)
+    assert step_rewards(outcome) == {"greet": {"reward": 1.0, "net": 0.0}, "personalise": {"reward": 1.0, "net": 1.0}}

@@ -113,11 +113,12 @@ def test_a_step_solution_without_solve_sh_is_named(tmp_path: Path) -> None:
 
 def test_step_fields_that_cannot_run_are_refused_by_name(tmp_path: Path) -> None:
     toml = (
-        "[[steps]]\nname = 'one'\nartifacts = ['/app/x']\n[steps.verifier]\nnetwork_mode = 'public'\n"
+        "[[steps]]\nname = 'one'\nartifacts = ['/app/x']\n[steps.verifier]\nnetwork_mode = 'allowlist'\n"
         "[[steps]]\nname = 'two'\n[steps.agent]\nuser = 1001\n"
     )
     message = refused(steps_task(tmp_path, toml=toml), "task.toml: steps: ")
-    for fragment in ("steps[0].verifier.network_mode", "steps[0].artifacts", "steps[1].agent.user: every agent"):
+    fragments = ("steps[0].verifier.network_mode: 'allowlist'", "steps[0].artifacts", "steps[1].agent.user: every")
+    for fragment in fragments:
         assert fragment in message
     task = steps_task(tmp_path / "w")
     (task / "steps" / "one" / "workdir").mkdir()
