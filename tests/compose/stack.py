@@ -142,8 +142,9 @@ class Stack:
         out = json.loads(self.docker("inspect", *ids))
         return {c["Config"]["Labels"]["com.docker.compose.service"]: c["State"]["Status"] for c in out}
 
-    def logs(self) -> str:
-        return self.compose("logs", "--no-color", "--tail", "60", check=False).stdout[-12000:]
+    def logs(self, *services: str) -> str:
+        """The last lines of each service's log (of ``services`` only, when named)."""
+        return self.compose("logs", "--no-color", "--tail", "60", *services, check=False).stdout[-12000:]
 
     # Health checks, one per service: what each one answers when it is ready.
     def checks(self) -> dict[str, Callable[[], bool]]:
@@ -169,7 +170,11 @@ class Stack:
             pending = {name: check for name, check in pending.items() if not _safe(check)}
             if pending:
                 time.sleep(0.5)
-        assert not pending, f"not healthy after {timeout:.0f}s: {sorted(pending)}\n{self.logs()}"
+        # The failing services' own logs and states (every service's would push theirs out).
+        states = self.container_states()
+        assert not pending, (
+            f"not healthy after {timeout:.0f}s: {sorted(pending)}, states {states}\n{self.logs(*sorted(pending))}"
+        )
         return time.monotonic() - started
 
 

@@ -108,18 +108,42 @@ def one_trial_trace(spans: list[dict[str, Any]], trial_id: str) -> tuple[set[str
     return {str(s["service"]) for s in trace}, trace
 
 
+# The chain of one trial, each hop in the trial's one trace: the sandbox service takes the
+# trial, its standalone worker runs it, the gateway generates, the capture store keeps the
+# segments and the finalize.
+HOPS = [
+    ("sandbox", "/harnessrl.v1.Sandbox/SubmitTrial"),
+    ("sandbox", "sandbox.trial"),
+    ("gateway", "/harnessrl.v1.RolloutGateway/Generate"),
+    ("capture_store", "/harnessrl.v1.CaptureStore/AppendSegment"),
+    ("capture_store", "/harnessrl.v1.CaptureStore/FinalizeTrajectory"),
+]
+
+
 def wait_for_trace(stack: Stack, timeout: float) -> tuple[str, set[str], list[dict[str, Any]]]:
-    """A training trial's id, the services in its trace and the trace's spans."""
+    """A training trial whose trace holds every service and every hop (each service exports
+    in batches, a few seconds apart), or at the deadline the trial whose trace came closest."""
     deadline = time.monotonic() + timeout
-    services: set[str] = set()
-    trial_id, trace = "", list[dict[str, Any]]()
-    while time.monotonic() < deadline and not TRACE_SERVICES <= services:
+    best: tuple[int, str, set[str], list[dict[str, Any]]] = (-1, "", set(), [])
+    while time.monotonic() < deadline:
         spans = read_spans(stack.dir / "spans" / "spans.jsonl")
         trials = sorted({str(s["attributes"].get("harnessrl.trial_id", "")) for s in spans} - {""})
-        trial_id = next((t for t in trials if t.startswith("e2e-s")), "")  # a training trial, not preflight's
-        services, trace = one_trial_trace(spans, trial_id)
+        for trial_id in (t for t in trials if t.startswith("e2e-s")):  # training trials, not preflight's
+            services, trace = one_trial_trace(spans, trial_id)
+            names = {(s["service"], s["name"]) for s in trace}
+            score = len(services & TRACE_SERVICES) + sum(hop in names for hop in HOPS)
+            if score > best[0]:
+                best = (score, trial_id, services, trace)
+        if best[0] == len(TRACE_SERVICES) + len(HOPS):
+            complete = sum(
+                {hop for hop in HOPS} <= {(s["service"], s["name"]) for s in one_trial_trace(spans, t)[1]}
+                for t in trials
+                if t.startswith("e2e-s")
+            )
+            print(f"complete trial traces: {complete} of {sum(t.startswith('e2e-s') for t in trials)}")
+            break
         time.sleep(1)
-    return trial_id, services, trace
+    return best[1], best[2], best[3]
 
 
 def down_leaves_nothing(stack: Stack, before: dict[str, set[str]], timings: dict[str, float]) -> None:
@@ -168,15 +192,6 @@ def test_compose_stack_runs_a_step_traced_across_every_service(stack: Stack) -> 
     down_leaves_nothing(stack, before, timings)
     names = {(s["service"], s["name"]) for s in trace}
     assert TRACE_SERVICES <= services, f"trace of {trial_id}: services {sorted(services)}: {sorted(names)}"
-    # The chain of one trial, each hop in the trial's one trace: the sandbox service takes the
-    # trial, its standalone worker runs it, the proxy serves its model calls, the gateway
-    # generates, the capture store keeps the segments and the finalize.
-    for hop in [
-        ("sandbox", "/harnessrl.v1.Sandbox/SubmitTrial"),
-        ("sandbox", "sandbox.trial"),
-        ("gateway", "/harnessrl.v1.RolloutGateway/Generate"),
-        ("capture_store", "/harnessrl.v1.CaptureStore/AppendSegment"),
-        ("capture_store", "/harnessrl.v1.CaptureStore/FinalizeTrajectory"),
-    ]:
+    for hop in HOPS:
         assert hop in names, f"trace of {trial_id}: no {hop} span: {sorted(names)}"
     assert any(service == "proxy" for service, _ in names), sorted(names)
