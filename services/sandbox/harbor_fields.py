@@ -209,13 +209,14 @@ FIELDS: dict[str, Rule] = {
     ),
     "environment.mcp_servers": Rule(
         Status.MAPPED,
-        "given to each harness in its own config (claude-code --mcp-config, opencode mcp, openhands-sdk "
-        "mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor; oracle, nop and shell "
-        "ignore them, as Harbor's oracle and nop); codex is refused at "
-        "trial start (it offers MCP tools as Responses 'namespace' tools, which the proxy does not render yet). "
-        "stdio servers run in the sandbox; a url's host must be localhost or a service of the task's compose "
+        "given to each harness in its own config (claude-code --mcp-config, codex [mcp_servers.NAME], opencode "
+        "mcp, openhands-sdk mcp_config; mini-swe-agent gets them listed in its instruction, as in Harbor; oracle, "
+        "nop and shell ignore them, as Harbor's oracle and nop); Codex offers the tools as Responses 'namespace' "
+        "tools, which the proxy offers to the model as mcp__NAME__TOOL. stdio servers run in the sandbox; a url's "
+        "host must be localhost or a service of the task's compose "
         "file (the agent reaches nothing else); '${VAR}' headers are refused (no host environment reaches a "
-        "sandbox); headers on mini-swe-agent and openhands-sdk are refused at trial start, as in Harbor",
+        "sandbox); headers on mini-swe-agent and openhands-sdk, and sse on codex (its MCP client speaks stdio and "
+        "streamable HTTP only), are refused at trial start",
     ),
     "environment.healthcheck": Rule(
         Status.MAPPED,
