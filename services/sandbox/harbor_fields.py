@@ -106,15 +106,17 @@ FIELDS: dict[str, Rule] = {
         "(the harness starts again; the workspace, its HOME and the proxy trial carry over: one trajectory), then "
         "its verify phase runs test.sh from tests/ overlaid with steps/NAME/tests/, with every defence of a "
         "single verify; the oracle runs steps/NAME/solution/solve.sh, else solution/; /tests, /logs/verifier and "
-        "/logs/agent are emptied before the next step (each step's logs are kept under steps/NAME/). Timeouts: "
-        "steps.agent timeout_sec, else [agent]'s; steps.verifier timeout_sec, 600 s when unset as in Harbor "
-        "(never [verifier]'s); verifier env: [verifier] env, then the step's; steps.verifier user and "
-        "network_mode, else [verifier]'s. The steps after one whose verifier gave no result or whose min_reward "
-        "(a number: 'reward'; a table: each key; missing: -inf) is not met are skipped, as in Harbor. Differs: a "
-        "step's failed verifier is the trial's verifier_error (Harbor averages the steps before it); docker's "
-        "next step runs in a new agent container made from the last verifier's filesystem. Refused: per-step "
-        "agent.user, verifier allowlist, environment, collect, healthcheck, artifacts, steps/NAME/workdir/; the "
-        "kubernetes backend",
+        "/logs/agent are emptied before the next step (each step's logs are kept under steps/NAME/). A step's "
+        "healthcheck runs before its agent (as [environment] healthcheck), its artifacts are collected after "
+        "its agent with the task's, into steps/NAME/artifacts/. Timeouts: steps.agent timeout_sec, else "
+        "[agent]'s; steps.verifier timeout_sec, 600 s when unset as in Harbor (never [verifier]'s); verifier "
+        "env: [verifier] env, then the step's; steps.verifier user and network_mode, else [verifier]'s. The "
+        "steps after one whose verifier gave no result or whose min_reward (a number: 'reward'; a table: each "
+        "key; missing: -inf) is not met are skipped, as in Harbor. Differs: a step's failed verifier or "
+        "healthcheck is the trial's verifier_error or env_setup_failed (Harbor averages the steps before it); "
+        "docker's next step runs in a new agent container made from the last verifier's filesystem. Refused: "
+        "per-step agent.user, verifier allowlist, environment, collect, steps/NAME/workdir/; the kubernetes "
+        "backend",
         task_steps.refusal,  # the step fields that cannot run, by name
     ),
     "multi_step_reward_strategy": Rule(

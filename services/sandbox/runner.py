@@ -239,6 +239,8 @@ class TrialRunner:
         if resume:
             await self.backend.next_step(sandbox)
         task = t.task if step is None else t.task.for_step(step)
+        if step is not None:
+            t.events += await wait_until_healthy(self.backend, sandbox, task)  # the step's own, as Harbor
         token = t.proxy_trial.token if t.proxy_trial else None
         base_url = None
         if t.proxy_trial is not None:
@@ -295,7 +297,7 @@ class TrialRunner:
             # Artifacts only: the verifier, not these logs, decides the trial.
             log.warning("collecting the agent's logs failed", exc_info=True, extra={"kv": {"trial": spec.trial_id}})
             t.events.append(f"collecting the agent's logs failed: {type(e).__name__}: {e}")
-        t.events += await collect_artifacts(self.backend, sandbox, t.task, t.artifacts / prefix)  # before verify
+        t.events += await collect_artifacts(self.backend, sandbox, task, t.artifacts / prefix)  # before verify
 
     async def _close_proxy(self, t: Trial) -> None:
         if not t.proxy_registered or self.proxy is None:

@@ -26,6 +26,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from services.sandbox import step_setup
+from services.sandbox.artifacts import ArtifactEntry, normalize_entries
+from services.sandbox.healthcheck import Healthcheck
+
 STRATEGIES = ("mean", "final")
 _INVALID = set('<>:"/\\|?*') | {chr(c) for c in range(0x20)} | {"\x7f"}
 _DEVICES = {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"} | {f"{p}{n}" for p in ("COM", "LPT") for n in "123456789"}
@@ -43,8 +47,6 @@ REFUSED: dict[str, str] = {
     "verifier.environment_mode": "only the shared verifier is supported: the step verifies in the trial's sandbox",
     "verifier.environment": "a separate verifier environment is not supported yet",
     "verifier.collect": "[[verifier.collect]] hooks run in compose services, which steps do not support yet",
-    "healthcheck": "a per-step healthcheck is not supported yet",
-    "artifacts": "per-step artifacts are not collected yet; copy what you need into /logs/verifier from test.sh",
 }
 
 
@@ -80,8 +82,11 @@ class StepConfig(_Table):
     agent: StepAgent = StepAgent()
     verifier: StepVerifier = StepVerifier()
     min_reward: float | dict[str, float] | None = None
-    healthcheck: dict[str, Any] | None = None
-    artifacts: list[Any] = Field(default_factory=list)
+    # Run before the step's agent, after the task's (``healthcheck``), as Harbor.
+    healthcheck: Healthcheck | None = None
+    # Collected after the step's agent with the task's (``artifacts``), into steps/NAME/artifacts/.
+    artifacts: list[ArtifactEntry] = Field(default_factory=list)
+    _artifacts = field_validator("artifacts", mode="before")(normalize_entries)
 
     @field_validator("name")
     @classmethod
@@ -210,8 +215,7 @@ def load_steps(root: Path, configs: list[StepConfig]) -> tuple[Step, ...]:
             raise ValueError(f"{rel}/instruction.md: not UTF-8: {e}") from None
         if not instruction.strip():
             raise ValueError(f"{rel}/instruction.md: empty (steps[{i}]'s instruction)")
-        if (step_dir / "workdir").exists():
-            raise ValueError(f"{rel}/workdir/: per-step workdir files and setup.sh are not supported yet")
+        step_setup.check_workdir(step_dir, rel)  # uploaded, its setup.sh run, before the step's agent
         shared, own = root / "tests", step_dir / "tests"
         tests_dirs = tuple(d for d in (shared, own) if d.is_dir())
         # The step's test.sh, overlaid on the shared tests/, else the shared one: /tests/test.sh.

@@ -244,8 +244,16 @@ class Task(BaseModel):
         return self.solution_path or self.path / "solution"
 
     def for_step(self, step: task_steps.Step) -> Task:
-        """The task as a step's agent phase sees it: the step's instruction and solution."""
-        return self.model_copy(update={"instruction": step.instruction, "solution_path": step.solution_dir})
+        """The task as a step's agent phase sees it: the step's instruction and solution, the task's
+        artifacts then the step's, and the step's healthcheck (the task's ran once, at setup)."""
+        own = step.config
+        env = self.config.environment.model_copy(update={"healthcheck": own.healthcheck})
+        config = self.config.model_copy(
+            update={"artifacts": [*self.config.artifacts, *own.artifacts], "environment": env}
+        )
+        return self.model_copy(
+            update={"instruction": step.instruction, "solution_path": step.solution_dir, "config": config}
+        )
 
     def environment_hash(self) -> str:
         """sha256 of everything that decides the built environment (Dockerfile,

@@ -236,3 +236,27 @@ async def test_a_steps_verifier_network_is_its_own_as_in_harbor(
     outcome, _ = await run(tmp_path, task, host_network(backend, engine), "oracle")
     assert outcome.termination_reason == R.COMPLETED, (outcome.error, outcome.verifier_summary)
     assert step_rewards(outcome) == {"greet": {"reward": 1.0, "net": 0.0}, "personalise": {"reward": 1.0, "net": 1.0}}
+
+
+def with_extras(tmp: Path, healthcheck: str) -> Path:
+    extras = f'artifacts = ["/app/greet.sh"]\nhealthcheck = {{ command = "{healthcheck}", retries = 1 }}\n'
+    return variant(tmp, ('name = "personalise"\n', 'name = "personalise"\n' + extras))
+
+
+async def test_a_steps_healthcheck_and_artifacts_run_as_harbor_runs_them(
+    tmp_path: Path, kind: dict[str, object]
+) -> None:
+    outcome, _ = await run(tmp_path, with_extras(tmp_path, "test -x /app/greet.sh"), kind, "oracle")
+    assert (outcome.termination_reason, outcome.reward) == (R.COMPLETED, 1.0), (outcome.error, outcome.events)
+    # The step's healthcheck ran before its agent (after the first step made the file), once.
+    assert sum(e.startswith("healthcheck:passed") for e in outcome.events) == 1, outcome.events
+    # Its artifacts were collected after its agent, into its own folder.
+    collected = Path(outcome.artifacts_dir) / "steps" / "personalise" / "artifacts"
+    assert "${1:+ $1}" in (collected / "app" / "greet.sh").read_text()
+    assert not (Path(outcome.artifacts_dir) / "steps" / "greet" / "artifacts").exists()
+
+    failing, _ = await run(tmp_path, with_extras(tmp_path, "test -e /nowhere"), kind, "oracle")
+    # A step's environment that never gets healthy is an infrastructure failure, never a reward.
+    assert (failing.termination_reason, failing.reward) == (R.ENV_SETUP_FAILED, None), failing.events
+    assert "test -e /nowhere" in failing.error
+    assert [(s.name, s.verified) for s in failing.steps] == [("greet", True), ("personalise", False)]

@@ -108,8 +108,8 @@ def test_the_same_fields_with_values_that_run(tmp_path: Path) -> None:
 
 
 def test_all_refusals_are_named_at_once(tmp_path: Path) -> None:
-    toml = "[environment]\ngpu_types = ['H100']\n[[steps]]\nname = 'a'\n[steps.healthcheck]\ncommand = 'true'\n"
-    _refused(make_task(tmp_path, toml=toml), "steps: steps[0].healthcheck: a per-step", "environment.gpu_types: GPU")
+    toml = "[environment]\ngpu_types = ['H100']\n[[steps]]\nname = 'a'\n[steps.agent]\nuser = 'root'\n"
+    _refused(make_task(tmp_path, toml=toml), "steps: steps[0].agent.user: every agent", "environment.gpu_types: GPU")
 
 
 def test_a_compose_file_runs_and_what_it_cannot_do_is_refused_naming_it(tmp_path: Path) -> None:

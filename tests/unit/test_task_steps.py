@@ -113,11 +113,12 @@ def test_a_step_solution_without_solve_sh_is_named(tmp_path: Path) -> None:
 
 def test_step_fields_that_cannot_run_are_refused_by_name(tmp_path: Path) -> None:
     toml = (
-        "[[steps]]\nname = 'one'\nartifacts = ['/app/x']\n[steps.verifier]\nnetwork_mode = 'allowlist'\n"
+        "[[steps]]\nname = 'one'\n[steps.verifier]\nnetwork_mode = 'allowlist'\nenvironment_mode = 'separate'\n"
         "[[steps]]\nname = 'two'\n[steps.agent]\nuser = 1001\n"
     )
     message = refused(steps_task(tmp_path, toml=toml), "task.toml: steps: ")
-    fragments = ("steps[0].verifier.network_mode: 'allowlist'", "steps[0].artifacts", "steps[1].agent.user: every")
+    fragments = ("steps[0].verifier.network_mode: 'allowlist'", "steps[0].verifier.environment_mode: only the")
+    fragments += ("steps[1].agent.user: every agent phase",)
     for fragment in fragments:
         assert fragment in message
     task = steps_task(tmp_path / "w")
@@ -163,8 +164,22 @@ def test_check_harbor_runs_the_example(tmp_path: Path) -> None:
     statuses = {f.field: f.status for f in report.fields}
     assert statuses["steps"] == Status.MAPPED and statuses["multi_step_reward_strategy"] == Status.SUPPORTED
     copy = shutil.copytree(EXAMPLE, tmp_path / "steps")
-    (copy / "task.toml").write_text((copy / "task.toml").read_text() + "[steps.healthcheck]\ncommand = 'true'\n")
+    (copy / "task.toml").write_text((copy / "task.toml").read_text() + "[[steps.verifier.collect]]\ncommand = 'x'\n")
     report = check_task(copy)
     assert not report.runs
     (refusal,) = [f for f in report.fields if f.status == Status.REFUSED]
-    assert refusal.field == "steps" and "steps[1].healthcheck" in refusal.note
+    assert refusal.field == "steps" and "steps[1].verifier.collect" in refusal.note
+
+
+def test_a_steps_healthcheck_and_artifacts_read_as_harbor_reads_them(tmp_path: Path) -> None:
+    toml = TWO_STEPS + "artifacts = ['/app/out', {{ source = '/logs/x', destination = 'x' }}]\n"
+    toml += "[steps.healthcheck]\ncommand = 'test -e /app'\nretries = 2\n"
+    task = load_task(steps_task(tmp_path, toml=toml))
+    two = task.steps[1].config
+    assert two.healthcheck is not None and (two.healthcheck.command, two.healthcheck.retries) == ("test -e /app", 2)
+    assert [(a.source, a.destination) for a in two.artifacts] == [("/app/out", None), ("/logs/x", "x")]
+    view = task.for_step(task.steps[1])  # the task's artifacts then the step's; the step's healthcheck
+    assert view.config.artifacts == two.artifacts and view.config.environment.healthcheck == two.healthcheck
+    assert task.for_step(task.steps[0]).config.environment.healthcheck is None
+    bad = TWO_STEPS + "artifacts = [{{ source = '/app/x', service = 'db' }}]\n"
+    refused(steps_task(tmp_path / "bad", toml=bad), "task.toml", "steps.1.artifacts.0.service", "'db'")
