@@ -117,8 +117,11 @@ def test_step_fields_that_cannot_run_are_refused_by_name(tmp_path: Path) -> None
         "[[steps]]\nname = 'two'\n[steps.agent]\nuser = 1001\n"
     )
     message = refused(steps_task(tmp_path, toml=toml), "task.toml: steps: ")
-    fragments = ("steps[0].verifier.network_mode: 'allowlist'", "steps[0].verifier.environment_mode: only the")
-    fragments += ("steps[1].agent.user: every agent phase",)
+    fragments = [
+        "steps[0].verifier.network_mode: 'allowlist'",
+        "steps[0].verifier.environment_mode: only the",
+        "steps[1].agent.user: every agent phase",
+    ]
     for fragment in fragments:
         assert fragment in message
     task = steps_task(tmp_path / "w")
