@@ -124,9 +124,6 @@ def test_step_fields_that_cannot_run_are_refused_by_name(tmp_path: Path) -> None
     ]
     for fragment in fragments:
         assert fragment in message
-    task = steps_task(tmp_path / "w")
-    (task / "steps" / "one" / "workdir").mkdir()
-    refused(task, "steps/one/workdir/: per-step workdir files")
 
 
 def test_unknown_step_keys_are_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
