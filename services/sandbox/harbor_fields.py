@@ -114,9 +114,10 @@ FIELDS: dict[str, Rule] = {
         "steps after one whose verifier gave no result or whose min_reward (a number: 'reward'; a table: each "
         "key; missing: -inf) is not met are skipped, as in Harbor. Differs: a step's failed verifier or "
         "healthcheck is the trial's verifier_error or env_setup_failed (Harbor averages the steps before it); "
-        "docker's next step runs in a new agent container made from the last verifier's filesystem. Refused: "
-        "per-step agent.user, verifier allowlist, environment, collect, steps/NAME/workdir/; the kubernetes "
-        "backend",
+        "docker's next step runs in a new agent container made from the last verifier's filesystem; a run's "
+        "max_turns bounds the trial's model calls over all its steps. steps/NAME/workdir/ is merged into the "
+        "working directory and its setup.sh run before the step's agent (step_setup). Refused: per-step "
+        "agent.user, verifier allowlist, environment, collect; the kubernetes backend",
         task_steps.refusal,  # the step fields that cannot run, by name
     ),
     "multi_step_reward_strategy": Rule(

@@ -1,7 +1,8 @@
 """The trial lifecycle as data: states, allowed transitions, terminal states,
 termination reasons and the one function that picks a trial's reason.
 
-A trial moves QUEUED -> SETUP -> AGENT -> VERIFY -> TEARDOWN -> DONE. Any
+A trial moves QUEUED -> SETUP -> AGENT -> VERIFY -> TEARDOWN -> DONE (a multi-step
+task, ``task_steps``: AGENT -> VERIFY once per step, VERIFY -> AGENT between them). Any
 running state may fall back to QUEUED when its worker loses the lease, or its
 attempt crashed in the worker, and the retry policy allows another attempt; any
 state may jump to TEARDOWN (a phase failed) or, before it started, to DONE
