@@ -55,7 +55,7 @@ from opentelemetry import context as otel_context
 
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
-from services.sandbox import runner_verify, task_steps, verifier_policy
+from services.sandbox import runner_verify, step_setup, task_steps, verifier_policy
 from services.sandbox.artifacts import collect as collect_artifacts
 from services.sandbox.backends.base import Backend, ExecRequest, Limits, Network, Phase, SandboxSpec
 from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, UnixRelay
@@ -239,8 +239,8 @@ class TrialRunner:
         if resume:
             await self.backend.next_step(sandbox)
         task = t.task if step is None else t.task.for_step(step)
-        if step is not None:
-            t.events += await wait_until_healthy(self.backend, sandbox, task)  # the step's own, as Harbor
+        if step is not None:  # the step's workdir/, its setup.sh, its healthcheck, as Harbor
+            t.events += await step_setup.prepare(self.backend, sandbox, t.task, step)
         token = t.proxy_trial.token if t.proxy_trial else None
         base_url = None
         if t.proxy_trial is not None:

@@ -87,7 +87,7 @@ async def prepare(backend: Backend, sandbox: Sandbox, task: Task, step: Step) ->
     except HealthcheckFailed as e:
         why = str(e).removeprefix("[environment.healthcheck] ")
         raise StepSetupFailed(f"step {step.name!r}: [steps.healthcheck] {why}") from None
-    return events + [f"step {step.name!r}: {event}" for event in checked]
+    return events + checked
 
 
 async def _upload_merged(backend: Backend, sandbox: Sandbox, source: Path, name: str) -> list[str]:
