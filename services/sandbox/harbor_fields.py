@@ -115,8 +115,11 @@ FIELDS: dict[str, Rule] = {
         "key; missing: -inf) is not met are skipped, as in Harbor. Differs: a step's failed verifier or "
         "healthcheck is the trial's verifier_error or env_setup_failed (Harbor averages the steps before it); "
         "docker's next step runs in a new agent container made from the last verifier's filesystem; a run's "
-        "max_turns bounds the trial's model calls over all its steps. steps/NAME/workdir/ is merged into the "
-        "working directory and its setup.sh run before the step's agent (step_setup). Refused: per-step "
+        "max_turns bounds the trial's model calls over all its steps. Before each step's agent, as Harbor: "
+        "steps/NAME/workdir/ is merged into the working directory, its setup.sh run there (bash, the "
+        "environment's env), then the step's healthcheck; differs: setup.sh runs as the sandbox user (uid "
+        "1000) with no network, under the step's agent timeout, a failed one is env_setup_failed naming the "
+        "step, a link in workdir/ is refused (step_setup). Refused: per-step "
         "agent.user, verifier allowlist, environment, collect; the kubernetes backend",
         task_steps.refusal,  # the step fields that cannot run, by name
     ),
