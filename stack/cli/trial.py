@@ -177,8 +177,8 @@ def run(
             "--config",
             "-c",
             help="TOML file: [run] fields that apply to one trial (harness, harness_options, engine, model_path, "
-            "model, temperature, max_turns, agent_timeout_s, verifier_timeout_s, runs_dir), [sandbox], [proxy], "
-            "[gateway]; anything else is refused.",
+            "model, temperature, max_turns, agent_timeout_s, verifier_timeout_s, runs_dir, reward_key, "
+            "reward_weights), [sandbox], [proxy], [gateway]; anything else is refused.",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,

@@ -66,3 +66,11 @@ def test_walk_reaches_every_sub_command() -> None:
     names = {" ".join(p) for p, _ in commands()}
     assert {"trial run", "tasks validate", "capture export-parquet", "bench vllm-path"} <= names
     assert len(list(walk(command()))) == len(names)
+
+
+def test_trial_run_help_names_every_run_field_a_trial_honours() -> None:
+    from stack.trialconfig import TRIAL_FIELDS
+
+    shown = flat(run_cli("trial", "run", "--help").stdout)
+    missing = [name for name in TRIAL_FIELDS if name not in shown]
+    assert not missing, f"trial run --help does not name {missing}"
