@@ -135,6 +135,9 @@ async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) 
         "temperature": cfg.temperature,
         "max_turns": cfg.max_turns,
         "reward": outcome.reward,
+        # Every value the verifier wrote (each key of reward.json), and a multi-step task's steps.
+        "rewards": outcome.rewards,
+        "steps": [step.model_dump(mode="json") for step in outcome.steps],
         "termination_reason": outcome.termination_reason.value,
         "timings": outcome.timings.model_dump(),
         "num_segments": outcome.num_segments,
@@ -217,6 +220,10 @@ def run(
         return
     for key in ("trial_id", "task_id", "harness", "reward", "termination_reason", "num_segments", "error"):
         typer.echo(f"{key:20} {result[key]}")
+    if set(result["rewards"]) - {"reward"}:  # reward.json's keys, when they are more than 'reward'
+        typer.echo(f"{'rewards':20} {json.dumps(result['rewards'], sort_keys=True)}")
+    for step in result["steps"]:
+        typer.echo(f"{'step ' + str(step.get('name', '')):20} {json.dumps(step.get('rewards', {}), sort_keys=True)}")
     for phase, seconds in result["timings"].items():
         typer.echo(f"{phase:20} {seconds:.3f}")
     typer.echo(f"{'run_dir':20} {result['run_dir']}")

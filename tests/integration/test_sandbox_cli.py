@@ -47,6 +47,21 @@ def test_trial_run_shell_without_a_model(tmp_path: Path) -> None:
     assert result["num_segments"] == 0 and result["trial_id"].startswith("trial-")
 
 
+def test_trial_run_prints_every_reward_key_and_trains_the_one_chosen(tmp_path: Path) -> None:
+    # A reward.json of two keys, as Harbor's reward kit writes: the trial reports both, and
+    # the [run] table of --config chooses what trains (here a weighted sum).
+    test_sh = '#!/bin/bash\necho \'{"correctness": 1, "performance": 0.5}\' > /logs/verifier/reward.json\n'
+    task = make_task(tmp_path, "multi", test_sh=test_sh)
+    config = tmp_path / "trial.toml"
+    config.write_text("[run]\nreward_weights = { correctness = 0.5, performance = 0.5 }\n")
+    out = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "oracle", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["rewards"] == {"correctness": 1.0, "performance": 0.5} and result["reward"] == 0.75
+    text = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "oracle", "-c", str(config))
+    assert '{"correctness": 1.0, "performance": 0.5}' in text.stdout and "0.75" in text.stdout, text.stdout
+
+
 @pytest.mark.skipif(not (default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")
 def test_trial_run_through_proxy_gateway_and_capture(tmp_path: Path) -> None:
     """The agent (a shell script) calls the model through the proxy's Unix
