@@ -18,6 +18,7 @@ from harnessrl.localservers import DockerEngine, RedisServer, S3Server, cached_d
 from harnessrl.rpc import RECORD_ENV
 from tests import leftovers
 from tests.contract import check_rpc_coverage
+from tests.vllm_support import vllm_server  # noqa: F401  (the vllm suite's one shared server)
 
 leftovers.mark_session()
 _RECORD = Path(tempfile.mkdtemp(prefix="hrl-rpc-")) / "rpcs.txt"

@@ -1,13 +1,20 @@
 """``harnessrl bench vllm-path`` at a tiny size against a real vLLM CPU server and the
 services as deployed (separate processes): every path answers, one conversation at a
-time and two at once, CPU is attributed to our processes, the report prints."""
+time and two at once, CPU is attributed to our processes, the report prints.
+
+The server is the session's shared one (``vllm_server`` in tests/vllm_support.py),
+given to the bench as its ``vllm_url`` (``--vllm-url``): this test is about the paths,
+not about starting vLLM (``VllmServer``, which the bench starts without a URL, is
+what the fixture starts). With a URL the bench does not read vLLM's own CPU (its
+report's last column is ``-``); no assertion here reads it."""
 
 from __future__ import annotations
 
 import pytest
 
 from stack.bench_vllm import OURS, PATHS, print_report, run_bench
-from stack.vllm_server import vllm_python
+from stack.vllm_server import VllmServer, vllm_python
+from tests.vllm_support import check_usable
 
 pytestmark = [
     pytest.mark.vllm,
@@ -16,8 +23,9 @@ pytestmark = [
 
 
 @pytest.mark.timeout(1800)
-def test_bench_runs_every_path_interleaved(capsys) -> None:
-    rows = run_bench(short_calls=9, long_calls=1, streaming=(True,), long_tokens=48, concurrency=(1, 2))
+def test_bench_runs_every_path_interleaved(capsys, vllm_server: VllmServer) -> None:
+    url = check_usable(vllm_server).url
+    rows = run_bench(short_calls=9, long_calls=1, streaming=(True,), long_tokens=48, concurrency=(1, 2), vllm_url=url)
     assert [(r.shape.name, r.shape.in_flight, r.path) for r in rows] == [
         (shape, n, path) for n in (1, 2) for shape in ("short", "long") for path in PATHS
     ]

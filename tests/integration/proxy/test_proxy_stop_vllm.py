@@ -5,7 +5,9 @@ parser's ``<tool_call>`` marker). The harness gets the text before the stop, the
 capture holds exactly the tokens of that text (none past it: vLLM is given the
 stops, and the proxy drops the tokens spelling them), the next turn's prompt is
 the harness's conversation as the chat template renders it, and the dropped
-tokens are counted. Marked ``vllm``: the server takes a minute or more to start."""
+tokens are counted. Marked ``vllm``: the server takes a minute or more to start; it
+is the session's shared one (``vllm_server`` in tests/vllm_support.py): these tests
+only send it greedy requests."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from services.proxy.app import load_model
 from services.proxy.chat.model import ChatModel
 from stack.vllm_server import VllmServer, vllm_python
 from tests.integration.proxy.stack import MODEL, Stack
+from tests.vllm_support import check_usable
 
 pytestmark = [
     pytest.mark.vllm,
@@ -38,19 +41,15 @@ TOOLS = [BASH]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, vllm_server: VllmServer) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("stopvllm")
-    server = VllmServer(paths.default_model_dir(), tmp / "vllm.log")
+    url = check_usable(vllm_server).url
+    gateway = {"vllm_urls": [url], "model_path": paths.default_model_dir(), "vllm_stream_interval": 16}
+    s = Stack(tmp, None, engine="vllm", gateway=gateway, default_max_tokens=48, temperature=0.0)
     try:
-        server.wait_ready()
-        gateway = {"vllm_urls": [server.url], "model_path": paths.default_model_dir(), "vllm_stream_interval": 16}
-        s = Stack(tmp, None, engine="vllm", gateway=gateway, default_max_tokens=48, temperature=0.0)
-        try:
-            yield s
-        finally:
-            s.stop()
+        yield s
     finally:
-        server.stop()
+        s.stop()
 
 
 @pytest.fixture(scope="module")
