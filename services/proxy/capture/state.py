@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harnessrl.logs import kv
-from services.proxy.chat.conversation import Conversation, Message, Tool
+from services.proxy.chat.conversation import Conversation, Message, ThreadHint, Tool
 from services.proxy.chat.render import Renderer, SampledIds
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,8 @@ class Thread:
     # A side call over another thread's conversation (a summary request over the
     # main history): a quote of its answer continues that thread.
     forked_from: Thread | None = None
+    # The agent thread that spawned this one, as the harness said (ThreadHint).
+    parent: Thread | None = None
     segments: list[Segment] = field(default_factory=list)
     calls: int = 0
 
@@ -264,11 +266,14 @@ class TrialCapture:
         self._render_check = render_check
         self._counts = {"subagent": 0, "side": 0}
         self._last_agent: Thread | None = None  # the agent thread of the latest committed turn
+        self._by_hint: dict[str, Thread] = {}  # harness thread id -> thread
         self.render_mismatches = 0
 
     # -- planning -------------------------------------------------------------
 
     def plan(self, conv: Conversation) -> Plan:
+        if conv.thread_hint is not None and conv.tools:
+            return self._plan_hinted(conv, conv.thread_hint)
         same_system = self._by_system.get(conv.system, [])
         for thread in same_system:
             seg = thread.current
@@ -278,6 +283,30 @@ class TrialCapture:
                     return plan
         history = [self._ours.find(m) or m for m in conv.messages]
         thread = self._place(conv, same_system, history)
+        prompt = self.renderer.full(conv, _sampled_list(history))
+        return Plan(thread, conv, prompt, None, 0, b"", history)
+
+    def _plan_hinted(self, conv: Conversation, hint: ThreadHint) -> Plan:
+        """The harness names the thread: its id continues that thread (an extension,
+        else a rewrite); a new id is main if there is no main yet (or main had no id
+        and this is no sub-agent), else a new ``subagent-N`` under the named parent."""
+        thread = self._by_hint.get(hint.thread_id)
+        main = self.threads.get(MAIN)
+        if thread is None and hint.source != "subagent" and main and main not in self._by_hint.values():
+            thread = self._by_hint[hint.thread_id] = main
+        if thread is not None:
+            seg = thread.current
+            if seg is not None and seg.extended_by(conv):
+                plan = self._plan_extension(thread, seg, conv)
+                if plan is not None:
+                    return plan
+        history = [self._ours.find(m) or m for m in conv.messages]
+        if thread is None:
+            thread = self._new_thread(conv, None)  # main if none yet, else subagent-N
+            if thread.kind == "subagent":
+                thread.parent = self._by_hint.get(hint.parent_id) or self.threads.get(MAIN)
+            self._by_hint[hint.thread_id] = thread
+            log.debug("hinted thread", extra=kv(thread=thread.name, harness_thread=hint.thread_id))
         prompt = self.renderer.full(conv, _sampled_list(history))
         return Plan(thread, conv, prompt, None, 0, b"", history)
 

@@ -38,6 +38,16 @@ class Message(NamedTuple):
     turn_ref: str = ""
 
 
+class ThreadHint(NamedTuple):
+    """A harness-given thread identity (Codex: ``x-codex-turn-metadata``):
+    ``thread_id`` names the agent thread, ``source`` is e.g. "subagent",
+    ``parent_id`` the spawning thread's id ("" when none)."""
+
+    thread_id: str
+    source: str = ""
+    parent_id: str = ""
+
+
 class Tool(NamedTuple):
     """A function tool offered to the model; ``parameters`` is a JSON schema."""
 
@@ -60,6 +70,8 @@ class Conversation:
     # Set by protocol adapters for logging only.
     protocol: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The harness's own thread identity, when it sends one (capture/state.py).
+    thread_hint: ThreadHint | None = field(default=None, compare=False)
 
 
 def arguments_for_template(arguments: str) -> Any:

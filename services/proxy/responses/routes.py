@@ -6,6 +6,7 @@ and drop."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -14,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from services.proxy.chat.conversation import ThreadHint
 from services.proxy.chat.toolchoice import forcing
 from services.proxy.chat.toolstream import Delta
 from services.proxy.errors import ContextOverflow, error_body
@@ -21,6 +23,7 @@ from services.proxy.openai.logprobs import TokenLogprobs, responses_request
 from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
 from services.proxy.responses.models import Item, ResponsesRequest, input_items, to_conversation, tool_choice
 from services.proxy.responses.store import ResponseStore
+from services.proxy.responses.thread_hint import thread_hint
 from services.proxy.responses.tools import ToolNames, note_dropped
 from services.proxy.trials import ProxyCore, Trial
 from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
@@ -33,7 +36,8 @@ async def responses(trial_id: str, request: Request) -> Response:
     trial = authenticate(request, trial_id)
     body = await parse_request(request, ResponsesRequest, "responses")
     earlier = trial.responses.chain(body.previous_response_id) if body.previous_response_id else []
-    call, names, lp = await begin(core_of(request), trial, body, earlier, whole=not body.stream)
+    hint = thread_hint((body.model_extra or {}).get("client_metadata"))
+    call, names, lp = await begin(core_of(request), trial, body, earlier, whole=not body.stream, hint=hint)
 
     def store(done: Done) -> None:
         if body.store:
@@ -63,13 +67,21 @@ async def delete_response(trial_id: str, response_id: str, request: Request) -> 
 
 
 async def begin(
-    core: ProxyCore, trial: Trial, body: ResponsesRequest, earlier: Sequence[Item], *, whole: bool = False
+    core: ProxyCore,
+    trial: Trial,
+    body: ResponsesRequest,
+    earlier: Sequence[Item],
+    *,
+    whole: bool = False,
+    hint: ThreadHint | None = None,
 ) -> tuple[ModelCall, ToolNames, TokenLogprobs | None]:
     """Starts one turn (HTTP and WebSocket alike): ``earlier``, the items of the chain
     ``previous_response_id`` named, then the request's own input. ``whole``: the client
     takes the response only at its end (HTTP without ``stream``; a WebSocket streams)."""
     core.check_model(trial, body.model)
     conv, names = to_conversation(body, earlier)
+    if hint is not None:  # the harness's own thread identity decides the thread (capture/state.py)
+        conv = dataclasses.replace(conv, thread_hint=hint)
     note_dropped(trial, names.dropped)
     top = responses_request(body.include, body.top_logprobs)
     choice = forcing(tool_choice(body), core.model, conv.tools)

@@ -48,6 +48,7 @@ from services.proxy.protocol import FastJSON, log_unknown
 from services.proxy.responses.models import ResponsesRequest, input_items
 from services.proxy.responses.routes import EventStream, begin, echo, keep, response_object
 from services.proxy.responses.store import ResponseStore
+from services.proxy.responses.thread_hint import thread_hint
 from services.proxy.trials import ProxyCore, Trial
 from services.proxy.turn import Done
 
@@ -160,7 +161,9 @@ class Connection:
         if not generate:
             await self.warm_up(body)
             return
-        call, names, lp = await begin(self.core, self.trial, body, earlier)
+        call, names, lp = await begin(
+            self.core, self.trial, body, earlier, hint=thread_hint(data.get("client_metadata"))
+        )
 
         def store(done: Done) -> None:
             keep(self.trial.responses if body.store else self.cache, body, done, names)
