@@ -33,28 +33,41 @@ npm_harnesses() {
   mark npm "$key"
 }
 
-# A self-contained Node.js for harnesses that run on node (Codex's launcher):
-# the binary, every library it links and the dynamic loader, with the loader
-# and library path patched to point inside the bundle, so it runs in a task's
-# container whatever that image holds (or lacks). Mounted read-only there.
-node_runtime() {
-  local node out key
-  node="$(readlink -f "$(command -v node)")"
-  out="$TOOLS/runtime/node"
-  key="$(sha256sum "$node" | cut -c1-16)"
-  done_with node-runtime "$key" && [[ -x "$out/bin/node" ]] && return
-  step "node runtime: $node"
+# bundle NAME BINARY STAMP: a self-contained copy of BINARY under $TOOLS/runtime/NAME: the
+# binary, every library it links and the dynamic loader, with the loader and library path
+# patched to point inside the bundle, so it runs in a task's container whatever that image
+# holds (or lacks). Mounted read-only there, at the same path.
+bundle() {
+  local name=$1 bin out key loader exe
+  bin="$(readlink -f "$2")"
+  exe="$(basename "$2")"
+  out="$TOOLS/runtime/$name"
+  key="$(sha256sum "$bin" | cut -c1-16)"
+  done_with "$3" "$key" && [[ -x "$out/bin/$exe" ]] && return
+  step "$name runtime: $bin"
   command -v patchelf >/dev/null || { echo "setup: patchelf is missing (Debian package patchelf)" >&2; return 1; }
   rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
-  cp "$node" "$out/bin/node"
-  ldd "$node" | awk '/=> \//{print $3} /^\s*\/.*ld-linux/{print $1}' | while read -r lib; do
+  cp "$bin" "$out/bin/$exe"
+  ldd "$bin" | awk '/=> \//{print $3} /^\s*\/.*ld-linux/{print $1}' | while read -r lib; do
     cp -L "$lib" "$out/lib/"
   done
-  local loader
-  loader="$(basename "$(patchelf --print-interpreter "$node")")"
-  patchelf --set-interpreter "$out/lib/$loader" --set-rpath "$out/lib" "$out/bin/node"
-  "$out/bin/node" -e 'process.exit(0)'
-  mark node-runtime "$key"
+  loader="$(basename "$(patchelf --print-interpreter "$bin")")"
+  patchelf --set-interpreter "$out/lib/$loader" --set-rpath "$out/lib" "$out/bin/$exe"
+  "$out/bin/$exe" --version >/dev/null
+  mark "$3" "$key"
+}
+
+# A self-contained Node.js for harnesses that run on node (Codex's launcher).
+node_runtime() {
+  bundle node "$(command -v node)" node-runtime
+}
+
+# A self-contained ripgrep (Debian package ripgrep) for OpenCode: its grep, glob and skill
+# tools run `rg`, and it downloads ripgrep at run time when it finds none (a sandbox has no
+# network). The adapter puts this one where OpenCode looks before downloading.
+ripgrep_runtime() {
+  command -v rg >/dev/null || { echo "setup: ripgrep is missing (Debian package ripgrep; scripts/setup installs it)" >&2; return 1; }
+  bundle ripgrep "$(command -v rg)" ripgrep-runtime
 }
 
 # A Python 3.12 interpreter (OpenHands SDK needs it): on PATH, or a pyenv build.
@@ -81,6 +94,7 @@ python_harness() { # NAME PYTHON PACKAGES...
 
 npm_harnesses
 node_runtime
+ripgrep_runtime
 python_harness mini-swe-agent "${PYTHON311:-python3.11}" "mini-swe-agent==$MINI_SWE_AGENT_VERSION"
 # The OpenHands SDK needs Python >= 3.12.
 python_harness openhands "$(python312)" "openhands-sdk==$OPENHANDS_VERSION" "openhands-tools==$OPENHANDS_VERSION"

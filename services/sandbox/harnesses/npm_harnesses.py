@@ -27,6 +27,16 @@ def node_runtime() -> Path:
     return paths.tools_dir() / "runtime" / "node"
 
 
+def ripgrep_runtime() -> Path:
+    """The self-contained ripgrep setup bundles (Debian's ``rg``, its libraries, its loader)."""
+    return paths.tools_dir() / "runtime" / "ripgrep"
+
+
+# Where OpenCode 1.18 looks for rg when none is on PATH, before it downloads one (its
+# Global.Path.bin, $XDG_CACHE_HOME/opencode/bin); relative to the trial's HOME (xdg_env).
+OPENCODE_RG = ".cache/opencode/bin/rg"
+
+
 def _model(ctx: AgentContext) -> str:
     return ctx.model or "harnessrl-policy"
 
@@ -106,7 +116,27 @@ class OpenCode(_NpmHarness):
     name = "opencode"
     binary = "opencode"
 
+    def install_paths(self) -> list[Path]:
+        return [*super().install_paths(), ripgrep_runtime()]
+
+    def check_installed(self) -> None:
+        rg = ripgrep_runtime() / "bin" / "rg"
+        if not rg.is_file():
+            from services.sandbox.errors import EnvSetupError
+
+            raise EnvSetupError(
+                f"harness 'opencode': ripgrep {rg} not found (its grep, glob and skill tools run rg, and it "
+                "cannot download one in a sandbox); run scripts/setup (Debian package ripgrep, bundled by "
+                "scripts/setup_harnesses.sh)"
+            )
+        super().check_installed()
+
     def prepare(self, ctx: AgentContext) -> AgentCommand:
+        # Its search tools run rg: the bundled one, where it looks before downloading one.
+        rg = ctx.home / OPENCODE_RG
+        rg.parent.mkdir(parents=True, exist_ok=True)
+        rg.unlink(missing_ok=True)
+        rg.symlink_to(ripgrep_runtime() / "bin" / "rg")
         model = _model(ctx)
         config = {
             "$schema": "https://opencode.ai/config.json",
