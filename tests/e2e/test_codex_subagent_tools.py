@@ -5,9 +5,10 @@ deprecated-but-enabled ``multi_agent`` feature, no flag needed), the proxy offer
 (``spawn_agent``, ``multi_agent_v1``), makes real Codex spawn a sub-agent whose own
 request (its task as the last user message) reaches the policy.
 
-Not asserted here: which thread the capture files the sub-agent under. Its requests
-start with main's first message under main's instructions, so today the capture reads
-them as a rewrite of main (see the Codex sub-agent cell in docs/proxy.md)."""
+The capture files the sub-agent under its own trainable ``subagent-1`` thread, though
+its requests start with main's first message under main's instructions: Codex names
+each agent thread in ``client_metadata["x-codex-turn-metadata"]`` (thread_id,
+thread_source "subagent"), and that identity decides the thread (capture/state.py)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,8 @@ def test_the_policy_spawns_a_codex_sub_agent_through_the_namespaced_tool(tmp_pat
     assert spawned, "no request of the spawned sub-agent (its task last) reached the policy"
     # The sub-agent's own tools: Codex gives it no multi_agent_v1 namespace of its own.
     assert "multi_agent_v1__spawn_agent" not in spawned[0]
+    threads = outcome.threads()
+    sub = threads.get("subagent-1")
+    assert sub is not None and sub["kind"] == "subagent" and sub["trainable"], threads
+    assert {n for n, t in threads.items() if t["kind"] != "side"} == {"main", "subagent-1"}, threads
+    assert outcome.of("main") and outcome.of("subagent-1"), outcome.segments
