@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import textwrap
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,50 @@ class ModelStack:
             capture_target=f"127.0.0.1:{self.capture.port}",
             **overrides,
         )
+
+
+@dataclass
+class HarnessTrial:
+    """One real harness's trial through a ``ModelStack``: what ran and what it left."""
+
+    runner: Any
+    spec: Any
+    outcome: Any
+    log: str  # the end of the harness's agent.log
+
+
+async def run_harness_trial(
+    stack: ModelStack, tmp: Path, task: Path, harness: str, run_id: str, model: str, **settings: Any
+) -> HarnessTrial:
+    """Runs ``harness`` on ``task`` through the stack's proxy, gateway and capture store
+    (``settings``: the sandbox's, e.g. the backend); the trial's id starts with the run's."""
+    from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
+    from services.sandbox.factory import create_backend
+    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.runner import TrialRunner
+
+    sandbox = stack.sandbox_settings(tmp, default_agent_timeout_s=240, **settings)
+    runner = TrialRunner(
+        sandbox,
+        create_backend(sandbox),
+        proxy=ProxyAdmin(stack.proxy.url, stack.admin_token),
+        capture=CaptureFinalizer(sandbox.capture_target or "", None),
+    )
+    trial_id = f"{harness}-{uuid.uuid4().hex[:8]}"
+    spec = TrialSpec(
+        trial_id=trial_id,
+        run_id=run_id,
+        task_path=str(task),
+        group_id=trial_id,
+        group_size=1,
+        harness=harness,
+        model=model,
+        max_turns=20,
+    )
+    outcome = await runner.run(spec)
+    log_file = Path(outcome.artifacts_dir) / "agent.log"
+    log = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+    return HarnessTrial(runner, spec, outcome, log)
 
 
 def write_script(tmp: Path, data: dict[str, Any]) -> Path:

@@ -8,7 +8,6 @@ must hold the match, not an error."""
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,10 @@ import pytest
 
 from harnessrl.paths import default_model_dir
 from services.gateway.engines.scripted import read_generation_log
-from services.sandbox.backends import create_backend
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.runner import TrialRunner
+from services.sandbox.lifecycle import TerminationReason
 from services.sandbox.settings import DockerBackendSettings
-from tests.sandbox_support import make_task, model_stack
+from tests.sandbox_support import make_task, model_stack, run_harness_trial
 
 pytestmark = [
     pytest.mark.harness,
@@ -127,27 +123,8 @@ async def _run(
         context={NEEDLE_FILE: f"# Notes\n\n{NEEDLE_LINE}\n", **(context or {})},
     )
     async with model_stack(tmp_path / "stack", {"main": main, "*": TITLE}, **extra) as stack:
-        settings = stack.sandbox_settings(tmp_path, default_agent_timeout_s=240, **backend)
-        runner = TrialRunner(
-            settings,
-            create_backend(settings),
-            proxy=ProxyAdmin(stack.proxy.url, stack.admin_token),
-            capture=CaptureFinalizer(settings.capture_target or "", None),
-        )
-        trial_id = f"{harness}-search-{uuid.uuid4().hex[:8]}"
-        spec = TrialSpec(
-            trial_id=trial_id,
-            run_id="run-search",
-            task_path=str(task),
-            group_id=trial_id,
-            group_size=1,
-            harness=harness,
-            model=MODEL,
-            max_turns=20,
-        )
-        outcome = await runner.run(spec)
-        log_file = Path(outcome.artifacts_dir) / "agent.log"
-        log = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+        done = await run_harness_trial(stack, tmp_path, task, harness, "run-search", MODEL, **backend)
+        trial_id, outcome, log = done.spec.trial_id, done.outcome, done.log
         assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
         assert outcome.reward == 1.0, log
         prompts = _main_prompts(stack.engine_log, trial_id)

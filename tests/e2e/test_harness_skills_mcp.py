@@ -12,7 +12,6 @@ servers in its instruction and refuses skills, as in Harbor."""
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,10 @@ import pytest
 
 from harnessrl.paths import default_model_dir
 from services.gateway.engines.scripted import read_generation_log
-from services.sandbox.backends import create_backend
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.runner import TrialRunner
+from services.sandbox.lifecycle import TerminationReason
 from services.sandbox.settings import DockerBackendSettings
-from tests.sandbox_support import ModelStack, make_task, model_stack
+from tests.sandbox_support import ModelStack, make_task, model_stack, run_harness_trial
 
 pytestmark = [
     pytest.mark.harness,
@@ -132,27 +128,8 @@ async def _run(
     )
     async with model_stack(tmp_path / "stack", {"main": main, "*": [{"content": "Hello"}]}, **extra) as stack:
         backend = backend or {"backend": "local"}
-        settings = stack.sandbox_settings(tmp_path, default_agent_timeout_s=240, **backend)
-        runner = TrialRunner(
-            settings,
-            create_backend(settings),
-            proxy=ProxyAdmin(stack.proxy.url, stack.admin_token),
-            capture=CaptureFinalizer(settings.capture_target or "", None),
-        )
-        trial_id = f"{harness}-{uuid.uuid4().hex[:8]}"
-        spec = TrialSpec(
-            trial_id=trial_id,
-            run_id="run-x",
-            task_path=str(task),
-            group_id=trial_id,
-            group_size=1,
-            harness=harness,
-            model=MODEL,
-            max_turns=20,
-        )
-        outcome = await runner.run(spec)
-        log_file = Path(outcome.artifacts_dir) / "agent.log"
-        log = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+        done = await run_harness_trial(stack, tmp_path, task, harness, "run-x", MODEL, **backend)
+        trial_id, outcome, log = done.spec.trial_id, done.outcome, done.log
         return outcome, _prompts(stack, trial_id), log
 
 

@@ -8,7 +8,6 @@ and the trajectory is finalized."""
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,11 @@ import pytest
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
-from services.sandbox.backends import create_backend
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.runner import TrialRunner
+from services.sandbox.lifecycle import TerminationReason
 from services.sandbox.settings import DockerBackendSettings
 from stack.conformance import tools_script
-from tests.sandbox_support import make_task, model_stack
+from tests.sandbox_support import make_task, model_stack, run_harness_trial
 
 pytestmark = [
     pytest.mark.harness,
@@ -63,27 +59,9 @@ async def test_real_harness_completes_a_task_in_the_sandbox(
     threads, extra = CASES[harness]
     task = make_task(tmp_path / "tasks", toml=TOML, instruction="Create hello.txt containing hello")
     async with model_stack(tmp_path / "stack", threads, **extra) as stack:
-        settings = stack.sandbox_settings(tmp_path, default_agent_timeout_s=240, **backend_settings)
-        runner = TrialRunner(
-            settings,
-            create_backend(settings),
-            proxy=ProxyAdmin(stack.proxy.url, stack.admin_token),
-            capture=CaptureFinalizer(settings.capture_target or "", None),
-        )
-        trial_id = f"{harness}-{uuid.uuid4().hex[:8]}"
-        spec = TrialSpec(
-            trial_id=trial_id,
-            run_id="run-h",
-            task_path=str(task),
-            group_id=trial_id,
-            group_size=1,
-            harness=harness,
-            model=MODEL,
-            max_turns=20,
-        )
-        outcome = await runner.run(spec)
-        log_file = Path(outcome.artifacts_dir) / "agent.log"
-        log = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+        done = await run_harness_trial(stack, tmp_path, task, harness, "run-h", MODEL, **backend_settings)
+        runner, spec, outcome, log = done.runner, done.spec, done.outcome, done.log
+        trial_id = spec.trial_id
         assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
         assert outcome.reward == 1.0, log
         assert outcome.num_segments >= 1
