@@ -234,9 +234,9 @@ def codex_scenarios() -> dict[str, Scenario | str]:
     compact_options = {"auto_compact_token_limit": 12000}
     return {
         "tools": Scenario({"main": tools, "*": [{"content": "Title"}]}, done_file, script_extra={"chunk_tokens": 3}),
-        "sub-agent": "Codex offers multi_agent_v1__spawn_agent and spawns the sub-agent, but the sub-agent's "
-        "requests start with main's first message under main's instructions: the capture reads them as a "
-        "rewrite of main (Codex's client_metadata x-codex-turn-metadata thread_source 'subagent' is not read yet)",
+        "sub-agent": "the capture files Codex's sub-agent as subagent-1 by its x-codex-turn-metadata thread_id "
+        "(tests/e2e/test_codex_subagent_tools.py), but a scripted spawn here left hello.txt unwritten (main "
+        "probably ends before the sub-agent's command runs; a wait_agent turn is not scripted yet)",
         "compaction": Scenario(compact_threads, check_compaction, options=compact_options),
         # the compaction run again, checked for its summary call (Codex makes no title call)
         "side calls": Scenario(compact_threads, check_compaction_and_side_calls, options=compact_options),
