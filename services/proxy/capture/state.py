@@ -53,8 +53,11 @@ Invariants 1-4 (docs/architecture.md) and how this module keeps them:
    over the main history is a side call forked from ``main``, not ``main``.
    Which prompt is longer plays no part. Known limit: a harness that forks a
    sub-agent with the parent's whole context (its turns included) is read as
-   a rewrite of the parent. A thread's segments are sequential, one open at a
-   time.
+   a rewrite of the parent, unless it names its threads: a request carrying
+   the harness's own thread id (``Conversation.thread_hint``, Codex's
+   x-codex-turn-metadata) is placed by that id first (``_plan_hinted``): one id,
+   one thread; a new id after main is a new ``subagent-N`` (``parent`` set).
+   A thread's segments are sequential, one open at a time.
 """
 
 from __future__ import annotations
