@@ -15,19 +15,15 @@ there. Only the ports listening when the verify phase starts are relayed, TCP on
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
-import socket
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from services.sandbox.backends.netns import listen_in
+from services.sandbox.backends.netns import listen_in, socket_in
+from services.sandbox.endpoints import pipe
 from services.sandbox.errors import EnvSetupError
 
 log = logging.getLogger(__name__)
-_CLONE_NEWNET = 0x40000000
 _LISTEN = "0A"
 _LOOPBACK_OR_ANY = {"0100007F", "00000000", "00000000000000000000000001000000", "0" * 32}
 
@@ -50,47 +46,6 @@ def listening_ports(pid: int) -> list[int]:
     return sorted(ports)
 
 
-def socket_in(pid: int) -> socket.socket:
-    """An unconnected TCP socket of the network namespace of ``pid`` (it keeps it wherever used)."""
-    result: dict[str, object] = {}
-
-    def enter_and_make() -> None:
-        try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-            try:
-                if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-            result["socket"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        except OSError as e:
-            result["error"] = e
-
-    thread = threading.Thread(target=enter_and_make, name=f"netns-dial-{pid}")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise OSError(f"cannot enter the network namespace of pid {pid}: {result['error']}")
-    sock = result["socket"]
-    assert isinstance(sock, socket.socket)
-    sock.setblocking(False)
-    return sock
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        try:
-            writer.write_eof()
-        except (OSError, RuntimeError):
-            writer.close()
-
-
 async def relay_services(holder_pid: int, verifier_pid: int) -> list[asyncio.Server]:
     """One relay per service port, from the verifier's loopback to the holder's."""
     servers: list[asyncio.Server] = []
@@ -106,7 +61,7 @@ async def relay_services(holder_pid: int, verifier_pid: int) -> list[asyncio.Ser
                 log.warning("service relay could not dial", extra={"kv": {"port": port, "error": str(e)}})
                 writer.close()
                 return
-            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
             up_writer.close()
             writer.close()
 

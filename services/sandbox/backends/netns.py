@@ -18,6 +18,7 @@ import ctypes
 import os
 import socket
 import threading
+from collections.abc import Callable
 
 from services.sandbox.errors import EnvSetupError
 
@@ -25,11 +26,12 @@ _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def listen_in(pid: int, host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` in the network namespace of ``pid``."""
+def made_in(pid: int, make: Callable[[], socket.socket]) -> socket.socket:
+    """A socket ``make`` creates inside the network namespace of ``pid`` (non-blocking);
+    OSError naming the namespace when it cannot be entered or ``make`` fails."""
     result: dict[str, object] = {}
 
-    def enter_and_bind() -> None:
+    def enter_and_make() -> None:
         try:
             fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
             try:
@@ -38,17 +40,30 @@ def listen_in(pid: int, host: str, port: int) -> socket.socket:
                     raise OSError(err, f"setns into the network namespace of pid {pid}: {os.strerror(err)}")
             finally:
                 os.close(fd)
-            result["socket"] = socket.create_server((host, port), backlog=128)
+            result["socket"] = make()
         except OSError as e:
             result["error"] = e
 
     # The thread ends inside the container's namespace; only it ever entered.
-    thread = threading.Thread(target=enter_and_bind, name=f"netns-{pid}")
+    thread = threading.Thread(target=enter_and_make, name=f"netns-{pid}")
     thread.start()
     thread.join()
     if "error" in result:
-        raise EnvSetupError(f"cannot open the proxy port in the sandbox: {result['error']}")
+        raise OSError(f"in the network namespace of pid {pid}: {result['error']}")
     sock = result["socket"]
     assert isinstance(sock, socket.socket)
     sock.setblocking(False)
     return sock
+
+
+def listen_in(pid: int, host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` in the network namespace of ``pid``."""
+    try:
+        return made_in(pid, lambda: socket.create_server((host, port), backlog=128))
+    except OSError as e:
+        raise EnvSetupError(f"cannot open the proxy port in the sandbox: {e}") from e
+
+
+def socket_in(pid: int) -> socket.socket:
+    """An unconnected TCP socket of the network namespace of ``pid`` (it keeps it wherever used)."""
+    return made_in(pid, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
