@@ -204,6 +204,17 @@ def _deny_handler(handler: Any) -> Any:
     return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
 
 
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, from now on. A service installs it before
+    it starts serving: once its health check answers, a supervisor may stop it at
+    once, and a signal that arrives before the handler takes the default action."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 class RunningServer:
     """A started gRPC server with its bound port and health servicer."""
 
@@ -227,12 +238,11 @@ class RunningServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(self.grace if grace is None else grace)
 
-    async def wait_for_signal(self) -> None:
-        """Serves until SIGTERM or SIGINT, then stops gracefully."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async def wait_for_signal(self, stop: asyncio.Event | None = None) -> None:
+        """Serves until SIGTERM or SIGINT, then stops gracefully. Pass the event of
+        ``stop_on_signals`` when the handlers had to be in place before the server
+        started (a signal in between otherwise kills the process: exit -15)."""
+        stop = stop or stop_on_signals()
         waiter = asyncio.ensure_future(self.server.wait_for_termination())
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from harnessrl import tls
+from harnessrl.rpc import stop_on_signals
 from services.proxy.app import create_app
 from services.proxy.chat.model import ChatModel
 from services.proxy.settings import Settings
@@ -112,6 +112,7 @@ async def start(settings: Settings, model: ChatModel | None = None) -> RunningPr
 
 async def serve_until_signal(settings: Settings, announce: bool = True) -> None:
     tls.use(settings.tls)  # this process is the proxy's: its clients dial as its settings say
+    stop = stop_on_signals()  # before the first /healthz can answer
     running = await start(settings)
     if settings.gc_tuning:
         # This process is the proxy's own: move everything loaded at startup out of
@@ -121,9 +122,5 @@ async def serve_until_signal(settings: Settings, announce: bool = True) -> None:
         gc.set_threshold(20_000, 50, 100)
     if announce:
         print(f"proxy listening on {settings.host}:{running.port}", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await running.stop()

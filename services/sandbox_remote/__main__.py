@@ -10,6 +10,7 @@ import sys
 from harnessrl import logs, tls
 from harnessrl.config import validate
 from harnessrl.errors import HarnessError
+from harnessrl.rpc import stop_on_signals
 from services.sandbox_remote.server import create_remote_server
 from services.sandbox_remote.settings import Settings
 
@@ -30,9 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     tls.use(settings.tls)
 
     async def run() -> None:
+        stop = stop_on_signals()
         server = await create_remote_server(settings)
         print(f"sandbox_remote listening on {settings.host}:{server.port}", file=sys.stderr, flush=True)
-        await server.wait_for_signal()
+        await server.wait_for_signal(stop)
 
     asyncio.run(run())
 

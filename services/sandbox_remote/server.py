@@ -3,6 +3,7 @@ RemoteSandbox, with the shared plumbing (health, auth, errors, tracing)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
@@ -54,9 +55,9 @@ class RemoteSandboxServer:
         await self.running.stop(grace)
         await self.service.close()
 
-    async def wait_for_signal(self) -> None:
+    async def wait_for_signal(self, stop: asyncio.Event | None = None) -> None:
         try:
-            await self.running.wait_for_signal()
+            await self.running.wait_for_signal(stop)
         finally:
             await self.service.close()
 

@@ -14,7 +14,7 @@ import uvicorn
 
 from harnessrl import logs, tls
 from harnessrl.config import ServiceSettings, load_section
-from harnessrl.rpc import RunningServer
+from harnessrl.rpc import RunningServer, stop_on_signals
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -40,9 +40,10 @@ def serve_grpc(
     tls.use(settings.tls)  # the service's clients dial as its settings say
 
     async def run() -> None:
+        stop = stop_on_signals()
         running = await create(settings)
         typer.echo(f"{section} listening on {settings.host}:{running.port}", err=True)
-        await running.wait_for_signal()
+        await running.wait_for_signal(stop)
 
     asyncio.run(run())
 
