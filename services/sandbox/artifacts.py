@@ -26,9 +26,18 @@ directory, a link that leads out of it and anything that is not a file, director
 link is dropped; a trial keeps at most ``MAX_BYTES`` and ``MAX_FILES``. On docker a
 directory holding a link out fails whole (the engine's tar is unpacked with the
 ``data`` filter). Differences from Harbor: a ``service`` other than ``main`` (compose
-sidecars) is refused at load; Harbor's implicit ``/logs/artifacts`` (a folder it mounts
-for the agent) is not provided, name the paths to collect; a relative source is from
-``/``, as ``docker cp`` reads it.
+sidecars) is refused at load; a relative source is from ``/``, as ``docker cp`` reads it.
+
+Harbor's publish folder ``/logs/artifacts`` (its convention entry, first in every
+collection): every sandbox has it, writable by the agent, a step's setup and the verifier,
+behind it a folder of the trial on the worker (Harbor bind-mounts the trial's folder).
+``collect_published`` copies it after the verifier (the mount is live while the verifier
+runs, so its writes count too, as in Harbor) to ``artifacts/logs/artifacts/``, under the
+same safety rules, its manifest entry first; a multi-step task's is collected and emptied
+per step (Harbor moves its contents into the step's folder). An empty folder leaves no
+trace but its manifest entry (``empty``, as Harbor) when the task collects something else;
+a task that names ``/logs/artifacts`` itself gets its entry instead, collected with the
+others before the verifier (Harbor: an explicit entry replaces the implicit one).
 """
 
 from __future__ import annotations
@@ -196,6 +205,31 @@ async def collect(backend: Backend, sandbox: Sandbox, task: Task, out_dir: Path)
     return [f"artifact:{r['status']}:{r['source']}" for r in manifest]
 
 
+async def collect_published(backend: Backend, sandbox: Sandbox, task: Task, out_dir: Path) -> list[str]:
+    """Harbor's convention entry: ``/logs/artifacts`` into ``out_dir/artifacts/logs/artifacts``,
+    its record first in the manifest; an event when it held something. Best effort."""
+    published = sandbox.paths.published
+    entries = list(task.config.artifacts)
+    if any(e.path == published and e.service in (None, "main") for e in entries):
+        return []  # the task's own entry replaced it (collected before the verifier)
+    entry = ArtifactEntry(source=str(published))
+    root = out_dir / FOLDER
+    record: dict[str, Any] = {"source": entry.source, "destination": f"{FOLDER}/{entry.relative}"}
+    record |= {"type": "directory", "status": "ok", "service": None, "exclude": [], "detail": ""}
+    manifest = await asyncio.to_thread(read_manifest, out_dir)
+    if any(_overlap(entry.relative, PurePosixPath(r["destination"]).relative_to(FOLDER)) for r in manifest):
+        record.update(status="skipped", detail="its place under artifacts/ overlaps an earlier entry's")
+    else:
+        existed = await asyncio.to_thread(root.is_dir)
+        record.update(await _fetch(backend, sandbox, entry, str(published), True, root, _Budget(), empty_ok=True))
+        if record["status"] == "empty" and not manifest:
+            if not existed:
+                await asyncio.to_thread(shutil.rmtree, root, True)
+            return []  # nothing collected at all: no folder, no manifest
+    await asyncio.to_thread(_write_manifest, root, [record, *manifest])
+    return [] if record["status"] == "empty" else [f"artifact:{record['status']}:{entry.source}"]
+
+
 async def _probe(backend: Backend, sandbox: Sandbox, entries: list[ArtifactEntry]) -> list[tuple[str, str]]:
     """(kind, resolved path) of each entry, as the sandbox user sees them after the agent."""
     from services.sandbox.backends.base import ExecRequest, Network, Phase
@@ -224,9 +258,19 @@ async def _probe(backend: Backend, sandbox: Sandbox, entries: list[ArtifactEntry
 
 
 async def _fetch(
-    backend: Backend, sandbox: Sandbox, entry: ArtifactEntry, resolved: str, is_dir: bool, root: Path, budget: _Budget
+    backend: Backend,
+    sandbox: Sandbox,
+    entry: ArtifactEntry,
+    resolved: str,
+    is_dir: bool,
+    root: Path,
+    budget: _Budget,
+    *,
+    empty_ok: bool = False,
 ) -> dict[str, Any]:
-    """Downloads one resolved source to a private staging folder, then places what is safe."""
+    """Downloads one resolved source to a private staging folder, then places what is safe;
+    ``empty_ok``: an empty directory is status ``empty`` and placed nowhere (Harbor's mounted
+    convention folder)."""
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
     staging = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=".staging-", dir=root))
     try:
@@ -238,6 +282,8 @@ async def _fetch(
             log.info("an artifact could not be copied out", exc_info=True, extra={"kv": kv})
             where = "" if resolved == str(entry.path) else f" (resolved to {resolved})"
             return {"status": "failed", "detail": f"copying it out failed{where}: {type(e).__name__}: {e}"}
+        if empty_ok and await asyncio.to_thread(_empty_dir, fetched):
+            return {"status": "empty"}
         target = root / entry.relative
         placed = await asyncio.to_thread(_place, fetched, target, is_dir, entry.exclude, budget)
     finally:
@@ -249,6 +295,35 @@ async def _fetch(
         notes.append(f"cut at the trial's cap ({MAX_BYTES} bytes, {MAX_FILES} files): {placed.files} file(s) kept")
         return {"status": "failed", "detail": "; ".join(notes)}
     return {"status": "ok", "detail": "; ".join(notes)}
+
+
+def drop_planted(folder: Path) -> list[str]:
+    """Before a verifier runs: removes every link (and anything not a file or directory) the
+    agent left in the worker's folder behind /logs/artifacts. The verifier (root on docker)
+    may write there, as Harbor's does; a planted link would carry that write anywhere, the
+    reward files included. Returns a tamper note per entry removed; raises when one cannot
+    be (the verify must not run then)."""
+    notes: list[str] = []
+    if not folder.is_dir() or folder.is_symlink():
+        return notes
+    for here, dirnames, filenames in os.walk(folder):
+        for name in [*dirnames, *filenames]:
+            path = Path(here) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                continue
+            os.unlink(path)
+            notes.append(
+                f"/logs/artifacts/{path.relative_to(folder)}: a link or special file, removed before the verifier"
+            )
+    return notes
+
+
+def _empty_dir(path: Path) -> bool:
+    if not path.is_dir() or path.is_symlink():
+        return not path.exists() and not path.is_symlink()
+    with os.scandir(path) as it:
+        return not any(True for _ in it)
 
 
 def _place(src: Path, dst: Path, is_dir: bool, exclude: list[str], budget: _Budget) -> _Placed:

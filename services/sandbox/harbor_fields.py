@@ -137,9 +137,11 @@ FIELDS: dict[str, Rule] = {
         "failed trial) and one event per entry (artifact:STATUS:SOURCE); exclude patterns as tar --exclude. "
         "Differences: links are resolved inside the sandbox and a link out of a collected directory is dropped "
         "(docker: the directory fails whole), a trial keeps at most 256 MiB and 20000 files, a relative source "
-        "is from / (as docker cp), service other than 'main' is refused, Harbor's implicit /logs/artifacts is "
-        "not provided, and the local backend reaches only the workspace, HOME and /logs/agent (other paths: "
-        "'failed')",
+        "is from / (as docker cp), service other than 'main' is refused, and the local backend reaches only the "
+        "workspace, HOME, /logs/agent and /logs/artifacts (other paths: 'failed'). Harbor's publish folder "
+        "/logs/artifacts is in every sandbox, writable by the agent, a step's setup.sh and the verifier, and "
+        "collected after the verifier (its manifest entry first, 'empty' when it held nothing) into "
+        "artifacts/logs/artifacts/, per step for [[steps]]",
     ),
     # -- [task] -------------------------------------------------------------------------------
     "task.name": Rule(Status.SUPPORTED, "org/name; the task's id"),

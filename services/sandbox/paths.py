@@ -4,6 +4,8 @@ Inside every sandbox (all backends)::
 
     <workdir>              the task repo, read-write for the agent (default /app)
     /logs/agent/           the harness's logs, written during the agent phase
+    /logs/artifacts/       Harbor's publish folder: what the agent, a step's setup or the
+                           verifier writes here is collected into the trial's artifacts/
     /logs/verifier/        verify phase only: the verifier's output and the reward files
     /tests/                verify phase only: a fresh copy of the task's pristine tests
     /solution/             the oracle's agent phase only
@@ -27,6 +29,7 @@ class SandboxPaths:
     workdir: PurePosixPath = _P("/app")  # noqa: RUF009 - immutable value
     logs: PurePosixPath = _P("/logs")  # noqa: RUF009
     agent_logs: PurePosixPath = _P("/logs/agent")  # noqa: RUF009
+    published: PurePosixPath = _P("/logs/artifacts")  # noqa: RUF009
     verifier_logs: PurePosixPath = _P("/logs/verifier")  # noqa: RUF009
     tests: PurePosixPath = _P("/tests")  # noqa: RUF009
     solution: PurePosixPath = _P("/solution")  # noqa: RUF009
@@ -60,6 +63,11 @@ class TrialDirs:
         return self.root / "logs" / "verifier"
 
     @property
+    def published(self) -> Path:
+        """Behind /logs/artifacts, in every phase (Harbor's bind mount of the trial's folder)."""
+        return self.root / "logs" / "artifacts"
+
+    @property
     def tests(self) -> Path:
         return self.root / "tests"
 
@@ -75,6 +83,6 @@ class TrialDirs:
         return self.root / "home" / phase
 
     def create(self) -> TrialDirs:
-        for path in (self.agent_logs, self.verifier_logs, self.runtime, self.root / "home"):
+        for path in (self.agent_logs, self.verifier_logs, self.published, self.runtime, self.root / "home"):
             path.mkdir(parents=True, exist_ok=True)
         return self

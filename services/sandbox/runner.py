@@ -5,6 +5,7 @@ setup    load the task, start the sandbox (layer cache + workspace copy), regist
 agent    run the unmodified harness; every process dies with the phase; then the
          proxy's close makes every segment durable and refuses the token
 verify   as Harbor verifies, with every defence of invariant 6 (``runner_verify``)
+         then /logs/artifacts (Harbor's publish folder) is collected, per step too
 teardown stop the sandbox, keep the artifacts, FinalizeTrajectory on the capture store
 
 A multi-step task ([[steps]], ``task_steps``) runs agent then verify once per step, in
@@ -57,6 +58,7 @@ from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
 from services.sandbox import runner_verify, step_setup, task_steps, verifier_policy
 from services.sandbox.artifacts import collect as collect_artifacts
+from services.sandbox.artifacts import collect_published
 from services.sandbox.backends.base import Backend, ExecRequest, Limits, Network, Phase, SandboxSpec
 from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, UnixRelay
 from services.sandbox.errors import EnvSetupError
@@ -122,6 +124,7 @@ class TrialRunner:
                 if self._go_on(t, cancel):
                     await enter(TrialState.VERIFY)
                     await self._phase(t, Phase.VERIFY, self._verify(t, cancel))
+                await self._collect_published(t, "")
         finally:
             try:
                 await enter(TrialState.TEARDOWN)
@@ -334,6 +337,16 @@ class TrialRunner:
         if step is not None:
             t.steps[-1].rewards, t.steps[-1].verified = rewards or {}, rewards is not None
 
+    async def _collect_published(self, t: Trial, prefix: str) -> None:
+        """/logs/artifacts after the verifier (its mount is live then in Harbor too): artifacts only."""
+        if t.sandbox is None or t.task is None:
+            return
+        try:
+            t.events += await collect_published(self.backend, t.sandbox, t.task, t.artifacts / prefix)
+        except Exception as e:
+            log.warning("collecting /logs/artifacts failed", exc_info=True, extra={"kv": {"trial": t.spec.trial_id}})
+            t.events.append(f"collecting /logs/artifacts failed: {type(e).__name__}: {e}")
+
     # -- steps -----------------------------------------------------------------
     async def _steps(
         self, t: Trial, steps: tuple[Step, ...], cancel: asyncio.Event, enter: Callable[[TrialState], Awaitable[None]]
@@ -352,6 +365,7 @@ class TrialRunner:
                 await enter(TrialState.VERIFY)
                 await self._phase(t, Phase.VERIFY, self._verify(t, cancel, step))
             record.agent_s, record.verify_s = t.timings.agent_s - started[0], t.timings.verify_s - started[1]
+            await self._collect_published(t, f"steps/{step.name}/")
             if not record.verified:
                 break  # as Harbor: no result, the rest is skipped (here the trial is an infra failure)
             failure = task_steps.min_reward_failure(record.rewards, step.config.min_reward)

@@ -15,7 +15,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from services.sandbox import integrity, runner_guard, verifier_policy
+from services.sandbox import artifacts, integrity, runner_guard, verifier_policy
 from services.sandbox.backends.base import Backend, ExecRequest, ExecResult, Network, Phase, SandboxSpec
 from services.sandbox.errors import SandboxLost, VerifierError
 from services.sandbox.runner_trial import Trial, phase_env
@@ -52,6 +52,7 @@ async def verify(
     run = verifier_policy.for_step(t.verifier, own.user, own.network_mode) if own else t.verifier
     network = Network.PUBLIC if run.public else Network.NONE
     t.tamper += await backend.prepare_verify(sandbox, run.user, network)
+    t.tamper += await asyncio.to_thread(artifacts.drop_planted, sandbox.spec.dirs.published)
     if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
         t.tamper += await backend.restore_protected(sandbox)
     tests = t.task.tests_dir if step is None else await asyncio.to_thread(_step_tests, sandbox.spec, step)

@@ -9,7 +9,9 @@ on Harbor's documentation:
   the healthcheck holds the agent back until it answers (oracle 1, nop 0);
 - ``collect``: files, a directory with a tar ``--exclude`` glob and a missing entry,
   collected after the agent and before the verifier (which rewrites one of them), with
-  Harbor's manifest; a link to the worker's files never brings them out.
+  Harbor's manifest; a link to the worker's files never brings them out;
+- ``publish``: Harbor's /logs/artifacts, written by the agent and the verifier, collected
+  after the verifier (per step with [[steps]], a step's setup.sh writing there too).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ async def test_a_healthcheck_that_passes_on_its_third_attempt_lets_the_trial_run
     for outcome in (oracle, nop):
         (event,) = [e for e in outcome.events if e.startswith("healthcheck:")]
         assert event.startswith("healthcheck:passed after 3 attempt(s)"), outcome.events
+        assert not (Path(outcome.artifacts_dir) / "artifacts").exists()  # nothing published, nothing named
 
 
 async def test_a_healthcheck_that_never_passes_fails_setup_by_name_and_no_agent_runs(
@@ -200,6 +203,7 @@ async def test_artifacts_are_collected_after_the_agent_as_harbor_collects_them(
     assert (out / "home" / "agent" / "notes.txt").read_text() == "kept\n"
     manifest = {e["source"]: e for e in json.loads((out / "manifest.json").read_text())}
     assert list(manifest) == [
+        "/logs/artifacts",  # Harbor's convention entry, first; here empty
         "/app/summary.json",
         "/app/out",
         "/app/missing.txt",
@@ -218,6 +222,8 @@ async def test_artifacts_are_collected_after_the_agent_as_harbor_collects_them(
     }
     assert manifest["/app/out"]["status"] == "ok" and manifest["/app/out"]["exclude"] == ["*.tmp"]
     assert manifest["/app/out"]["destination"] == "artifacts/out" and manifest["/app/out"]["type"] == "directory"
+    assert (manifest["/logs/artifacts"]["status"], manifest["/logs/artifacts"]["type"]) == ("empty", "directory")
+    assert not (out / "logs").exists() and "artifact:empty:/logs/artifacts" not in outcome.events
     missing = manifest["/app/missing.txt"]
     assert (missing["status"], missing["type"]) == ("failed", "file") and "no such file" in missing["detail"]
     assert "artifact:ok:/app/summary.json" in outcome.events and "artifact:failed:/app/missing.txt" in outcome.events
@@ -248,6 +254,13 @@ async def test_with_steps_the_healthcheck_runs_once_and_each_step_keeps_its_arti
     top = "artifacts = ['/app/greet.sh']\n"
     hc = f"[environment.healthcheck]\ncommand = '{WARMUP}'\ninterval_sec = 0.1\n"
     (task / "task.toml").write_text(top + toml.replace("\n[[steps]]\n", f"\n{hc}\n[[steps]]\n", 1))
+    # As the cookbook's multi-step recipe: a step's setup.sh (the sandbox user) leaves a marker in
+    # Harbor's publish folder, which is collected into that step's folder and emptied after it.
+    setup = task / "steps" / "personalise" / "workdir" / "setup.sh"
+    setup.parent.mkdir(parents=True)
+    setup.write_text("#!/bin/bash\nset -euo pipefail\nmkdir -p /logs/artifacts\necho ran > /logs/artifacts/marker\n")
+    greet_test = task / "steps" / "greet" / "tests" / "test.sh"
+    greet_test.write_text(greet_test.read_text() + "echo first > /logs/artifacts/first.txt\n")  # as the verifier
     outcome = await run(tmp_path, task, kind, "oracle")
     assert (outcome.termination_reason, outcome.reward) == (R.COMPLETED, 1.0), (outcome.error, outcome.events)
     (event,) = [e for e in outcome.events if e.startswith("healthcheck:")]  # once, at the start
@@ -256,5 +269,65 @@ async def test_with_steps_the_healthcheck_runs_once_and_each_step_keeps_its_arti
     assert (steps / "greet" / "artifacts" / "app" / "greet.sh").read_text() == "#!/bin/bash\necho hello\n"
     assert "${1:+ $1}" in (steps / "personalise" / "artifacts" / "app" / "greet.sh").read_text()
     for name in ("greet", "personalise"):
-        (entry,) = json.loads((steps / name / "artifacts" / "manifest.json").read_text())
-        assert entry["status"] == "ok", entry
+        published, entry = json.loads((steps / name / "artifacts" / "manifest.json").read_text())
+        assert (published["source"], published["status"], entry["status"]) == ("/logs/artifacts", "ok", "ok")
+    assert [p.name for p in (steps / "greet" / "artifacts" / "logs" / "artifacts").iterdir()] == ["first.txt"]
+    assert [p.name for p in (steps / "personalise" / "artifacts" / "logs" / "artifacts").iterdir()] == ["marker"]
+
+
+PUBLISH_AGENT = """\
+echo from-agent > /logs/artifacts/agent.txt
+mkdir -p /logs/artifacts/deep && echo nested > /logs/artifacts/deep/n.txt
+ln -s /etc/passwd /logs/artifacts/passwd
+"""
+PUBLISH_TEST = """#!/bin/bash
+cp /app/README.md /logs/artifacts/from-verifier.md
+echo 1 > /logs/verifier/reward.txt
+"""
+
+
+async def test_harbors_publish_folder_is_writable_and_collected_after_the_verifier(
+    tmp_path: Path, kind: dict[str, object]
+) -> None:
+    """/logs/artifacts (Harbor mounts it in every trial): what the agent and the verifier write
+    there lands in artifacts/logs/artifacts/, with no link out (a trial that writes nothing
+    there and collects nothing else leaves no artifacts/ at all: the everyday tests' trials)."""
+    toml = TOML.format(top="")
+    task = make_task(tmp_path / "tasks", "publish", toml=toml, dockerfile=DOCKERFILE, test_sh=PUBLISH_TEST)
+    outcome = await run(tmp_path, task, kind, "shell", PUBLISH_AGENT)
+    assert (outcome.termination_reason, outcome.reward) == (R.COMPLETED, 1.0), (outcome.error, outcome.events)
+    out = Path(outcome.artifacts_dir) / "artifacts"
+    published = out / "logs" / "artifacts"
+    assert (published / "agent.txt").read_text() == "from-agent\n"
+    assert (published / "deep" / "n.txt").read_text() == "nested\n"
+    assert (published / "from-verifier.md").read_text() == (task / "environment" / "README.md").read_text()
+    assert not (published / "passwd").exists() and not host_passwd_in(out)
+    (entry,) = json.loads((out / "manifest.json").read_text())
+    assert entry["source"] == "/logs/artifacts" and entry["destination"] == "artifacts/logs/artifacts"
+    assert entry["status"] == "ok" and "1 link(s) out of it" in entry["detail"], entry
+    assert "artifact:ok:/logs/artifacts" in outcome.events
+    nop = await run(tmp_path, task, kind, "nop")  # another trial's folder starts empty
+    assert nop.termination_reason == R.COMPLETED, nop.error
+    nop_published = Path(nop.artifacts_dir) / "artifacts" / "logs" / "artifacts"
+    assert sorted(p.name for p in nop_published.iterdir()) == ["from-verifier.md"]
+
+
+PLANT = "ln -s /logs/verifier/reward.txt /logs/artifacts/report.txt\n"
+# Scores 0, then publishes a report, as cookbook verifiers copy files into /logs/artifacts.
+REPORT_TEST = """#!/bin/bash
+echo 0 > /logs/verifier/reward.txt
+echo 1 > /logs/artifacts/report.txt
+"""
+
+
+async def test_a_link_planted_in_the_publish_folder_never_carries_the_verifiers_write(
+    tmp_path: Path, kind: dict[str, object]
+) -> None:
+    """The verifier may write in /logs/artifacts (Harbor's does); a link the agent left there
+    would carry that write into the reward file. It is removed before the verifier, by name."""
+    task = make_task(tmp_path / "tasks", "plant", toml=TOML.format(top=""), dockerfile=DOCKERFILE, test_sh=REPORT_TEST)
+    outcome = await run(tmp_path, task, kind, "shell", PLANT)
+    assert (outcome.termination_reason, outcome.reward) == (R.COMPLETED, 0.0), (outcome.error, outcome.events)
+    assert "/logs/artifacts/report.txt: a link or special file, removed before the verifier" in outcome.tamper_events
+    published = Path(outcome.artifacts_dir) / "artifacts" / "logs" / "artifacts"
+    assert (published / "report.txt").read_text() == "1\n" and not (published / "report.txt").is_symlink()

@@ -157,9 +157,10 @@ class DockerBackend(Backend):
             images.image_env(inspect) | (compose.main_environment if compose else {}) | spec.task.config.environment.env
         )
         dirs = spec.dirs.create()
-        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT, dirs.agent_logs):
+        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT, dirs.agent_logs, dirs.published):
             host_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_chown_tree, dirs.agent_logs, 1000)
+        for owned in (dirs.agent_logs, dirs.published):
+            await asyncio.to_thread(_chown_tree, owned, 1000)
         # A compose task's services first, in the namespace the main container then joins.
         up = compose is not None and bool(compose.services)
         group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if up else None
@@ -405,10 +406,12 @@ class DockerBackend(Backend):
         handle.uploaded.add(str(dst))
 
     async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
-        if src.is_relative_to(sandbox.paths.agent_logs):  # bind-mounted from the worker
-            host = sandbox.spec.dirs.agent_logs / src.relative_to(sandbox.paths.agent_logs)
-            await asyncio.to_thread(_copy_out, host, dst, sandbox.spec.trial_id, src)
-            return
+        paths, dirs = sandbox.paths, sandbox.spec.dirs
+        for inside, behind in ((paths.agent_logs, dirs.agent_logs), (paths.published, dirs.published)):
+            if src.is_relative_to(inside):  # bind-mounted from the worker
+                host = behind / src.relative_to(inside)
+                await asyncio.to_thread(_copy_out, host, dst, sandbox.spec.trial_id, src)
+                return
         await self._download(sandbox, src, dst, "data")
 
     async def _download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path, policy: tarsafe.Policy) -> None:

@@ -42,6 +42,8 @@ def container_spec(
     volumes[str(dirs.runtime / Phase.AGENT)] = {"bind": str(paths.runtime), "mode": "ro"}
     # The agent's logs land on the worker directly (no copy out after the phase).
     volumes[str(dirs.agent_logs)] = {"bind": str(paths.agent_logs), "mode": "rw"}
+    # Harbor's publish folder, bind-mounted as Harbor mounts it (the verifier's too).
+    volumes[str(dirs.published)] = {"bind": str(paths.published), "mode": "rw"}
     kwargs: dict[str, Any] = {
         "image": image,
         "command": ["sleep", "infinity"],
@@ -85,13 +87,17 @@ def verify_container_spec(
     spec: SandboxSpec, image: str, workdir: str, *, network_mode: str, disk_quota: bool
 ) -> dict[str, Any]:
     """Keyword arguments of the verifier's container: the agent's, from the commit of its final
-    filesystem, with the verifier's network and none of the agent's mounts but its logs (read-only)."""
+    filesystem, with the verifier's network and none of the agent's mounts but its logs (read-only)
+    and /logs/artifacts (read-write, as Harbor's verifier has it)."""
     kwargs = container_spec(spec, image, workdir, isolate_network=True, disk_quota=disk_quota)
     paths = SandboxPaths.for_workdir(workdir)
     kwargs["name"] = f"harnessrl-verify-{spec.trial_id}"[:63]
     kwargs["labels"] = {**kwargs["labels"], LABEL_VERIFY: "true"}
     kwargs["network_mode"] = network_mode
-    kwargs["volumes"] = {str(spec.dirs.agent_logs): {"bind": str(paths.agent_logs), "mode": "ro"}}
+    kwargs["volumes"] = {
+        str(spec.dirs.agent_logs): {"bind": str(paths.agent_logs), "mode": "ro"},
+        str(spec.dirs.published): {"bind": str(paths.published), "mode": "rw"},
+    }
     return kwargs
 
 

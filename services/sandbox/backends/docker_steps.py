@@ -44,7 +44,8 @@ async def next_agent_container(backend: DockerBackend, sandbox: Sandbox) -> None
     handle, spec = sandbox.handle, sandbox.spec
     assert isinstance(handle, ContainerExec)
     await handle.root(VERIFY_LEFTOVERS)
-    await asyncio.to_thread(empty_dir, spec.dirs.agent_logs)  # bind-mounted /logs/agent, as Harbor empties it
+    for bound in (spec.dirs.agent_logs, spec.dirs.published):  # bind-mounted: as Harbor moves them away
+        await asyncio.to_thread(empty_dir, bound)
     if not backend.integrity.kill_agent_processes:
         return  # red-team only: the verifier ran in the agent's own container, which goes on
     labels = {LABEL_MANAGED: "true", LABEL_TRIAL: spec.trial_id, LABEL_WORKER: worker_identity(), LABEL_VERIFY: "true"}

@@ -80,6 +80,7 @@ def volume_table(paths: SandboxPaths, policy: IntegrityPolicy) -> list[Volume]:
     return [
         Volume("workspace", paths.workdir, "rw", "rw", "agent"),
         Volume("agent-logs", paths.agent_logs, "rw", "ro", "agent"),
+        Volume("artifacts", paths.published, "rw", "rw", "agent"),  # Harbor's publish folder
         Volume("verifier-logs", paths.verifier_logs, None if policy.protect_reward_files else "rw", "rw", "verifier"),
         Volume("tests", paths.tests, None if hide else "ro", "rw"),
         Volume("solution", paths.solution, "ro", None if hide else "ro"),

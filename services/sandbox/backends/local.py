@@ -166,7 +166,7 @@ class LocalBackend(Backend):
         )
         disk_full = asyncio.Event()
         dirs = spec.dirs
-        watched = [dirs.workspace, dirs.home(request.phase), dirs.agent_logs, dirs.verifier_logs]
+        watched = [dirs.workspace, dirs.home(request.phase), dirs.agent_logs, dirs.verifier_logs, dirs.published]
         watchdog = asyncio.ensure_future(
             watch_disk(watched, limits.storage_mb * 1024 * 1024, self.cfg.disk_poll_s, disk_full)
         )
@@ -217,6 +217,8 @@ class LocalBackend(Backend):
             bwrap.Mount(dirs.runtime / "etc" / "passwd", "/etc/passwd"),
             bwrap.Mount(dirs.runtime / "etc" / "group", "/etc/group"),
             bwrap.Mount(runtime, str(paths.runtime)),
+            # Harbor's publish folder: its bind mount is writable by the agent and the verifier.
+            bwrap.Mount(dirs.published, str(paths.published), writable=True),
         ]
         if phase == Phase.AGENT:
             mounts.append(bwrap.Mount(dirs.agent_logs, str(paths.agent_logs), writable=True))
@@ -257,9 +259,10 @@ class LocalBackend(Backend):
 
     async def next_step(self, sandbox: Sandbox) -> None:
         """The workspace and the agent's HOME carry over as they are; each verify exec mounts
-        its own /tests (hidden from the agent); /logs/verifier (no stale reward) and
-        /logs/agent are emptied."""
-        for logs in (sandbox.spec.dirs.verifier_logs, sandbox.spec.dirs.agent_logs):
+        its own /tests (hidden from the agent); /logs/verifier (no stale reward), /logs/agent
+        and /logs/artifacts (collected into the step's folder) are emptied."""
+        dirs = sandbox.spec.dirs
+        for logs in (dirs.verifier_logs, dirs.agent_logs, dirs.published):
             await asyncio.to_thread(empty_dir, logs)
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
@@ -286,6 +289,7 @@ class LocalBackend(Backend):
         roots = {
             paths.workdir: dirs.workspace,
             paths.agent_logs: dirs.agent_logs,
+            paths.published: dirs.published,
             paths.verifier_logs: dirs.verifier_logs,
             paths.home: dirs.home(Phase.AGENT),
             **{PurePosixPath(k): v for k, v in _handle(sandbox).uploads.items()},
