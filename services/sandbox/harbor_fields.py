@@ -141,7 +141,8 @@ FIELDS: dict[str, Rule] = {
         "workspace, HOME, /logs/agent and /logs/artifacts (other paths: 'failed'). Harbor's publish folder "
         "/logs/artifacts is in every sandbox, writable by the agent, a step's setup.sh and the verifier, and "
         "collected after the verifier (its manifest entry first, 'empty' when it held nothing) into "
-        "artifacts/logs/artifacts/, per step for [[steps]]",
+        "artifacts/logs/artifacts/, per step for [[steps]]; a link the agent left there is removed before the "
+        "verifier (a tamper event); on kubernetes the verifier does not see it (its writes there are not kept)",
     ),
     # -- [task] -------------------------------------------------------------------------------
     "task.name": Rule(Status.SUPPORTED, "org/name; the task's id"),

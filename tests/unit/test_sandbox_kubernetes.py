@@ -169,6 +169,8 @@ def test_the_agent_never_mounts_the_reward_dir_or_the_tests(tmp_path: Path) -> N
     assert verifier["/logs/verifier"] == ("verifier-logs", False) and verifier["/logs/agent"] == ("agent-logs", True)
     assert verifier["/home/agent"] == ("verifier-home", False) and "/solution" not in verifier
     assert verifier["/work"] == ("workspace", False)
+    # Harbor's publish folder: the agent's, never the verifier's (no sweep of planted links reaches it)
+    assert agent["/logs/artifacts"] == ("artifacts", False) and "/logs/artifacts" not in verifier
     helper = mounts(c["helper"])
     assert {name for name, _ in helper.values()} == {v.name for v in volume_table(SandboxPaths(), IntegrityPolicy())}
     assert all(path.startswith("/hrl/") for path in helper)

@@ -80,7 +80,9 @@ def volume_table(paths: SandboxPaths, policy: IntegrityPolicy) -> list[Volume]:
     return [
         Volume("workspace", paths.workdir, "rw", "rw", "agent"),
         Volume("agent-logs", paths.agent_logs, "rw", "ro", "agent"),
-        Volume("artifacts", paths.published, "rw", "rw", "agent"),  # Harbor's publish folder
+        # Harbor's publish folder. Not the verifier's: a link the agent planted there would carry
+        # its writes anywhere, and here no worker-side sweep reaches the pod's volume first.
+        Volume("artifacts", paths.published, "rw", None, "agent"),
         Volume("verifier-logs", paths.verifier_logs, None if policy.protect_reward_files else "rw", "rw", "verifier"),
         Volume("tests", paths.tests, None if hide else "ro", "rw"),
         Volume("solution", paths.solution, "ro", None if hide else "ro"),
