@@ -290,7 +290,7 @@ async def test_harbors_publish_folder_is_writable_and_collected_after_the_verifi
     tmp_path: Path, kind: dict[str, object]
 ) -> None:
     """/logs/artifacts (Harbor mounts it in every trial): what the agent and the verifier write
-    there lands in artifacts/logs/artifacts/, with no link out (a trial that writes nothing
+    there lands in artifacts/logs/artifacts/, with no link out (swept before the verifier; a trial that writes nothing
     there and collects nothing else leaves no artifacts/ at all: the everyday tests' trials)."""
     toml = TOML.format(top="")
     task = make_task(tmp_path / "tasks", "publish", toml=toml, dockerfile=DOCKERFILE, test_sh=PUBLISH_TEST)
@@ -304,7 +304,9 @@ async def test_harbors_publish_folder_is_writable_and_collected_after_the_verifi
     assert not (published / "passwd").exists() and not host_passwd_in(out)
     (entry,) = json.loads((out / "manifest.json").read_text())
     assert entry["source"] == "/logs/artifacts" and entry["destination"] == "artifacts/logs/artifacts"
-    assert entry["status"] == "ok" and "1 link(s) out of it" in entry["detail"], entry
+    assert entry["status"] == "ok" and entry["detail"] == "", entry
+    # the link out was removed before the verifier ran (see the planted-link test below)
+    assert "/logs/artifacts/passwd: a link or special file, removed before the verifier" in outcome.tamper_events
     assert "artifact:ok:/logs/artifacts" in outcome.events
     nop = await run(tmp_path, task, kind, "nop")  # another trial's folder starts empty
     assert nop.termination_reason == R.COMPLETED, nop.error

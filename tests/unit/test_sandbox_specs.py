@@ -44,20 +44,25 @@ def test_docker_container_spec(tmp_path: Path) -> None:
     assert kw["volumes"][str(spec.dirs.home("agent"))] == {"bind": "/home/agent", "mode": "rw"}
     assert kw["volumes"][str(spec.dirs.runtime / "agent")] == {"bind": "/run/harnessrl", "mode": "ro"}
     assert kw["volumes"][str(spec.dirs.agent_logs)] == {"bind": "/logs/agent", "mode": "rw"}
+    assert kw["volumes"][str(spec.dirs.published)] == {"bind": "/logs/artifacts", "mode": "rw"}
     no_quota = container_spec(spec, "sha256:abc", "/app", isolate_network=False, disk_quota=False)
     assert "storage_opt" not in no_quota and no_quota["network_mode"] == "host"
 
 
 def test_docker_verify_container_spec(tmp_path: Path) -> None:
     """The verifier's container: the agent's limits and identity labels, its own network,
-    none of the agent's mounts (harness, HOME, runtime) but its logs, read-only."""
+    none of the agent's mounts (harness, HOME, runtime) but its logs, read-only, and
+    /logs/artifacts, read-write as Harbor's verifier has it (planted links swept first)."""
     spec = sandbox_spec(tmp_path, ro_mounts=(Path("/opt/tools"),))
     kw = verify_container_spec(spec, "sha256:commit", "/app", network_mode="host", disk_quota=False)
     assert (
         kw["image"] == "sha256:commit" and kw["network_mode"] == "host" and kw["name"].startswith("harnessrl-verify-")
     )
     assert kw["labels"][LABEL_VERIFY] == "true" and kw["labels"]["io.harnessrl.trial"] == "Trial_42.x"
-    assert kw["volumes"] == {str(spec.dirs.agent_logs): {"bind": "/logs/agent", "mode": "ro"}}
+    assert kw["volumes"] == {
+        str(spec.dirs.agent_logs): {"bind": "/logs/agent", "mode": "ro"},
+        str(spec.dirs.published): {"bind": "/logs/artifacts", "mode": "rw"},  # Harbor's publish folder
+    }
     assert kw["mem_limit"] == "1024m" and kw["cap_drop"] == ["ALL"] and "no-new-privileges" in kw["security_opt"]
     assert "storage_opt" not in kw
     owned = verify_script(owner="app")
