@@ -209,8 +209,7 @@ async def collect_published(backend: Backend, sandbox: Sandbox, task: Task, out_
     """Harbor's convention entry: ``/logs/artifacts`` into ``out_dir/artifacts/logs/artifacts``,
     its record first in the manifest; an event when it held something. Best effort."""
     published = sandbox.paths.published
-    entries = list(task.config.artifacts)
-    if any(e.path == published and e.service in (None, "main") for e in entries):
+    if any(e.path == published and e.service in (None, "main") for e in task.config.artifacts):
         return []  # the task's own entry replaced it (collected before the verifier)
     entry = ArtifactEntry(source=str(published))
     root = out_dir / FOLDER

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from harnessrl.rpc import stop_on_signals
 from stack.cli.common import ConfigOption, HostOption, PortOption, serve_grpc
 
 app = typer.Typer(help="Sandbox service: serve the trial API and run workers.", no_args_is_help=True)
@@ -50,10 +50,7 @@ def worker(
     async def run() -> None:
         queue = create_queue(settings.queue_url)
         w = build_worker(settings, queue, name)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         typer.echo(f"sandbox worker {w.name} serving {settings.queue_url}", err=True)
         try:
             await w.run(stop)

@@ -156,8 +156,8 @@ class DockerBackend(Backend):
         env = (
             images.image_env(inspect) | (compose.main_environment if compose else {}) | spec.task.config.environment.env
         )
-        dirs = spec.dirs.create()
-        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT, dirs.agent_logs, dirs.published):
+        dirs = spec.dirs.create()  # the logs folders too
+        for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT):
             host_dir.mkdir(parents=True, exist_ok=True)
         for owned in (dirs.agent_logs, dirs.published):
             await asyncio.to_thread(_chown_tree, owned, 1000)
