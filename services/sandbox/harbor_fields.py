@@ -127,7 +127,8 @@ FIELDS: dict[str, Rule] = {
         Status.SUPPORTED,
         "with [[steps]], as Harbor: 'mean' (unset too), per key over the steps that gave a result, a missing "
         "key counting 0; 'final', the last step's; other values are refused. Each step's rewards are kept in "
-        "the outcome's steps; on a single-step task it has no effect, as in Harbor",
+        "the outcome's steps, the captured trajectory (task_steps), the export and the dashboard's trajectory "
+        "page; on a single-step task it has no effect, as in Harbor",
     ),
     "artifacts": Rule(
         Status.MAPPED,

@@ -26,7 +26,7 @@ from services.sandbox.endpoints import CaptureFinalizer
 from services.sandbox.factory import build_worker
 from services.sandbox.lifecycle import TerminationReason, TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
-from tests.integration.test_dashboard.conftest import TOKEN, dashboard
+from tests.integration.test_dashboard.conftest import CHROMIUM, TOKEN, artifacts, dashboard, page_check, web_dist
 from tests.sandbox_support import model_stack, settings_for, wait_for_state
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 RUN = "multi-step"
 EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "examples" / "steps"
+__all__ = ["artifacts", "web_dist"]  # the dashboard tests' fixtures, used here
 STEPS = [("greet", {"reward": 1.0}, True), ("personalise", {"reward": 1.0, "kept": 1.0}, True)]
 
 
@@ -51,7 +52,7 @@ async def capture(tmp_path: Path) -> AsyncIterator[CaptureServer]:
 
 
 async def test_each_steps_rewards_reach_the_store_the_export_and_the_dashboard(
-    tmp_path: Path, capture: CaptureServer
+    tmp_path: Path, capture: CaptureServer, web_dist: Path, artifacts: Path
 ) -> None:
     target = f"127.0.0.1:{capture.port}"
     queue = MemoryQueue()
@@ -95,7 +96,12 @@ async def test_each_steps_rewards_reach_the_store_the_export_and_the_dashboard(
         httpx.AsyncClient(base_url=d.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c,
     ):
         view = (await c.get(f"/api/runs/{RUN}/trajectories/{spec.trial_id}")).json()
-    assert [(s["name"], s["rewards"], s["verified"]) for s in view["task_steps"]] == STEPS
+        assert [(s["name"], s["rewards"], s["verified"]) for s in view["task_steps"]] == STEPS
+        if CHROMIUM.exists():  # the trajectory page lists the steps with their rewards
+            steps = [{"name": n, "verified": v, "rewards": dict(sorted(r.items()))} for n, r, v in STEPS]
+            cfg = {"url": d.url, "token": TOKEN, "runId": RUN, "trialId": spec.trial_id, "steps": steps}
+            cfg |= {"rewards": {"kept": 0.5, "reward": 1.0}, "artifacts": str(artifacts)}
+            await page_check("steps.mjs", cfg, tmp_path)
 
 
 async def test_a_malformed_step_result_is_refused_by_name(capture: CaptureServer) -> None:

@@ -1,26 +1,9 @@
 // Browser check of a verl run's page (a metrics.jsonl written by verl's file logger):
 // the overview shows the rows masked out of the loss and the dropped segments.
 // Run by tests/integration/test_dashboard/test_dashboard_verl.py with a JSON file (argv[2]).
-import { readFile } from 'node:fs/promises';
-import { chromium } from 'playwright-core';
+import { pageCheck } from './page.mjs';
 
-const cfg = JSON.parse(await readFile(process.argv[2], 'utf8'));
-const errors = [];
-let checks = 0;
-
-function check(cond, what) {
-  checks += 1;
-  if (!cond) throw new Error(`check failed: ${what}`);
-  console.log(`ok ${checks} - ${what}`);
-}
-
-const browser = await chromium.launch({
-  executablePath: cfg.chromium,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
-});
-try {
-  const page = await (await browser.newContext({ viewport: { width: 1366, height: 768 } })).newPage();
-  page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`));
+await pageCheck(async ({ cfg, page, check }) => {
   await page.goto(`${cfg.url}/runs/${cfg.runId}?token=${cfg.token}`);
   await page.waitForSelector('[data-panel="overview"] [data-metric="masked_rows"]');
   await page.waitForFunction(() => [...document.querySelectorAll('canvas')].every((c) => c.dataset.ready === '1'));
@@ -31,12 +14,4 @@ try {
   const series = await page.$$eval('[data-panel="overview"] canvas', (cs) => cs.map((c) => c.dataset.series).join(';'));
   for (const want of cfg.series) check(series.includes(want), `overview charts ${want} (${series})`);
   await page.screenshot({ path: `${cfg.artifacts}/verl-run.png`, fullPage: true });
-  check(errors.length === 0, `no page errors (${errors.join(' | ')})`);
-  console.log(`${checks} passed, 0 failed`);
-} catch (e) {
-  console.error(e.message);
-  for (const line of errors) console.error(line);
-  process.exitCode = 1;
-} finally {
-  await browser.close();
-}
+});

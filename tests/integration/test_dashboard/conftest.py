@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -66,6 +67,33 @@ def web_dist() -> Path:
     if not (dist / "index.html").exists():
         subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "build_web.sh")], check=True, timeout=600)
     return dist
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian chromium (apt-get install -y chromium; scripts/setup installs it)"
+)
+
+
+async def page_check(script: str, cfg: dict[str, Any], tmp_path: Path, timeout_s: float = 120) -> str:
+    """Runs web/test/SCRIPT (a web/test/page.mjs check) with ``cfg`` (plus the Chromium
+    to use) and fails the test with its report unless every check passed."""
+    node = shutil.which("node")
+    assert node, "node is needed for the browser tests (Debian nodejs)"
+    config = tmp_path / f"{Path(script).stem}.json"
+    config.write_text(json.dumps({"chromium": str(CHROMIUM), **cfg}))
+    proc = await asyncio.create_subprocess_exec(
+        node,
+        str(PROJECT_ROOT / "web" / "test" / script),
+        str(config),
+        cwd=PROJECT_ROOT / "web",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    report = out.decode()
+    assert proc.returncode == 0 and "0 failed" in report, report
+    return report
 
 
 @dataclass

@@ -19,24 +19,26 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from harnessrl.arrays import unpack_i32
 from harnessrl.paths import PROJECT_ROOT, default_model_dir
 from services.dashboard.export import export_run
 from services.dashboard.service import DashboardService
 from stack.dashboard import EmbeddedCaptureOpener
-from tests.integration.test_dashboard.conftest import TOKEN, dashboard, dashboard_settings, serve
+from tests.integration.test_dashboard.conftest import (
+    CHROMIUM,
+    TOKEN,
+    dashboard,
+    dashboard_settings,
+    needs_chromium,
+    serve,
+)
 from tests.integration.test_dashboard.recorder import EVAL_ONLY_ID, RUN_ID, Extras
 from tests.integration.test_dashboard.test_dashboard_api import store_trajectories
 from tests.integration.test_dashboard.test_dashboard_live import ANSWER, openai_compatible
 
-CHROMIUM = Path("/usr/bin/chromium")
 WEB = PROJECT_ROOT / "web"
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="needs Debian chromium (apt-get install -y chromium; scripts/setup installs it)"
-)
+pytestmark = needs_chromium
 EXPLORE_TRIAL = "s0-hello-0"
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,11 @@ from verl.trainer.ppo import metric_utils
 from verl.utils.tracking import Tracking
 
 from harnessrl import paths
-from harnessrl.paths import PROJECT_ROOT
 from stack import verl_hooks
-from tests.integration.test_dashboard.conftest import TOKEN, dashboard
+from tests.integration.test_dashboard.conftest import TOKEN, dashboard, needs_chromium, page_check
 from tests.integration.test_verl_hooks import group_batch
 from tests.verl_support import compute_advantage
 
-CHROMIUM = Path("/usr/bin/chromium")
 RUN = "verl-run"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -97,7 +94,7 @@ async def test_a_verl_runs_metrics_show_masked_rows_and_dropped_segments(
     }
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium (scripts/setup installs it)")
+@needs_chromium
 async def test_a_verl_runs_page_shows_masked_rows_and_dropped_segments(
     tmp_path: Path, verl_steps: Any, monkeypatch: pytest.MonkeyPatch, web_dist: Path, artifacts: Path
 ) -> None:
@@ -110,21 +107,7 @@ async def test_a_verl_runs_page_shows_masked_rows_and_dropped_segments(
             "maskedRowsText": "masked rows3 (infra/env_setup_failed 1, infra/verifier_error 1, response_too_long 1)",
             "droppedText": "dropped segments3",
             "series": ["masked rows:2", "masked: infra:2", "dropped segments:2", "train reward:2"],
-            "chromium": str(CHROMIUM),
             "artifacts": str(artifacts),
         }
-        (tmp_path / "verl.json").write_text(json.dumps(cfg))
-        node = shutil.which("node")
-        assert node, "node is needed for the browser test (Debian nodejs)"
-        proc = await asyncio.create_subprocess_exec(
-            node,
-            str(PROJECT_ROOT / "web" / "test" / "verl_run.mjs"),
-            str(tmp_path / "verl.json"),
-            cwd=PROJECT_ROOT / "web",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    report = out.decode()
-    assert proc.returncode == 0 and "0 failed" in report, report
+        await page_check("verl_run.mjs", cfg, tmp_path)
     assert (artifacts / "verl-run.png").stat().st_size > 10_000

@@ -19,11 +19,34 @@ function timingBar(t) {
   );
 }
 
+function rewardSpans(rewards) {
+  return Object.keys(rewards || {}).sort().map((k) => h('span.rewardkey', { 'data-key': k, 'data-value': rewards[k] }, `${k} ${fmt(rewards[k])} `));
+}
+
 // Every key the verifier wrote (reward.json); shown unless it is only the trained {"reward": r}.
 function rewardKeys(rewards) {
-  const keys = Object.keys(rewards || {}).sort();
+  const keys = Object.keys(rewards || {});
   if (!keys.length || (keys.length === 1 && keys[0] === 'reward')) return null;
-  return h('span', { id: 'verifier-rewards' }, keys.map((k) => h('span.rewardkey', { 'data-key': k, 'data-value': rewards[k] }, `${k} ${fmt(rewards[k])} `)));
+  return h('span', { id: 'verifier-rewards' }, rewardSpans(rewards));
+}
+
+// A multi-step task's ([[steps]]) steps in order, each with what its verifier wrote;
+// a step whose verifier gave no result (and the steps skipped after it) say so.
+function taskSteps(steps) {
+  if (!(steps || []).length) return null;
+  return h(
+    'ol.tasksteps',
+    { id: 'task-steps' },
+    steps.map((s) =>
+      h(
+        'li.taskstep',
+        { 'data-task-step': s.name, 'data-verified': s.verified ? '1' : '0' },
+        h('span.k', s.name),
+        ' ',
+        s.verified ? rewardSpans(s.rewards) : h('span.unverified', 'no verifier result'),
+      ),
+    ),
+  );
 }
 
 function header(t) {
@@ -41,6 +64,7 @@ function header(t) {
       kv('harness', t.harness || '—'),
       kv('reward', h('strong', { 'data-reward': t.reward ?? '' }, t.reward === null ? 'none' : fmt(t.reward))),
       keys ? kv('verifier rewards', keys) : null,
+      t.task_steps && t.task_steps.length ? kv(`task steps (${t.task_steps.length})`, taskSteps(t.task_steps)) : null,
       kv('termination', h(`span.reason.${t.infra ? 'infra' : 'policy'}`, { 'data-reason': t.termination_reason }, t.termination_reason)),
       kv('harness exit', t.harness_exit_code),
       kv('policy versions', t.policy_versions.join(', ') || '—'),
