@@ -114,13 +114,15 @@ FIELDS: dict[str, Rule] = {
         "steps after one whose verifier gave no result or whose min_reward (a number: 'reward'; a table: each "
         "key; missing: -inf) is not met are skipped, as in Harbor. Differs: a step's failed verifier or "
         "healthcheck is the trial's verifier_error or env_setup_failed (Harbor averages the steps before it); "
-        "docker's next step runs in a new agent container made from the last verifier's filesystem; a run's "
+        "docker's next step runs in a new agent container made from the last verifier's filesystem; kubernetes's "
+        "in the same pod, whose verifier container's own filesystem (outside the workspace) the agent never "
+        "sees, the agent's NetworkPolicy restored before it; a run's "
         "max_turns bounds the trial's model calls over all its steps. Before each step's agent, as Harbor: "
         "steps/NAME/workdir/ is merged into the working directory, its setup.sh run there (bash, the "
         "environment's env), then the step's healthcheck; differs: setup.sh runs as the sandbox user (uid "
         "1000) with no network, under the step's agent timeout, a failed one is env_setup_failed naming the "
         "step, a link in workdir/ is refused (step_setup). Refused: per-step "
-        "agent.user, verifier allowlist, environment, collect; the kubernetes backend",
+        "agent.user, verifier allowlist, environment, collect",
         task_steps.refusal,  # the step fields that cannot run, by name
     ),
     "multi_step_reward_strategy": Rule(

@@ -170,7 +170,7 @@ class TrialRunner:
             if t.task.steps and not self.backend.runs_steps:
                 raise EnvSetupError(
                     f"task {t.task.task_id}: [[steps]] (a multi-step task) does not run on the {self.backend.name} "
-                    "backend yet; run it on local or docker"
+                    "backend (it has no next_step)"
                 )
             # Refused before anything starts (an allowlist no backend can enforce).
             t.verifier = verifier_policy.resolve(t.task)

@@ -175,10 +175,9 @@ async def test_the_step_timeouts_apply(tmp_path: Path) -> None:
 async def test_a_backend_without_steps_refuses_the_task_by_name_before_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.sandbox.backends.kubernetes import KubernetesBackend
     from services.sandbox.backends.local import LocalBackend
 
-    assert not KubernetesBackend.runs_steps  # refused there: no next_step for a pod yet
+    # Every backend here runs them (kubernetes: test_sandbox_kubernetes_steps.py); a new one may not.
     monkeypatch.setattr(LocalBackend, "runs_steps", False)
     outcome, states = await run(tmp_path, EXAMPLE, {"backend": "local"}, "oracle")
     assert outcome.termination_reason == R.ENV_SETUP_FAILED and outcome.steps == []

@@ -56,6 +56,7 @@ STDIN_FILE = ".stdin"
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    runs_steps = True
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -100,10 +101,17 @@ class KubernetesBackend(Backend):
 
     # -- lifecycle ---------------------------------------------------------------
     def _deadline(self, spec: SandboxSpec) -> int:
+        """The pod's activeDeadlineSeconds: a dead worker's pod ends after every phase's time.
+        A multi-step task's steps each count their agent (setup.sh and healthcheck run under
+        the same bound) and verifier timeouts."""
         cfg = spec.task.config
         agent = cfg.agent.timeout_sec or self.settings.default_agent_timeout_s
-        verifier = cfg.verifier.timeout_sec or self.settings.default_verifier_timeout_s
-        return int(self.cfg.start_timeout_s + agent + verifier + 300)
+        phases = agent + (cfg.verifier.timeout_sec or self.settings.default_verifier_timeout_s)
+        if spec.task.steps:
+            phases = sum(
+                2 * (s.config.agent.timeout_sec or agent) + s.config.verifier.timeout_sec for s in spec.task.steps
+            )
+        return int(self.cfg.start_timeout_s + phases + 300)
 
     def _policy(self, spec: SandboxSpec, phase: Phase, public: bool = False) -> dict[str, Any]:
         return network_policy(
@@ -186,6 +194,18 @@ class KubernetesBackend(Backend):
                 except Exception:  # noqa: BLE001 - another worker got there first
                     pass
         return len(done)
+
+    async def next_step(self, sandbox: Sandbox) -> None:
+        """Between the steps of a multi-step task: the pod goes on (the agent's container
+        keeps its filesystem and HOME, as Harbor's does); the verify phase's volumes and the
+        last agent's logs are emptied, the workspace is the agent's again, and the agent's
+        NetworkPolicy (the proxy only) replaces the verify phase's before the agent runs."""
+        pod, spec = str(sandbox.handle), sandbox.spec
+        await asyncio.to_thread(
+            self.net.replace_namespaced_network_policy, pod, self.namespace, self._policy(spec, Phase.AGENT)
+        )
+        table = km.volume_table(sandbox.paths, self.integrity)
+        await self._helper(pod, plans.next_step_script(table, self.cfg.agent_uid))
 
     # -- integrity ---------------------------------------------------------------
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:

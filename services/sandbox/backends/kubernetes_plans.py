@@ -111,3 +111,19 @@ def verify_prep_script(table: list[Volume], verifier_uid: int, fresh_reward_dir:
         steps.insert(0, f"find {logs} -mindepth 1 -delete")
     steps.append(f"chown {verifier_uid}:{verifier_uid} {logs} && chmod 0755 {logs}")
     return "set -e; " + "; ".join(steps)
+
+
+# Emptied between the steps of a multi-step task: the verify phase's tests and reward files,
+# the last agent's logs (kept per step on the worker) and its published files (collected).
+STEP_EMPTIED = ("tests", "verifier-logs", "agent-logs", "artifacts")
+
+
+def next_step_script(table: list[Volume], agent_uid: int) -> str:
+    """Between the steps of a multi-step task ([[steps]]), before the next agent phase: what
+    the verify phase had (its tests, its reward dir) and the last agent's logs and published
+    files are emptied, and the workspace (the verifier's since ``verify_prep_script``) is the
+    agent's again; the verifier's HOME and every other volume stay as the last step left them."""
+    names = {v.name for v in table}
+    emptied = " ".join(str(HELPER_ROOT / n) for n in STEP_EMPTIED if n in names)
+    workspace = HELPER_ROOT / "workspace"
+    return f"set -e; find {emptied} -mindepth 1 -delete; chown -R {agent_uid}:{agent_uid} {workspace}"
