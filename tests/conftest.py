@@ -3,6 +3,7 @@ contract check (every RPC in the protos is served to some test)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -21,8 +22,15 @@ from tests.contract import check_rpc_coverage
 from tests.vllm_support import vllm_server  # noqa: F401  (the vllm suite's one shared server)
 
 leftovers.mark_session()
-_RECORD = Path(tempfile.mkdtemp(prefix="hrl-rpc-")) / "rpcs.txt"
-os.environ[RECORD_ENV] = str(_RECORD)
+# Under pytest-xdist (scripts/test runs the default suite on 2 workers) the
+# controller makes the record and its workers, started after this import, inherit
+# it: the contract is checked once, over what every worker served.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and os.environ.get(RECORD_ENV):
+    _RECORD = Path(os.environ[RECORD_ENV])
+else:
+    _RECORD = Path(tempfile.mkdtemp(prefix="hrl-rpc-")) / "rpcs.txt"
+    os.environ[RECORD_ENV] = str(_RECORD)
 
 
 @pytest.fixture(scope="session")
@@ -95,18 +103,65 @@ def s3_bucket(s3_server: S3Server) -> str:
     return name
 
 
+# Tests that share one resource only one worker at a time may hold run on one
+# worker, in order. The docker group: every module with a test that takes the
+# session's private engine or starts one of its own (one engine, one cached data
+# root, one build cache). Every other test keeps its module's group, so a module's
+# fixtures are made once (xdist's loadscope, with the docker group added).
+DOCKER_GROUP = "docker"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("loadgroup", False):
+        return
+    docker_modules = {item.nodeid.split("::")[0] for item in items if _uses_docker(item)}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(DOCKER_GROUP if module in docker_modules else module))
+
+
+def _uses_docker(item: pytest.Item) -> bool:
+    """The test's module takes the session's engine (as a fixture, or by name through
+    ``request.getfixturevalue``) or starts an engine of its own."""
+    path = getattr(item, "path", None)
+    return path is not None and _mentions_docker(str(path))
+
+
+@functools.cache
+def _mentions_docker(path: str) -> bool:
+    text = Path(path).read_text(errors="replace")
+    return "docker_engine" in text or "DockerEngine" in text
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fails a full default run in which some RPC was never served, and any run that
-    left a process of its own alive; removes the record."""
+    left a process of its own alive; removes the record. Under xdist each worker
+    settles its own processes and sends what it killed to the controller, which
+    reports them with the contract once."""
+    if _WORKER:
+        session.config.workeroutput["leftovers"] = leftovers.settle()  # type: ignore[attr-defined]
+        return
     try:
         _check_rpc_contract(session, exitstatus)
-        _check_leftovers(session)
+        # A distributing controller starts nothing of its own (its workers, alive until
+        # xdist's own teardown, carry its mark).
+        distributing = session.config.pluginmanager.has_plugin("dsession")
+        _report_leftovers(session, _WORKER_LEFTOVERS + ([] if distributing else leftovers.settle()))
     finally:
         shutil.rmtree(_RECORD.parent, ignore_errors=True)
 
 
-def _check_leftovers(session: pytest.Session) -> None:
-    left = leftovers.settle()
+_WORKER_LEFTOVERS: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller: a worker ended; keep what it left running (it killed them)."""
+    _WORKER_LEFTOVERS.extend(getattr(node, "workeroutput", {}).get("leftovers", []))
+
+
+def _report_leftovers(session: pytest.Session, left: list[str]) -> None:
     if not left:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

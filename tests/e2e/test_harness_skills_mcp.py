@@ -217,17 +217,30 @@ SIDECAR_FILES = {
 }
 
 
-async def test_claude_code_reaches_an_http_mcp_server_in_a_compose_sidecar(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    engine = request.getfixturevalue("docker_engine")
-    backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
-    main = [
+# Per harness: the scripted main thread that calls the sidecar's tool, then writes the file.
+SIDECAR_MAIN = {
+    "claude-code": [
         _call("mcp__web__secret_word"),
         _call("Bash", command="echo hello > hello.txt", description="Write"),
         {"content": "Created hello.txt."},
-    ]
-    outcome, prompts, log = await _run(tmp_path, "claude-code", SIDECAR_TOML, backend, main, SIDECAR_FILES)
+    ],
+    # Codex 0.171's MCP client speaks streamable HTTP itself ([mcp_servers.web] url).
+    "codex": [
+        _call("mcp__web__secret_word"),
+        _call("exec_command", cmd="echo hello > hello.txt"),
+        {"content": "Created hello.txt."},
+    ],
+}
+
+
+@pytest.mark.parametrize("harness", sorted(SIDECAR_MAIN))
+async def test_the_harness_reaches_an_http_mcp_server_in_a_compose_sidecar(
+    tmp_path: Path, harness: str, request: pytest.FixtureRequest
+) -> None:
+    engine = request.getfixturevalue("docker_engine")
+    backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    main = SIDECAR_MAIN[harness]
+    outcome, prompts, log = await _run(tmp_path, harness, SIDECAR_TOML, backend, main, SIDECAR_FILES)
     assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
     assert "mcp__web__secret_word" in prompts[0], f"the sidecar's tool was not offered: {log}"
     assert WORD in prompts[-1], "the sidecar's answer never came back"
