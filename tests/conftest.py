@@ -26,6 +26,11 @@ leftovers.mark_session()
 # controller makes the record and its workers, started after this import, inherit
 # it: the contract is checked once, over what every worker served.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    # One core per worker: torch's (OpenMP's) two threads per process, with the other worker
+    # busy on the other core, spin at every barrier (a CPU trainer step took 10x as long).
+    # Set before any test module imports torch; the processes a test starts inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 if _WORKER and os.environ.get(RECORD_ENV):
     _RECORD = Path(os.environ[RECORD_ENV])
 else:
