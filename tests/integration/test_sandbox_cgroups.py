@@ -41,7 +41,7 @@ from services.sandbox.backends.cgroups import (
     under,
 )
 from services.sandbox.backends.docker_exec import ContainerExec
-from services.sandbox.backends.local import LocalBackend
+from services.sandbox.backends.local import LocalBackend, cgroup_prefix
 from services.sandbox.errors import CapabilityError
 from services.sandbox.paths import TrialDirs
 from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
@@ -197,7 +197,7 @@ async def test_v2_groups_of_dead_workers_are_swept(tmp_path: Path, worker_in_v2:
     orphan = backend.settings.work_dir / "dead-trial-1"
     orphan.mkdir(parents=True)
     (orphan / ".owner").touch()
-    group = PhaseCgroup.create(backend.cgroup_support, f"{orphan.name}-agent-0", 64, 16)
+    group = PhaseCgroup.create(backend.cgroup_support, f"{cgroup_prefix(orphan)}agent-0", 64, 16)
     assert group.procs_files() == [str(own / GROUP_DIR / group.name / "cgroup.procs")]
     leftover = await asyncio.create_subprocess_exec(
         "/bin/sh", "-c", f"echo $$ > {group.procs_files()[0]}; exec sleep 300"

@@ -12,7 +12,7 @@ import pytest
 
 from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.layers import LAYER_FORMAT
-from services.sandbox.backends.local import LocalBackend
+from services.sandbox.backends.local import LocalBackend, cgroup_prefix
 from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.paths import TrialDirs
 from services.sandbox.settings import LocalBackendSettings
@@ -209,6 +209,28 @@ async def test_disk_fill_is_stopped(backend: LocalBackend, sandbox: Sandbox) -> 
     assert result.duration_s < 15
 
 
+async def test_two_workers_running_one_trial_id_keep_to_their_own_cgroups(tmp_path: Path) -> None:
+    """Trial ids repeat across runs: two workers on one machine (each its own work dir, one
+    cgroup) run trial "t" at once; the end of one's exec (its sweep) and its stop must not
+    reach the other's processes."""
+    import asyncio
+
+    a, b = LocalBackend(settings_for(tmp_path / "a")), LocalBackend(settings_for(tmp_path / "b"))
+    box_a = await start(a, make_task(tmp_path / "task-a"))
+    box_b = await start(b, make_task(tmp_path / "task-b"))
+    try:
+        assert box_a.spec.trial_id == box_b.spec.trial_id
+        slow = asyncio.ensure_future(sh(a, box_a, "sleep 3; echo alive"))
+        await asyncio.sleep(1)
+        await sh(b, box_b, "sleep 60 & echo started")  # swept (killed) as the exec ends
+        await b.stop(box_b)
+        result = await slow
+        assert result.exit_code == 0 and result.output.strip() == b"alive", result
+    finally:
+        await b.stop(box_b)
+        await a.stop(box_a)
+
+
 async def test_orphans_of_dead_workers_are_removed_live_ones_kept(backend: LocalBackend, sandbox: Sandbox) -> None:
     import asyncio
 
@@ -217,7 +239,7 @@ async def test_orphans_of_dead_workers_are_removed_live_ones_kept(backend: Local
     orphan = backend.settings.work_dir / "dead-trial-1234"
     orphan.mkdir(parents=True)
     (orphan / ".owner").touch()
-    group = PhaseCgroup.create(backend.cgroup_support, f"{orphan.name}-agent-0", 64, 16)
+    group = PhaseCgroup.create(backend.cgroup_support, f"{cgroup_prefix(orphan)}agent-0", 64, 16)
     joins = "".join(f"echo $$ > {p}; " for p in group.procs_files())
     leftover = await asyncio.create_subprocess_exec("/bin/sh", "-c", f"{joins}exec sleep 300")
     try:

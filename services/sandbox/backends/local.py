@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import itertools
 import logging
 import os
@@ -128,7 +129,7 @@ class LocalBackend(Backend):
     async def exec(self, sandbox: Sandbox, request: ExecRequest, cancel: asyncio.Event | None = None) -> ExecResult:
         handle = _handle(sandbox)
         spec, limits = sandbox.spec, sandbox.spec.limits
-        name = f"{spec.dirs.root.name}-{request.phase}-{next(handle.counter)}"
+        name = f"{cgroup_prefix(spec.dirs.root)}{request.phase}-{next(handle.counter)}"
         cgroup = PhaseCgroup.create(self.cgroup_support, name, limits.memory_mb, limits.pids, limits.cpus)
         handle.cgroups.append(cgroup)
         keep_alive = request.phase == Phase.AGENT and not self.integrity.kill_agent_processes
@@ -318,7 +319,7 @@ class LocalBackend(Backend):
         whatever still runs in their cgroups. Safe while other workers run."""
         removed = 0
         for trial_dir in await asyncio.to_thread(_orphans, self.settings.work_dir):
-            for group in PhaseCgroup.existing(self.cgroup_support, prefix=f"{trial_dir.name}-"):
+            for group in PhaseCgroup.existing(self.cgroup_support, prefix=cgroup_prefix(trial_dir)):
                 await group.kill_all(settle_s=0)
                 group.remove()
             await asyncio.to_thread(shutil.rmtree, trial_dir, True)
@@ -327,6 +328,15 @@ class LocalBackend(Backend):
 
 
 OWNER_FILE = ".owner"
+
+
+def cgroup_prefix(trial_dir: Path) -> str:
+    """The name prefix of a sandbox's exec cgroups. Every worker in the same cgroup (two
+    runs on one machine, two test processes) makes its groups side by side, and trial ids
+    repeat across runs ("s0-hello-0"): the trial directory's whole path tells them apart,
+    so that one worker's stop or orphan sweep never kills another worker's trial."""
+    digest = hashlib.sha256(str(trial_dir.resolve()).encode()).hexdigest()[:10]
+    return f"{trial_dir.name[:64]}-{digest}-"
 
 
 def _own(path: Path) -> IO[str]:
