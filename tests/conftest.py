@@ -22,15 +22,14 @@ from tests.contract import check_rpc_coverage
 from tests.vllm_support import vllm_server  # noqa: F401  (the vllm suite's one shared server)
 
 leftovers.mark_session()
-# Under pytest-xdist (scripts/test runs the default suite on 2 workers) the
-# controller makes the record and its workers, started after this import, inherit
-# it: the contract is checked once, over what every worker served.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # scripts/test runs the default suite on 2 workers
 if _WORKER:
     # One core per worker: torch's (OpenMP's) two threads per process, with the other worker
     # busy on the other core, spin at every barrier (a CPU trainer step took 10x as long).
     # Set before any test module imports torch; the processes a test starts inherit it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The controller makes the record and its workers, started after this import, inherit it:
+# the contract is checked once, over what every worker served.
 if _WORKER and os.environ.get(RECORD_ENV):
     _RECORD = Path(os.environ[RECORD_ENV])
 else:
@@ -108,11 +107,11 @@ def s3_bucket(s3_server: S3Server) -> str:
     return name
 
 
-# Tests that share one resource only one worker at a time may hold run on one
-# worker, in order. The docker group: every module with a test that takes the
-# session's private engine or starts one of its own (one engine, one cached data
-# root, one build cache). Every other test keeps its module's group, so a module's
-# fixtures are made once (xdist's loadscope, with the docker group added).
+# xdist runs each group on one worker, in order. The docker group: every module that
+# takes the session's private engine (as a fixture or through ``request.getfixturevalue``)
+# or starts one of its own (one engine, one cached data root, one build cache). Every other
+# test keeps its module's group, so a module's fixtures are made once (xdist's loadscope,
+# with the docker group added).
 DOCKER_GROUP = "docker"
 
 
@@ -120,22 +119,15 @@ DOCKER_GROUP = "docker"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("loadgroup", False):
         return
-    docker_modules = {item.nodeid.split("::")[0] for item in items if _uses_docker(item)}
+    docker_modules = {item.nodeid.split("::")[0] for item in items if _uses_docker(item.path)}
     for item in items:
         module = item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(DOCKER_GROUP if module in docker_modules else module))
 
 
-def _uses_docker(item: pytest.Item) -> bool:
-    """The test's module takes the session's engine (as a fixture, or by name through
-    ``request.getfixturevalue``) or starts an engine of its own."""
-    path = getattr(item, "path", None)
-    return path is not None and _mentions_docker(str(path))
-
-
 @functools.cache
-def _mentions_docker(path: str) -> bool:
-    text = Path(path).read_text(errors="replace")
+def _uses_docker(path: Path) -> bool:
+    text = path.read_text(errors="replace")
     return "docker_engine" in text or "DockerEngine" in text
 
 

@@ -45,7 +45,7 @@ def test_between_steps_the_verify_phase_is_emptied_and_the_workspace_is_the_agen
     (vols["verifier-logs"] / "reward.txt").write_text("1")
     (vols["workspace"] / "made-by-the-verifier").write_text("kept, as in Harbor's shared container")
 
-    result = run_in_helper(tmp_path, next_step_script(table, AGENT_UID))
+    result = run_in_helper(tmp_path, next_step_script(AGENT_UID))
     assert result.returncode == 0, result.stderr
     for name in ("tests", "verifier-logs", "agent-logs", "artifacts"):
         assert vols[name].is_dir() and not any(vols[name].iterdir()), name
@@ -96,7 +96,7 @@ async def test_next_step_puts_the_agents_network_policy_back_first(tmp_path: Pat
     # The verify phase's policy (public egress maybe) is replaced by the agent's, as at start.
     assert calls[0][1] == backend._policy(sandbox.spec, Phase.AGENT)
     assert calls[0][1] != backend._policy(sandbox.spec, Phase.VERIFY, public=True)
-    assert calls[1][1] == next_step_script(volume_table(sandbox.paths, backend.integrity), backend.cfg.agent_uid)
+    assert calls[1][1] == next_step_script(backend.cfg.agent_uid)
 
 
 def test_the_pods_deadline_covers_every_steps_agent_setup_and_verifier(tmp_path: Path) -> None:

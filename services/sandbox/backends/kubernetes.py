@@ -204,8 +204,7 @@ class KubernetesBackend(Backend):
         await asyncio.to_thread(
             self.net.replace_namespaced_network_policy, pod, self.namespace, self._policy(spec, Phase.AGENT)
         )
-        table = km.volume_table(sandbox.paths, self.integrity)
-        await self._helper(pod, plans.next_step_script(table, self.cfg.agent_uid))
+        await self._helper(pod, plans.next_step_script(self.cfg.agent_uid))
 
     # -- integrity ---------------------------------------------------------------
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:

@@ -118,12 +118,10 @@ def verify_prep_script(table: list[Volume], verifier_uid: int, fresh_reward_dir:
 STEP_EMPTIED = ("tests", "verifier-logs", "agent-logs", "artifacts")
 
 
-def next_step_script(table: list[Volume], agent_uid: int) -> str:
+def next_step_script(agent_uid: int) -> str:
     """Between the steps of a multi-step task ([[steps]]), before the next agent phase: what
     the verify phase had (its tests, its reward dir) and the last agent's logs and published
     files are emptied, and the workspace (the verifier's since ``verify_prep_script``) is the
     agent's again; the verifier's HOME and every other volume stay as the last step left them."""
-    names = {v.name for v in table}
-    emptied = " ".join(str(HELPER_ROOT / n) for n in STEP_EMPTIED if n in names)
-    workspace = HELPER_ROOT / "workspace"
-    return f"set -e; find {emptied} -mindepth 1 -delete; chown -R {agent_uid}:{agent_uid} {workspace}"
+    emptied = " ".join(str(HELPER_ROOT / name) for name in STEP_EMPTIED)
+    return f"set -e; find {emptied} -mindepth 1 -delete; chown -R {agent_uid}:{agent_uid} {HELPER_ROOT / 'workspace'}"
