@@ -31,7 +31,7 @@ from harnessrl.localservers import RedisServer, S3Server, free_port
 from services.capture_store.settings import Settings as CaptureSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
-from services.sandbox.settings import Settings as SandboxSettings
+from services.sandbox.common.settings import Settings as SandboxSettings
 from stack.procs import ProcessStack
 from stack.runconfig import settings_table
 

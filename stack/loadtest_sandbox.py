@@ -27,7 +27,7 @@ from pathlib import Path
 import services.sandbox
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
-from services.sandbox.settings import Settings as SandboxSettings
+from services.sandbox.common.settings import Settings as SandboxSettings
 from stack.loadtest import RUN, LoadConfig, LoadResult, bench_stack, phases, tally
 
 TASK = Path(services.sandbox.__file__).parent / "examples" / "hello"

@@ -11,14 +11,21 @@ from pathlib import Path
 
 from opentelemetry.context import Context
 
-from services.sandbox import dockerfile, verifier_policy
 from services.sandbox.backends.base import ExecResult, Sandbox
-from services.sandbox.endpoints import ProxySummary, ProxyTrial, UnixRelay
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.relay import UnixRelay
 from services.sandbox.harnesses import HarnessAdapter
-from services.sandbox.lifecycle import PhaseTimings, TerminationReason, TrialOutcome, TrialSpec, decide_termination
-from services.sandbox.paths import TrialDirs
-from services.sandbox.task_steps import StepOutcome
-from services.sandbox.tasks import Task
+from services.sandbox.task import dockerfile, verifier_policy
+from services.sandbox.task.model import Task
+from services.sandbox.task.steps import StepOutcome
+from services.sandbox.trial.endpoints import ProxySummary, ProxyTrial
+from services.sandbox.trial.lifecycle import (
+    PhaseTimings,
+    TerminationReason,
+    TrialOutcome,
+    TrialSpec,
+    decide_termination,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from services.sandbox.errors import VerifierError
+from services.sandbox.common.errors import VerifierError
 
 _GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",

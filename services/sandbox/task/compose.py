@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.sandbox import compose_env
-from services.sandbox.errors import TaskError
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task import compose_env
 
 COMPOSE_FILE = "environment/docker-compose.yaml"
 MAIN = "main"

@@ -10,7 +10,7 @@ A task is a directory::
 
 Every error names the task directory and the offending field. What each field
 of Harbor's schema does here (supported, mapped differently, refused) is the
-table in ``services.sandbox.harbor_fields``: a refused field fails loading by
+table in ``services.sandbox.task.harbor_fields``: a refused field fails loading by
 name and why, never silently; a key Harbor's schema lacks is ignored, as Harbor
 ignores it, with a warning naming it.
 """
@@ -29,12 +29,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harnessrl.config import format_validation_error
-from services.sandbox import harbor_fields, task_steps
-from services.sandbox.artifacts import ArtifactEntry, normalize_entries
-from services.sandbox.compose import ComposeSpec, load_compose
-from services.sandbox.errors import TaskError
-from services.sandbox.healthcheck import Healthcheck
-from services.sandbox.task_agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task import harbor_fields
+from services.sandbox.task import steps as task_steps
+from services.sandbox.task.agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
+from services.sandbox.task.artifacts import ArtifactEntry, normalize_entries
+from services.sandbox.task.compose import ComposeSpec, load_compose
+from services.sandbox.task.healthcheck import Healthcheck
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class EnvironmentConfig(PhaseNetwork):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     skills_dir: str | None = None
-    healthcheck: Healthcheck | None = None  # run before the agent: services.sandbox.healthcheck
+    healthcheck: Healthcheck | None = None  # run before the agent: services.sandbox.trial.healthcheck
     mcp_servers: list[McpServer] = Field(default_factory=list)
     allow_internet: bool | None = None
 
@@ -184,7 +185,7 @@ class TaskConfig(_Section):
     environment: EnvironmentConfig = EnvironmentConfig()
     solution: SolutionConfig = SolutionConfig()
     source: str | None = None
-    artifacts: list[ArtifactEntry] = Field(default_factory=list)  # collected: services.sandbox.artifacts
+    artifacts: list[ArtifactEntry] = Field(default_factory=list)  # collected: services.sandbox.trial.artifacts
     steps: list[task_steps.StepConfig] | None = None  # multi-step tasks: task_steps
     multi_step_reward_strategy: Literal["mean", "final"] | None = None
     _unique_steps = field_validator("steps")(task_steps.unique_names)

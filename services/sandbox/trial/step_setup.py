@@ -31,17 +31,16 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from services.sandbox import dockerfile
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.healthcheck import HealthcheckFailed, wait_until_healthy
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.task import dockerfile
+from services.sandbox.task.steps import SETUP, WORKDIR
+from services.sandbox.trial.healthcheck import HealthcheckFailed, wait_until_healthy
 
-if TYPE_CHECKING:  # the backends import tasks.py, which imports task_steps.py, which imports this
+if TYPE_CHECKING:
     from services.sandbox.backends.base import Backend, Sandbox
-    from services.sandbox.task_steps import Step
-    from services.sandbox.tasks import Task
+    from services.sandbox.task.model import Task
+    from services.sandbox.task.steps import Step
 
-WORKDIR = "workdir"
-SETUP = "setup.sh"
 SETUP_TIMEOUT_S = 600.0
 _OUTPUT_TAIL = 600
 # Prints, NUL-separated, those of its arguments (paths under the cwd) that are directories.
@@ -50,25 +49,6 @@ _EXISTING_DIRS = 'for d in "$@"; do if [ -d "$d" ] && [ ! -L "$d" ]; then printf
 
 class StepSetupFailed(EnvSetupError):
     """A step's setup.sh failed, or its healthcheck never passed: env_setup_failed."""
-
-
-def check_workdir(step_dir: Path, rel: str) -> None:
-    """Load time: ``steps/NAME/workdir/`` is a directory of plain files and directories
-    (ValueError naming the file)."""
-    workdir = step_dir / WORKDIR
-    if not workdir.exists() and not workdir.is_symlink():
-        return
-    if workdir.is_symlink() or not workdir.is_dir():
-        raise ValueError(f"{rel}/{WORKDIR}: must be a directory (the files uploaded to the working directory)")
-    for path in sorted(workdir.rglob("*")):
-        name = f"{rel}/{path.relative_to(step_dir).as_posix()}"
-        if path.is_symlink():
-            raise ValueError(f"{name}: a link in a step's workdir/ is not supported; put the file itself there")
-        if not (path.is_file() or path.is_dir()):
-            raise ValueError(f"{name}: only files and directories can be uploaded")
-    setup = workdir / SETUP
-    if setup.exists() and not setup.is_file():
-        raise ValueError(f"{rel}/{WORKDIR}/{SETUP}: must be a file (the step's setup script)")
 
 
 async def prepare(backend: Backend, sandbox: Sandbox, task: Task, step: Step) -> list[str]:

@@ -26,11 +26,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.sandbox import step_setup
-from services.sandbox.artifacts import ArtifactEntry, normalize_entries
-from services.sandbox.healthcheck import Healthcheck
+from services.sandbox.task.artifacts import ArtifactEntry, normalize_entries
+from services.sandbox.task.healthcheck import Healthcheck
 
 STRATEGIES = ("mean", "final")
+# A step's folder: ``workdir/`` is uploaded into the working directory before its agent, and
+# ``workdir/setup.sh`` (a reserved name) runs then (trial/step_setup.py runs them).
+WORKDIR = "workdir"
+SETUP = "setup.sh"
 _INVALID = set('<>:"/\\|?*') | {chr(c) for c in range(0x20)} | {"\x7f"}
 _DEVICES = {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"} | {f"{p}{n}" for p in ("COM", "LPT") for n in "123456789"}
 
@@ -215,7 +218,7 @@ def load_steps(root: Path, configs: list[StepConfig]) -> tuple[Step, ...]:
             raise ValueError(f"{rel}/instruction.md: not UTF-8: {e}") from None
         if not instruction.strip():
             raise ValueError(f"{rel}/instruction.md: empty (steps[{i}]'s instruction)")
-        step_setup.check_workdir(step_dir, rel)  # uploaded, its setup.sh run, before the step's agent
+        check_workdir(step_dir, rel)  # uploaded, its setup.sh run, before the step's agent
         shared, own = root / "tests", step_dir / "tests"
         tests_dirs = tuple(d for d in (shared, own) if d.is_dir())
         # The step's test.sh, overlaid on the shared tests/, else the shared one: /tests/test.sh.
@@ -251,3 +254,22 @@ def combine(strategy: Literal["mean", "final"] | None, results: Sequence[dict[st
     valid = [r for r in results if r is not None]
     keys = sorted({k for r in valid for k in r})
     return {k: math.fsum(r.get(k, 0.0) for r in valid) / len(valid) for k in keys}
+
+
+def check_workdir(step_dir: Path, rel: str) -> None:
+    """Load time: ``steps/NAME/workdir/`` is a directory of plain files and directories
+    (ValueError naming the file)."""
+    workdir = step_dir / WORKDIR
+    if not workdir.exists() and not workdir.is_symlink():
+        return
+    if workdir.is_symlink() or not workdir.is_dir():
+        raise ValueError(f"{rel}/{WORKDIR}: must be a directory (the files uploaded to the working directory)")
+    for path in sorted(workdir.rglob("*")):
+        name = f"{rel}/{path.relative_to(step_dir).as_posix()}"
+        if path.is_symlink():
+            raise ValueError(f"{name}: a link in a step's workdir/ is not supported; put the file itself there")
+        if not (path.is_file() or path.is_dir()):
+            raise ValueError(f"{name}: only files and directories can be uploaded")
+    setup = workdir / SETUP
+    if setup.exists() and not setup.is_file():
+        raise ValueError(f"{rel}/{WORKDIR}/{SETUP}: must be a file (the step's setup script)")

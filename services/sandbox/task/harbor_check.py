@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.sandbox import harbor_fields, verifier_policy
-from services.sandbox.errors import EnvSetupError, TaskError
-from services.sandbox.harbor_fields import Status
-from services.sandbox.tasks import Task, harbor_keys, load_task, read_task_toml
+from services.sandbox.common.errors import EnvSetupError, TaskError
+from services.sandbox.task import harbor_fields, verifier_policy
+from services.sandbox.task.harbor_fields import Status
+from services.sandbox.task.model import Task, harbor_keys, load_task, read_task_toml
 
 
 @dataclass(frozen=True)

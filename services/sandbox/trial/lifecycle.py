@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harnessrl.rpc import check_target
 from harnessrl.v1 import records_pb2, sandbox_pb2
-from services.sandbox.task_steps import StepOutcome
+from services.sandbox.task.steps import StepOutcome
 
 # A weight of a reward: a real finite number (no bool, no numeric string, no NaN/inf).
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]

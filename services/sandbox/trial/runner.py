@@ -56,22 +56,26 @@ from opentelemetry import context as otel_context
 
 from harnessrl import telemetry, tls
 from harnessrl.errors import HarnessError
-from services.sandbox import runner_verify, step_setup, task_steps, verifier_policy
-from services.sandbox.artifacts import collect as collect_artifacts
-from services.sandbox.artifacts import collect_published
 from services.sandbox.backends.base import Backend, ExecRequest, Limits, Network, Phase, SandboxSpec
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, UnixRelay
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.relay import UnixRelay
+from services.sandbox.common.settings import Settings
 from services.sandbox.harnesses import AgentContext, ModelAccess, get_harness
 from services.sandbox.harnesses.agent_extras import run_setup as run_harness_setup
-from services.sandbox.healthcheck import wait_until_healthy
-from services.sandbox.lifecycle import TrialOutcome, TrialSpec, TrialState
-from services.sandbox.paths import TrialDirs
-from services.sandbox.runner_trial import Trial, build_outcome, phase_env
-from services.sandbox.runner_verify import run_exec
-from services.sandbox.settings import Settings
-from services.sandbox.task_steps import Step, StepOutcome
-from services.sandbox.tasks import Task, load_task
+from services.sandbox.task import steps as task_steps
+from services.sandbox.task import verifier_policy
+from services.sandbox.task.model import Task, load_task
+from services.sandbox.task.steps import Step, StepOutcome
+from services.sandbox.trial import step_setup
+from services.sandbox.trial import verify as runner_verify
+from services.sandbox.trial.artifacts import collect as collect_artifacts
+from services.sandbox.trial.artifacts import collect_published
+from services.sandbox.trial.endpoints import CaptureFinalizer, ProxyAdmin
+from services.sandbox.trial.healthcheck import wait_until_healthy
+from services.sandbox.trial.lifecycle import TrialOutcome, TrialSpec, TrialState
+from services.sandbox.trial.state import Trial, build_outcome, phase_env
+from services.sandbox.trial.verify import run_exec
 
 log = logging.getLogger(__name__)
 

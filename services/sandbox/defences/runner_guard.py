@@ -82,8 +82,8 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from services.sandbox import integrity
-from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.common.settings import IntegrityPolicy
+from services.sandbox.defences import integrity
 
 CONFIG_FILES = frozenset(
     {"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"}

@@ -1,9 +1,9 @@
 """Every field of Harbor's task schema and what harnessrl does with it: one table.
 
-``services.sandbox.tasks`` refuses a task from this table (a field whose rule says
+``services.sandbox.task.model`` refuses a task from this table (a field whose rule says
 so, by name and why), warns about keys Harbor's schema lacks (Harbor ignores them,
 so refusing would reject tasks Harbor runs) and ``docs/harbor.md`` is rendered from
-it (``python -m services.sandbox.harbor_fields --write docs/harbor.md``), so the
+it (``python -m services.sandbox.task.harbor_fields --write docs/harbor.md``), so the
 code, the check command and the documentation cannot disagree.
 
 Facts about Harbor are from the PyPI package ``harbor`` 0.26 (``models/task/config.py``,
@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from services.sandbox import task_steps
+from services.sandbox.task import steps as task_steps
 
 
 class Status(StrEnum):
@@ -304,10 +304,10 @@ def render() -> str:
     lines = [
         "# Harbor tasks in harnessrl",
         "",
-        "<!-- generated from services/sandbox/harbor_fields.py: "
-        "python -m services.sandbox.harbor_fields --write docs/harbor.md -->",
+        "<!-- generated from services/sandbox/task/harbor_fields.py: "
+        "python -m services.sandbox.task.harbor_fields --write docs/harbor.md -->",
         "",
-        "harnessrl reads Harbor-format tasks natively (`services/sandbox/tasks.py`). Every field of Harbor's",
+        "harnessrl reads Harbor-format tasks natively (`services/sandbox/task/model.py`). Every field of Harbor's",
         "task schema (versions 1.0-1.4) is **supported** (Harbor's meaning), **mapped** (runs, with a",
         "meaning that differs on purpose, written here) or **refused** (loading the task fails naming the",
         "file, the field and why). A key Harbor's schema lacks is ignored by Harbor; harnessrl ignores it",
@@ -352,9 +352,9 @@ def main(argv: list[str]) -> int:
             return 0
         if target.is_file() and target.read_text() == render():
             return 0
-        sys.stderr.write(f"{target} is out of date: python -m services.sandbox.harbor_fields --write {target}\n")
+        sys.stderr.write(f"{target} is out of date: python -m services.sandbox.task.harbor_fields --write {target}\n")
         return 1
-    sys.stderr.write("usage: python -m services.sandbox.harbor_fields [--write FILE | --check FILE]\n")
+    sys.stderr.write("usage: python -m services.sandbox.task.harbor_fields [--write FILE | --check FILE]\n")
     return 2
 
 

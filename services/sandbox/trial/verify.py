@@ -15,12 +15,14 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from services.sandbox import artifacts, integrity, runner_guard, verifier_policy
 from services.sandbox.backends.base import Backend, ExecRequest, ExecResult, Network, Phase, SandboxSpec
-from services.sandbox.errors import SandboxLost, VerifierError
-from services.sandbox.runner_trial import Trial, phase_env
-from services.sandbox.settings import Settings
-from services.sandbox.task_steps import Step
+from services.sandbox.common.errors import SandboxLost, VerifierError
+from services.sandbox.common.settings import Settings
+from services.sandbox.defences import integrity, runner_guard
+from services.sandbox.task import verifier_policy
+from services.sandbox.task.steps import Step
+from services.sandbox.trial import artifacts
+from services.sandbox.trial.state import Trial, phase_env
 
 SUMMARY_BYTES = 4000
 
