@@ -19,7 +19,7 @@ from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.harnesses import get_harness
 from services.sandbox.trial.lifecycle import TerminationReason
-from stack.conformance import tools_script
+from stack.conformance.matrix import tools_script
 from tests.sandbox_support import make_task, model_stack, run_harness_trial
 
 pytestmark = [

@@ -17,7 +17,7 @@ from services.capture_store import bench
 from services.capture_store import bench_data as data
 from services.capture_store.bench import BenchConfig, Results
 from services.capture_store.settings import Settings
-from stack.benchstack import BenchStack, cpu_seconds
+from stack.bench.benchstack import BenchStack, cpu_seconds
 
 
 def measure_serving(backend: str, corpus: data.Corpus, cfg: BenchConfig, work: Path, res: Results) -> None:

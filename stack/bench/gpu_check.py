@@ -52,7 +52,7 @@ def grpc_stand_in() -> bool:
     try:
         import grpc  # noqa: F401
     except ImportError:
-        module = types.ModuleType("grpc", "stand-in from stack.gpu_check: StatusCode only")
+        module = types.ModuleType("grpc", "stand-in from stack.bench.gpu_check: StatusCode only")
         codes = enum.Enum("StatusCode", STATUS_CODES)  # type: ignore[misc]  # names known at run time
         setattr(module, "StatusCode", codes)  # noqa: B010 - a module attribute mypy cannot see
         sys.modules["grpc"] = module

@@ -41,7 +41,7 @@ from stack import pool, runconfig
 
 STACK_VERL = Path(__file__).resolve().parent / "verl"
 VERL_CONFIG = "fully_async_ppo_trainer"
-HOOKS_MODULE = "stack.verl_hooks"
+HOOKS_MODULE = "stack.verl.hooks"
 ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
 # ``segments`` -> (verl's config, its entry point, the overlay in stack/verl/harnessrl/). One row
 # per trial: verl's fully-async trainer (its classic worker takes one output per sample); every
@@ -67,7 +67,7 @@ class Prepared:
 
 
 def task_rows(tasks: list[Path]) -> list[dict[str, Any]]:
-    from stack.verl_agent_loop import AGENT_NAME
+    from stack.verl.agent_loop import AGENT_NAME
 
     return [
         {
@@ -99,7 +99,7 @@ def agent_loop_entry(cfg: runconfig.RunConfig, gateway_bind: str = "127.0.0.1") 
 
     return {
         "name": "harnessrl_agent",
-        "_target_": "stack.verl_agent_loop.HarnessAgentLoop",
+        "_target_": "stack.verl.agent_loop.HarnessAgentLoop",
         "sandbox_target": env("HARNESSRL_SANDBOX_TARGET", r.sandbox_target),
         "capture_target": env("HARNESSRL_CAPTURE_TARGET", r.capture_target),
         "run_id": cfg.run_id,
@@ -119,8 +119,8 @@ def gateway_bind_for(cfg: runconfig.RunConfig, extra: list[str], env: Mapping[st
     """The workers' default gateway bind for this cluster's shape (0.0.0.0 when the proxy may
     be on another node: ``--override trainer.nnodes=N``/``rollout.nnodes=N``, or a sandbox on
     another host), after checking the gateway variables set here against that shape
-    (``stack/verl_address.py``): a ConfigError for a loopback bind or address across nodes."""
-    from stack import verl_address
+    (``stack/verl/address.py``): a ConfigError for a loopback bind or address across nodes."""
+    from stack.verl import address as verl_address
 
     nnodes: dict[str, object] = {}
     for override in extra:
@@ -184,7 +184,7 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None, segments: s
     if cfg.run.eval_tasks:
         files["val_tasks"] = out / "val_tasks.parquet"
         write_parquet(task_rows(pool.expand(cfg.run.eval_tasks, cfg.run.eval_families)), files["val_tasks"])
-    header = "# verl agent-loop config written by `harnessrl verl prepare` (stack/verl_prepare.py).\n"
+    header = "# verl agent-loop config written by `harnessrl verl prepare` (stack/verl/prepare.py).\n"
     entry = agent_loop_entry(cfg, gateway_bind) | {"segments": segments}
     files["agent_loops"].write_text(header + yaml.safe_dump([entry], sort_keys=False))
     overrides = overrides_for(cfg, files, segments) + list(extra or [])
@@ -232,7 +232,7 @@ def dry_run(prepared: Prepared) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    import stack.verl_hooks  # noqa: F401  (registers harnessrl_grpo, as VERL_USE_EXTERNAL_MODULES does)
+    import stack.verl.hooks  # noqa: F401  (registers harnessrl_grpo, as VERL_USE_EXTERNAL_MODULES does)
 
     package = fully_async if prepared.segments == "last" else verl.trainer
     config_dir = Path(str(package.__file__)).parent / "config"

@@ -41,8 +41,8 @@ from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store.settings import Settings as CaptureSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
-from stack.bench_proxy import chat_turns, scripted
-from stack.benchstack import BenchStack, Http
+from stack.bench.benchstack import BenchStack, Http
+from stack.bench.proxy import chat_turns, scripted
 
 ADMIN = "load-admin"
 RUN = "load"
@@ -230,7 +230,7 @@ async def run_load(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: 
         async with AsyncExitStack() as exits:
             progress("starting gateway, capture store and proxy" + (" (Redis + S3)" if cfg.distributed else ""))
             if cfg.sandbox:
-                from stack.loadtest_sandbox import run_sandboxed
+                from stack.bench.loadtest_sandbox import run_sandboxed
 
                 return await run_sandboxed(Path(tmp), cfg, exits, progress)
             up = await bench_stack(Path(tmp), cfg).start()

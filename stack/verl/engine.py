@@ -1,6 +1,6 @@
 """The verl cluster path's engine side: a gateway engine whose sampler is verl's server
 manager (``VerlServerEngine``), and the in-process gateway each verl AgentLoopWorker serves
-it from (``WorkerGateway``, ``serve_engine``); ``stack/verl_agent_loop.py`` is the loop.
+it from (``WorkerGateway``, ``serve_engine``); ``stack/verl/agent_loop.py`` is the loop.
 
 Sampling: verl's ``sampling_params`` (temperature, top_p, top_k,
 repetition_penalty: verl's ``actor_rollout_ref.rollout`` settings, or its
@@ -23,8 +23,8 @@ from harnessrl.errors import FailedPrecondition, InvalidArgument
 from harnessrl.rpc import check_target
 from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInput
 from services.gateway.errors import ContextLengthExceeded
-from stack import verl_address
-from stack.verl_checks import AGENT_NAME
+from stack.verl import address as verl_address
+from stack.verl.checks import AGENT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ class WorkerGateway:
                     server_manager, vocab_size, context_window=context_window, initial_version=initial_version
                 )
                 self._server, port = await serve_engine(self.engine, bind)
-                # Never gethostbyname(gethostname()): 127.0.1.1 on stock Debian (stack/verl_address.py).
+                # Never gethostbyname(gethostname()): 127.0.1.1 on stock Debian (stack/verl/address.py).
                 host = verl_address.advertised_host(bind, address)
                 self.target = check_target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             elif self.engine.context_window != context_window:

@@ -28,7 +28,7 @@ import services.sandbox
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.common.settings import Settings as SandboxSettings
-from stack.loadtest import RUN, LoadConfig, LoadResult, bench_stack, phases, tally
+from stack.bench.loadtest import RUN, LoadConfig, LoadResult, bench_stack, phases, tally
 
 TASK = Path(services.sandbox.__file__).parent / "examples" / "hello"
 PER_WORKER = 256  # the sandbox service's bound on one worker's concurrency

@@ -31,8 +31,8 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.paths import default_model_dir
-from stack.conformance_drivers import DRIVERS, Driver, Target
-from stack.conformance_stack import ProxyStack, check_faithful, write_script
+from stack.conformance.drivers import DRIVERS, Driver, Target
+from stack.conformance.proxy_stack import ProxyStack, check_faithful, write_script
 
 MODEL = default_model_dir().name
 TASK = "Create hello.txt containing hello"

@@ -48,9 +48,9 @@ import numpy as np
 from harnessrl.arrays import I32
 from harnessrl.benchtable import load_average, print_table
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
-from stack.bench_proxy import ADMIN, proxy_stack
-from stack.benchstack import CpuReading
-from stack.vllm_server import VllmServer
+from stack.bench.benchstack import CpuReading
+from stack.bench.proxy import ADMIN, proxy_stack
+from stack.bench.vllm_server import VllmServer
 
 PATHS = ("direct", "gateway", "full")
 OURS = ("proxy", "gateway", "capture")  # the processes the path adds; vLLM is the baseline's own

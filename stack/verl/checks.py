@@ -54,16 +54,16 @@ def _model_window(path: str, trust_remote_code: bool) -> int:
 def check_estimator(config: Any) -> None:
     """Refuses a run whose advantage estimator would count masked rows (reward 0, weight
     0) in their group's mean and std: every trial can end masked (an infrastructure
-    failure), and only ``harnessrl_grpo`` leaves such rows out (``stack/verl_hooks.py``).
+    failure), and only ``harnessrl_grpo`` leaves such rows out (``stack/verl/hooks.py``).
     A config that names no estimator (not verl's trainer) is not judged."""
     from omegaconf import OmegaConf
 
-    from stack.verl_hooks import ESTIMATOR
+    from stack.verl.hooks import ESTIMATOR
 
     estimator = OmegaConf.select(config, "algorithm.adv_estimator", default=None)
     if estimator is not None and str(estimator) != ESTIMATOR:
         raise InvalidArgument(
             f"{AGENT_NAME}: algorithm.adv_estimator={estimator} counts masked rows (failed trials, reward 0) in "
             f"their group's statistics; use algorithm.adv_estimator={ESTIMATOR} with "
-            "VERL_USE_EXTERNAL_MODULES=stack.verl_hooks (harnessrl verl prepare writes both)"
+            "VERL_USE_EXTERNAL_MODULES=stack.verl.hooks (harnessrl verl prepare writes both)"
         )

@@ -2,7 +2,7 @@
 ``services/proxy/bench.py``): concurrent multi-turn sessions through a proxy
 process versus straight to the same scripted engine.
 
-Every service runs in its own process, as deployed (``stack.benchstack``); the
+Every service runs in its own process, as deployed (``stack.bench.benchstack``); the
 load comes from this process over plain HTTP/1.1 keep-alive connections (one per
 session) and, for the baseline, gRPC to the gateway. It starts services, so it
 lives in the composition root, beside the other benches that do."""
@@ -26,7 +26,7 @@ from services.capture_store.settings import Settings as CaptureSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.bench import OverheadRow, run_overhead
 from services.proxy.settings import Settings as ProxySettings
-from stack.benchstack import BenchStack, Http, cpu_seconds
+from stack.bench.benchstack import BenchStack, Http, cpu_seconds
 
 ADMIN = "bench-admin"
 REPLY = {"content": "Checking.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
