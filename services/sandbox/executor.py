@@ -170,6 +170,7 @@ class ExecutorService:
             execution.cancel.set()
         tasks = [e.task for e in self.executions.values() if e.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runner.backend.close()
 
     async def _run(self, execution: Execution, previous_id: str) -> None:
         spec = execution.spec

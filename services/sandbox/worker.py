@@ -77,6 +77,7 @@ class Worker:
                 await asyncio.gather(*self.running.values(), return_exceptions=True)
         finally:
             reaper.cancel()
+            await self.runner.backend.close()  # the Docker backend's warm pool: no container outlives the worker
 
     def _released(self, trial_id: str, slots: asyncio.Semaphore):  # type: ignore[no-untyped-def]
         def done(_: asyncio.Task[None]) -> None:

@@ -219,6 +219,11 @@ class Backend(abc.ABC):
         returns how many sandboxes it removed. Workers call it at start."""
         return 0
 
+    async def close(self) -> None:
+        """Releases what the backend holds beyond its sandboxes (the Docker backend's warm
+        pool), when its worker stops or its process shuts down. Idempotent."""
+        return None
+
     @abc.abstractmethod
     async def stop(self, sandbox: Sandbox) -> None:
         """Kills whatever is left and releases every resource. Idempotent."""

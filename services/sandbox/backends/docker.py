@@ -22,23 +22,25 @@ Isolation and integrity, phase by phase:
   layer and its HOME (overlay2 on ext4 has none: the create would be refused).
 - Cancellation and timeouts kill the exec's processes mid-run.
 - Containers carry their worker's identity; a dead worker's are reaped.
+- With ``warm_pool`` on, a trial's container is one started before it asked (for it alone,
+  with everything above) and its containers are removed behind it (``docker_pool``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
-import shlex
 import shutil
-import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from docker.errors import APIError, NotFound
 from requests.exceptions import RequestException
 
+from services.sandbox.backends import docker_files as files
 from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import (
     Backend,
@@ -49,11 +51,10 @@ from services.sandbox.backends.base import (
     Phase,
     Sandbox,
     SandboxSpec,
-    restore_workspace,
-    unpack_tar,
 )
 from services.sandbox.backends.docker_compose import ComposeRunner, ServiceGroup
 from services.sandbox.backends.docker_exec import ContainerExec, worker_identity, worker_is_dead
+from services.sandbox.backends.docker_pool import SLOT_PREFIX, PoolKey, WarmPool
 from services.sandbox.backends.docker_specs import (
     LABEL_MANAGED,
     LABEL_TRIAL,
@@ -61,6 +62,7 @@ from services.sandbox.backends.docker_specs import (
     LABEL_WORKER,
     SANDBOX_USER,
     VERIFY_HOME,
+    container_name,
     container_spec,
     setup_script,
     verify_container_spec,
@@ -68,7 +70,6 @@ from services.sandbox.backends.docker_specs import (
 )
 from services.sandbox.backends.docker_steps import next_agent_container
 from services.sandbox.backends.limits import watch_disk
-from services.sandbox.common import tarsafe
 from services.sandbox.common.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.common.settings import Settings
@@ -127,6 +128,13 @@ class DockerBackend(Backend):
             non_root=True,
         )
         super().__init__(settings.integrity, self.cfg.limits_unenforced_ok)
+        self.pool: WarmPool | None = None
+        if self.cfg.warm_pool:
+            work_dir, keys = settings.work_dir, self.cfg.warm_pool_tasks
+            self.pool = WarmPool(work_dir, self.cfg.warm_pool, keys, self._warm_launch, self._remove)
+
+    async def _warm_launch(self, spec: SandboxSpec, key: PoolKey) -> Any:
+        return await self._launch(spec, key.image, key.workdir, key.setup)
 
     # -- lifecycle ---------------------------------------------------------------
     def _verify_network(self) -> str:
@@ -158,35 +166,67 @@ class DockerBackend(Backend):
         env = (
             images.image_env(inspect) | (compose.main_environment if compose else {}) | spec.task.config.environment.env
         )
+        policy = self.integrity.protect_reward_files
+        setup = setup_script(spec.ro_mounts, prepared.closed_dirs, protect_reward_files=policy)
+        # A compose task's services first, in the namespace the main container then joins (never pooled).
+        up = compose is not None and bool(compose.services)
+        container = None if up else await self._warm(spec, image, workdir, setup)
+        group = None
+        if container is None:
+            group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if up else None
+            try:
+                container = await self._launch(spec, image, workdir, setup, group)
+            except BaseException:
+                if group is not None:
+                    await self.compose.down(group)
+                raise
+        handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root, services=group)
+        handle.image = image
+        handle.image_user = str((inspect.get("Config") or {}).get("User") or "")
+        return Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
+
+    async def _warm(self, spec: SandboxSpec, image: str, workdir: str, setup: str) -> Any | None:
+        """A warm container of the pool for this trial (``docker_pool``), or None."""
+        if self.pool is None:
+            return None
+        try:
+            key = PoolKey.of(spec, image, workdir, disk_quota=self.disk_quota, setup=setup)
+        except OSError:
+            return None  # a read-only mount that is not there: the usual start says so
+
+        async def rename(container: Any) -> None:
+            await self._api(container.rename, container_name(spec))
+
+        return await self.pool.take(key, spec, rename)
+
+    async def _launch(self, spec: SandboxSpec, image: str, workdir: str, setup: str, group: Any = None) -> Any:
+        """Creates and starts a trial's container (or a warm one's, for a pool slot's spec) with
+        root's ``setup`` run; removed again if any of it fails."""
         dirs = spec.dirs.create()  # the logs folders too
         for host_dir in (dirs.home(Phase.AGENT), dirs.runtime / Phase.AGENT):
             host_dir.mkdir(parents=True, exist_ok=True)
         for owned in (dirs.agent_logs, dirs.published):
             await asyncio.to_thread(_chown_tree, owned, 1000)
-        # A compose task's services first, in the namespace the main container then joins.
-        up = compose is not None and bool(compose.services)
-        group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if up else None
-        try:
-            container = await self._create(spec, image, workdir, group)
-        except BaseException:
-            if group is not None:
-                await self.compose.down(group)
-            raise
-        handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root, services=group)
-        sandbox = Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
+        container = await self._create(spec, image, workdir, group)
         try:
             await self._api(container.start)
             await self._api(container.reload)
-            policy = self.integrity.protect_reward_files
-            script = setup_script(spec.ro_mounts, prepared.closed_dirs, protect_reward_files=policy)
-            if script:
-                await handle.root(script)
-        except Exception:
-            await self.stop(sandbox)
+            if setup:
+                await ContainerExec(self.client, container, cgroup_root=self.cgroup_root).root(setup)
+        except BaseException:
+            with contextlib.suppress(APIError, RequestException, SandboxLost):
+                await self._remove(container)
             raise
-        handle.image = image
-        handle.image_user = str((inspect.get("Config") or {}).get("User") or "")
-        return sandbox
+        return container
+
+    async def _remove(self, container: Any) -> None:
+        with contextlib.suppress(NotFound):
+            await self._api(container.remove, force=True, v=True)
+
+    async def close(self) -> None:
+        """Drains the warm pool (its containers removed); trials' sandboxes are their stop's."""
+        if self.pool is not None:
+            await self.pool.drain()
 
     async def _create(self, spec: SandboxSpec, image: str, workdir: str, group: ServiceGroup | None) -> Any:
         isolate, network_mode = self.integrity.isolate_network, group.network_mode if group else None
@@ -300,6 +340,13 @@ class DockerBackend(Backend):
             return
         handle.stopped = True
         await handle.close_relay()
+        if self.pool is not None:  # off the trial's path, as its container came (``docker_pool``)
+            await self.pool.behind(functools.partial(self._release, sandbox))
+        else:
+            await self._release(sandbox)
+
+    async def _release(self, sandbox: Sandbox) -> None:
+        handle = _handle(sandbox)
         # v: a container's anonymous volumes go with it (an image's VOLUME; a verifier's
         # commit records the agent container's mount points as volumes of its own).
         removals = [(functools.partial(handle.container.remove, v=True), "container")]
@@ -334,6 +381,9 @@ class DockerBackend(Backend):
             if stopped or worker_is_dead(container.labels.get(LABEL_WORKER, "")):
                 await asyncio.to_thread(container.remove, force=True, v=True)
                 removed += 1
+                slot = container.labels.get(LABEL_TRIAL, "")
+                if slot.startswith(SLOT_PREFIX):  # a warm container's slot (its trial label names it)
+                    await asyncio.to_thread(shutil.rmtree, self.settings.work_dir / slot, True)
         # A dead worker's commits for its verifiers (their containers are gone above).
         commits = await self._api(self.client.images.list, filters={"label": f"{LABEL_VERIFY}=true"})
         for image in commits:
@@ -390,71 +440,18 @@ class DockerBackend(Backend):
         limit = sandbox.spec.limits.storage_mb * 1024 * 1024
         return asyncio.ensure_future(watch_disk(watched, limit, self.cfg.disk_poll_s, event))
 
-    # -- files -------------------------------------------------------------------
+    # -- files (docker_files) -----------------------------------------------------
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
-        handle = _handle(sandbox)
-        data = await asyncio.to_thread(images.tar_as_user, src, dst.name, 1000)
-        # A path of the image (the workspace) or one uploaded before is replaced, not merged;
-        # a fresh one (/tests, /solution) goes straight in: one engine call, no exec.
-        fresh = str(dst) not in handle.uploaded and not dst.is_relative_to(sandbox.paths.workdir)
-        if fresh:
-            try:
-                await self._api(handle.container.put_archive, str(dst.parent), data)
-            except NotFound:  # the parent does not exist yet: make it below
-                fresh = False
-        if not fresh:
-            await handle.root(f"mkdir -p {shlex.quote(str(dst.parent))} && rm -rf {shlex.quote(str(dst))}")
-            await self._api(handle.container.put_archive, str(dst.parent), data)
-        handle.uploaded.add(str(dst))
+        await files.upload(self, sandbox, src, dst)
 
     async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
-        paths, dirs = sandbox.paths, sandbox.spec.dirs
-        for inside, behind in ((paths.agent_logs, dirs.agent_logs), (paths.published, dirs.published)):
-            if src.is_relative_to(inside):  # bind-mounted from the worker
-                host = behind / src.relative_to(inside)
-                await asyncio.to_thread(_copy_out, host, dst, sandbox.spec.trial_id, src)
-                return
-        await self._download(sandbox, src, dst, "data")
-
-    async def _download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path, policy: tarsafe.Policy) -> None:
-        try:
-            stream, _ = await asyncio.to_thread(_handle(sandbox).container.get_archive, str(src))
-            data = await asyncio.to_thread(b"".join, stream)
-        except Exception as e:
-            raise FileNotFoundError(f"{src} does not exist in sandbox {sandbox.spec.trial_id}") from e
-        await asyncio.to_thread(unpack_tar, data, src, dst, policy)
+        await files.download(self, sandbox, src, dst)
 
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:
-        """One host copy of the workspace per image (every trial of it starts the same)."""
-        handle = _handle(sandbox)
-        cache = images.pristine_cache(self.settings.cache_dir, handle.image, str(sandbox.paths.workdir))
-        async with handle.pristine_lock(cache):
-            if not (cache / "tree").exists():
-                partial = cache / f"partial-{uuid.uuid4().hex[:8]}"
-                # Symlinks kept as they are (repositories have absolute ones), as in the restore.
-                await self._download(sandbox, sandbox.paths.workdir, partial / "tree", "tar")
-                try:
-                    (partial / "tree").rename(cache / "tree")
-                except OSError:  # another worker was first: same content
-                    pass
-                await asyncio.to_thread(shutil.rmtree, partial, True)
-        handle.pristine = cache / "tree"
+        await files.snapshot_pristine(self, sandbox)
 
     async def restore_protected(self, sandbox: Sandbox) -> list[str]:
-        """The file defences before verify (test files, the runner's routes) on a host copy
-        of the workspace, copied back whole when anything changed."""
-        handle, paths = _handle(sandbox), sandbox.paths
-        if handle.pristine is None:
-            raise RuntimeError("snapshot_pristine was not called at start")
-        current = sandbox.spec.dirs.root / "current"
-        # Every symlink as it is: one the "data" policy refuses (absolute, or out of the
-        # tree) would fail the copy, turning the agent's attempt into an infrastructure
-        # failure; the guard removes the agent's (symlink-escape) instead.
-        await self._download(sandbox, paths.workdir, current, "tar")
-        events = await asyncio.to_thread(restore_workspace, sandbox, current, handle.pristine, self.integrity)
-        if events:
-            await self.upload(sandbox, current, paths.workdir)
-        return events
+        return await files.restore_protected(self, sandbox)
 
     async def _api(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """An engine call in a thread; an unreachable engine is a lost sandbox."""
@@ -464,16 +461,6 @@ class DockerBackend(Backend):
             if _engine_down(e):
                 raise SandboxLost(f"Docker engine unreachable: {e}") from e
             raise
-
-
-def _copy_out(host: Path, dst: Path, trial_id: str, src: PurePosixPath) -> None:
-    if not (host.exists() or host.is_symlink()):
-        raise FileNotFoundError(f"{src} does not exist in sandbox {trial_id}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if host.is_dir() and not host.is_symlink():
-        shutil.copytree(host, dst, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copy2(host, dst, follow_symlinks=False)
 
 
 def _chown_tree(root: Path, uid: int) -> None:

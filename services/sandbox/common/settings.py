@@ -161,6 +161,23 @@ class DockerBackendSettings(BaseModel):
         "the worker's host (Redis, the proxy, the capture store): only where nothing there must be kept "
         "from it.",
     )
+    warm_pool: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="Containers kept created and started per task (its prepared image, mounts and limits) before a "
+        "trial asks for one, each handed to exactly one trial and removed after it (backends/docker_pool.py); the "
+        "pool learns a task from its first trial and refills in the background. 0: off, every trial creates and "
+        "starts its own (~0.4-0.5 s of the engine's time here). A worker's concurrency is a good size; each idle "
+        "one holds an init and a sleep process.",
+    )
+    warm_pool_tasks: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="How many tasks the warm pool keeps containers for at once; the least recently asked for is "
+        "drained first.",
+    )
 
 
 # -- Kubernetes backend ---------------------------------------------------------
