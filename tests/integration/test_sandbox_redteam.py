@@ -16,6 +16,7 @@ of ``runner_guard`` classify those."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import shutil
 import threading
@@ -115,9 +116,8 @@ exit 0""",
 }
 
 
-@pytest.fixture(scope="module")
-def redteam_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("redteam")
+def build_redteam_task(root: Path) -> Path:
+    """The pytest-verified task every cheat tries (also the warm pool's red-team checks)."""
     task = make_task(
         root,
         "calc",
@@ -140,10 +140,9 @@ def redteam_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return task
 
 
-@pytest.fixture(scope="module")
-def fix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """The 'internet': a host HTTP server holding the fix."""
-    root = tmp_path_factory.mktemp("www")
+@contextlib.contextmanager
+def serve_fix(root: Path) -> Iterator[int]:
+    """The 'internet': a host HTTP server holding the fix; yields its port."""
     (root / "calc.py").write_text(FIXED)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -156,8 +155,21 @@ def fix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server.server_address[1]
-    server.shutdown()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def redteam_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_redteam_task(tmp_path_factory.mktemp("redteam"))
+
+
+@pytest.fixture(scope="module")
+def fix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    with serve_fix(tmp_path_factory.mktemp("www")) as port:
+        yield port
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ from services.sandbox.backends.base import (
 )
 from services.sandbox.backends.docker_compose import ComposeRunner, ServiceGroup
 from services.sandbox.backends.docker_exec import ContainerExec, worker_identity, worker_is_dead
-from services.sandbox.backends.docker_pool import SLOT_PREFIX, PoolKey, WarmPool
+from services.sandbox.backends.docker_pool import SLOT_PREFIX, PoolKey, Warm, WarmPool, unlink_slot
 from services.sandbox.backends.docker_specs import (
     LABEL_MANAGED,
     LABEL_TRIAL,
@@ -170,8 +170,8 @@ class DockerBackend(Backend):
         setup = setup_script(spec.ro_mounts, prepared.closed_dirs, protect_reward_files=policy)
         # A compose task's services first, in the namespace the main container then joins (never pooled).
         up = compose is not None and bool(compose.services)
-        container = None if up else await self._warm(spec, image, workdir, setup)
-        group = None
+        warm = None if up else await self._warm(spec, image, workdir, setup)
+        container, group = (warm.container if warm else None), None
         if container is None:
             group = await self.compose.up(spec, image, isolate_network=self.integrity.isolate_network) if up else None
             try:
@@ -181,11 +181,12 @@ class DockerBackend(Backend):
                     await self.compose.down(group)
                 raise
         handle = ContainerExec(self.client, container, cgroup_root=self.cgroup_root, services=group)
+        handle.slot = warm.dirs.root if warm else None
         handle.image = image
         handle.image_user = str((inspect.get("Config") or {}).get("User") or "")
         return Sandbox(spec=spec, paths=SandboxPaths.for_workdir(workdir), env=env, handle=handle)
 
-    async def _warm(self, spec: SandboxSpec, image: str, workdir: str, setup: str) -> Any | None:
+    async def _warm(self, spec: SandboxSpec, image: str, workdir: str, setup: str) -> Warm | None:
         """A warm container of the pool for this trial (``docker_pool``), or None."""
         if self.pool is None:
             return None
@@ -370,6 +371,8 @@ class DockerBackend(Backend):
                 )
         if not self.settings.keep_trial_dirs:
             await asyncio.to_thread(shutil.rmtree, sandbox.spec.dirs.root, True)
+        if handle.slot is not None:
+            await asyncio.to_thread(unlink_slot, handle.slot)
 
     async def cleanup_orphans(self) -> int:
         """Removes managed containers that stopped, and running ones whose worker
@@ -383,7 +386,7 @@ class DockerBackend(Backend):
                 removed += 1
                 slot = container.labels.get(LABEL_TRIAL, "")
                 if slot.startswith(SLOT_PREFIX):  # a warm container's slot (its trial label names it)
-                    await asyncio.to_thread(shutil.rmtree, self.settings.work_dir / slot, True)
+                    await asyncio.to_thread(unlink_slot, self.settings.work_dir / slot)
         # A dead worker's commits for its verifiers (their containers are gone above).
         commits = await self._api(self.client.images.list, filters={"label": f"{LABEL_VERIFY}=true"})
         for image in commits:

@@ -70,6 +70,8 @@ class ContainerExec:
     # A compose task's holder and sidecars (``docker_compose``), removed at stop.
     services: Any = None
     pristine: Path | None = None
+    # A warm container's slot path (``docker_pool``): a link to the trial's directory, removed at stop.
+    slot: Path | None = None
     stopped: bool = False
     relay: UnixRelay | None = None
     uploaded: set[str] = field(default_factory=set)

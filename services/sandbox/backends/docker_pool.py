@@ -124,10 +124,11 @@ class WarmPool:
         fillers = [q.filler for q in self._queues.values() if q.filler is not None]
         await asyncio.gather(*fillers, *self._pending, return_exceptions=True)
 
-    async def take(self, key: PoolKey, spec: SandboxSpec, rename: Callable[[Any], Awaitable[None]]) -> Any | None:
-        """A warm container for ``spec``'s trial, its slot adopted as ``spec.dirs`` and renamed
-        (``rename``: the container to the trial's name); None when none is ready (the trial
-        starts one itself). Either way the key's queue is refilled in the background."""
+    async def take(self, key: PoolKey, spec: SandboxSpec, rename: Callable[[Any], Awaitable[None]]) -> Warm | None:
+        """A warm container for ``spec``'s trial, its slot adopted as ``spec.dirs`` (``Warm.dirs``:
+        the slot's, now a link) and renamed (``rename``: the container to the trial's name); None
+        when none is ready (the trial starts one itself). Either way the key's queue is refilled
+        in the background."""
         if self._closed:
             return None
         queue = self._queues.get(key)
@@ -144,6 +145,8 @@ class WarmPool:
             await asyncio.to_thread(_adopt, warm.dirs.root, spec.dirs.root)
         except OSError as e:  # the trial's directory is in use: it starts one the usual way
             log.warning("warm container not adopted", extra={"kv": {"trial": spec.trial_id, "error": str(e)}})
+            if spec.dirs.root.exists() and not warm.dirs.root.exists():  # renamed, not linked: give it back
+                await asyncio.to_thread(os.rename, spec.dirs.root, warm.dirs.root)
             await self._discard(warm)
             self.misses += 1
             return None
@@ -151,7 +154,7 @@ class WarmPool:
         self.hits += 1
         # The name is for people (docker ps); the trial needs nothing of it: off its path.
         self._background(rename(warm.container), f"renaming {spec.trial_id}'s container")
-        return warm.container
+        return warm
 
     async def behind(self, release: Callable[[], Awaitable[None]]) -> None:
         """Runs a stopped trial's ``release`` (its containers' removal) in the background:
@@ -188,7 +191,7 @@ class WarmPool:
                 container = await self._launch(spec, key)
             except _REFUSED as e:  # no retry loop against an engine that refuses: the next take tries again
                 log.warning("warm container not started", extra={"kv": {"image": key.image, "error": str(e)}})
-                await asyncio.to_thread(shutil.rmtree, slot, True)
+                await asyncio.to_thread(unlink_slot, slot)
                 return
             warm = Warm(container, spec.dirs)
             if self._closed or self._queues.get(key) is not queue:  # drained or evicted meanwhile
@@ -224,11 +227,23 @@ class WarmPool:
             await self._remove(warm.container)
         except _REFUSED as e:  # the engine is gone: cleanup_orphans reaps it later
             log.warning("warm container not removed", extra={"kv": {"error": str(e)}})
-        await asyncio.to_thread(shutil.rmtree, warm.dirs.root, True)
+        await asyncio.to_thread(unlink_slot, warm.dirs.root)
 
 
 def _adopt(slot: Path, trial_dir: Path) -> None:
     """The slot becomes the trial's directory: rename(2) onto a path that is absent or an
-    empty directory (nothing of the trial is written before its sandbox starts)."""
+    empty directory (nothing of the trial is written before its sandbox starts). The engine
+    keeps the slot's paths as its mounts' sources and mounts them again by path for every
+    copy in or out (its archive API), creating what is missing: the slot's path becomes a
+    link to the trial's directory, removed with the trial's containers (``unlink_slot``)."""
     trial_dir.parent.mkdir(parents=True, exist_ok=True)
     os.rename(slot, trial_dir)
+    os.symlink(trial_dir, slot)
+
+
+def unlink_slot(path: Path) -> None:
+    """Removes a slot's path: the link an adopted slot left, or a slot never adopted."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
