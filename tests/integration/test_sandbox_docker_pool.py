@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import docker
 import pytest
@@ -44,7 +45,7 @@ env | sort; pwd; git log --oneline | wc -l; git status --short | wc -l
 """
 
 
-def pooled(tmp: Path, engine: DockerEngine, size: int = 1, **settings: object) -> DockerBackend:
+def pooled(tmp: Path, engine: DockerEngine, size: int = 1, **settings: Any) -> DockerBackend:
     docker_settings = DockerBackendSettings(host=engine.host, warm_pool=size)
     return DockerBackend(settings_for(tmp, backend="docker", docker=docker_settings, **settings))
 
