@@ -68,8 +68,9 @@ class PoolKey:
 
     image: str
     workdir: str
-    # (path, st_dev, st_ino) of each read-only mount: a directory replaced under its path is a new key.
-    mounts: tuple[tuple[str, int, int], ...]
+    # (path, st_dev, st_ino, st_ctime_ns) of each read-only mount: a directory replaced under its
+    # path is a new key (its inode number may be the old one's, reused; its ctime is its own).
+    mounts: tuple[tuple[str, int, int, int], ...]
     limits: Limits
     disk_quota: bool
     setup: str
@@ -79,7 +80,7 @@ class PoolKey:
         mounts = []
         for path in spec.ro_mounts:
             st = os.stat(path)
-            mounts.append((str(path), st.st_dev, st.st_ino))
+            mounts.append((str(path), st.st_dev, st.st_ino, st.st_ctime_ns))
         return cls(image, workdir, tuple(mounts), spec.limits, disk_quota, setup)
 
 
