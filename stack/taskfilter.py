@@ -192,7 +192,10 @@ async def _run_all(
         if progress is not None:
             progress(result, done, len(results))
 
-    await asyncio.gather(*(task(r) for r in results))
+    try:
+        await asyncio.gather(*(task(r) for r in results))
+    finally:
+        await runner.backend.close()  # a warm pool's containers (docker) go with the process
 
 
 def _score(result: TaskResult, cfg: FilterConfig) -> None:

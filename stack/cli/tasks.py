@@ -33,7 +33,10 @@ def validate(
     tasks = _tasks_or_pools(dirs)
 
     async def run() -> list:  # type: ignore[type-arg]
-        return [await validate_task(runner, d) for d in tasks]
+        try:
+            return [await validate_task(runner, d) for d in tasks]
+        finally:
+            await runner.backend.close()  # a warm pool's containers (docker) go with the process
 
     reports = asyncio.run(run())
     if as_json:

@@ -119,8 +119,11 @@ async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) 
                     update |= {"proxy_url": ends.proxy_url, "proxy_admin_token": SecretStr(ends.admin_token or "")}
                     update["proxy_uds_path"] = ends.proxy_uds
                 runner = build_runner(cfg.sandbox.model_copy(update=update))
-                outcome = await runner.run(spec)
-                await runner.finalize(spec, outcome)
+                try:
+                    outcome = await runner.run(spec)
+                    await runner.finalize(spec, outcome)
+                finally:
+                    await runner.backend.close()  # a warm pool's containers (docker) go with the process
         except BaseException as e:
             info.write("failed", error=f"{type(e).__name__}: {e}")
             raise
