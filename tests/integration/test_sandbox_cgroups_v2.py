@@ -22,12 +22,12 @@ import pytest
 from services.sandbox.backends.base import ExecRequest, Limits, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.cgroups import GROUP_DIR, LIMITS, WORKER_LEAF, PhaseCgroup, read_keyed
 from services.sandbox.backends.local import LocalBackend
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import IntegrityPolicy, LocalBackendSettings
 from services.sandbox.factory import build_worker
-from services.sandbox.lifecycle import TerminationReason, TrialSpec, TrialState
-from services.sandbox.paths import TrialDirs
 from services.sandbox.queue.memory import MemoryQueue
-from services.sandbox.settings import IntegrityPolicy, LocalBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec, TrialState
 from tests.cgroup_support import cgroup2_mount, my_v2_cgroup, read_words, remove_tree
 from tests.sandbox_support import make_task, settings_for, wait_for_state
 
