@@ -14,7 +14,10 @@ So the tests boot a kernel of their own: Debian's ``linux-image-amd64`` under
 qemu, with this machine's root file system shared read-only over 9p (the same
 venv, bwrap, worktree), cgroup2 mounted at /sys/fs/cgroup with every controller
 enabled at its root (as systemd does), tmpfs on /tmp and /run, and a second,
-writable 9p share that brings the command's files (a JUnit report) back.
+writable 9p share that brings the command's files (a JUnit report) back. The shared
+root becomes ``/`` by switch_root, not chroot: a chrooted process may not create a
+user namespace, and bwrap needs one. When the command ends, sysrq powers the guest
+off (and should init exit first, ``panic=-1`` with ``-no-reboot`` ends qemu as well).
 qemu emulates the CPU (TCG): /dev/kvm exists here, but a guest under nested KVM
 hangs before its first console line.
 """
@@ -46,6 +49,8 @@ MODULES = (
 )
 _9P = "trans=virtio,version=9p2000.L,msize=524288"
 
+# After switch_root: the command, its status, then power off (sysrq works whatever kernel.sysrq says).
+_FINISH = f"/bin/sh {GUEST_OUT}/run.sh; echo $? > {GUEST_OUT}/rc; echo o > /proc/sysrq-trigger; sleep 30"
 INIT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -65,10 +70,7 @@ mount -t tmpfs tmp /host/tmp
 mount -t tmpfs run /host/run
 mkdir -p /host{GUEST_OUT} && mount -t 9p -o {_9P} out /host{GUEST_OUT} || echo "hrl-vm: cannot mount the out share"
 ip link set lo up
-chroot /host /bin/sh {GUEST_OUT}/run.sh
-echo $? > /host{GUEST_OUT}/rc
-sync
-poweroff -f
+exec switch_root /host /bin/sh -c '{_FINISH}'
 """
 
 
@@ -91,11 +93,23 @@ def unavailable() -> str | None:
     """Why no VM can be booted here (scripts/setup installs what it needs), or None."""
     if shutil.which(QEMU) is None:
         return f"{QEMU} is not installed (Debian qemu-system-x86; scripts/setup)"
-    if not BUSYBOX.is_file():
-        return f"no static {BUSYBOX} (Debian busybox-static; scripts/setup)"
+    if not _static_elf(BUSYBOX):
+        return f"no statically linked {BUSYBOX} (Debian busybox-static; scripts/setup)"
     if find_kernel() is None:
         return "no kernel in /boot with its 9p and virtio modules (Debian linux-image-amd64; scripts/setup)"
     return None
+
+
+def _static_elf(path: Path) -> bool:
+    """An ELF64 executable with no program interpreter (PT_INTERP): it needs no libc."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if data[:5] != b"\x7fELF\x02":
+        return False
+    phoff, size, count = (int.from_bytes(data[a:b], "little") for a, b in ((0x20, 0x28), (0x36, 0x38), (0x38, 0x3A)))
+    return all(int.from_bytes(data[phoff + i * size : phoff + i * size + 4], "little") != 3 for i in range(count))
 
 
 def _cpio_entry(name: str, data: bytes, mode: int) -> bytes:
@@ -157,10 +171,18 @@ def run(script: str, out: Path, memory_mb: int = 2048, cpus: int = 2, timeout_s:
         "-virtfs",
         f"local,path={out},mount_tag=out,security_model=none",
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False)
+    console = out / "console.log"  # written as the guest runs: `tail -f` it to follow
+    with console.open("w") as sink:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     rc_file = out / "rc"
     rc = int(rc_file.read_text()) if rc_file.is_file() else None
-    return VmRun(rc=rc, console=proc.stdout + proc.stderr)
+    return VmRun(rc=rc, console=console.read_text(errors="replace"))
 
 
 def guest_env() -> dict[str, str]:
