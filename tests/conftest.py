@@ -3,6 +3,7 @@ contract check (every RPC in the protos is served to some test)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -27,12 +28,26 @@ leftovers.mark_session()
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM (``kill``, a CI timeout, pytest-xdist ending a worker) is taken as Ctrl-C:
-    pytest then tears down every fixture, so the servers they started stop by their PID.
-    Without it the process dies with no teardown; the servers' die_with_parent is the
-    last resort (it also covers SIGKILL), but skips the engines' orderly cleanup."""
+    """SIGTERM (``kill``, a CI timeout) is taken as Ctrl-C: pytest then tears down every
+    fixture, so the servers they started stop by their PID. Without it the process dies
+    with no teardown; the servers' die_with_parent is the last resort (it also covers
+    SIGKILL), but skips the engines' orderly cleanup. An xdist controller passes it on
+    to its workers at once (execnet would first wait 5 s, then kill them at 10)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    if _CONFIG and _CONFIG[0].pluginmanager.has_plugin("dsession"):
+        import psutil
+
+        for worker in psutil.Process().children():  # a distributing controller runs no test itself
+            with contextlib.suppress(psutil.Error):
+                worker.send_signal(signal.SIGTERM)
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
 
 
 if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -152,6 +167,7 @@ def _uses_docker(path: Path) -> bool:
     return any(name in text for name in ("docker_engine", "docker_daemon", "DockerEngine"))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which tears down what an interrupted run left set up
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fails a full default run in which some RPC was never served, and any run that
     left a process of its own alive; removes the record. Under xdist each worker
