@@ -45,12 +45,17 @@ def refusals(req: GenerateContentRequest) -> None:
     if g.candidate_count not in (None, 1):
         _refuse("generationConfig.candidateCount", f"must be 1, got {g.candidate_count}")
     if g.response_mime_type not in (None, "", "text/plain"):
-        _refuse("generationConfig.responseMimeType", f"{g.response_mime_type!r} needs constrained decoding, "
-                "which this proxy's engines do not offer; omit it or use 'text/plain'")  # fmt: skip
+        _refuse(
+            "generationConfig.responseMimeType",
+            f"{g.response_mime_type!r} needs constrained decoding, "
+            "which this proxy's engines do not offer; omit it or use 'text/plain'",
+        )
     for name in ("response_schema", "response_json_schema"):
         if getattr(g, name) is not None:
-            _refuse(f"generationConfig.{to_camel(name)}", "a response schema needs constrained decoding, "
-                    "which this proxy's engines do not offer")  # fmt: skip
+            _refuse(
+                f"generationConfig.{to_camel(name)}",
+                "a response schema needs constrained decoding, which this proxy's engines do not offer",
+            )
     if g.response_logprobs or g.logprobs is not None:
         _refuse("generationConfig.responseLogprobs", "logprobs are not returned on the Gemini API here")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -131,6 +136,9 @@ def tool_choice(req: GenerateContentRequest, tools: tuple[Tool, ...]) -> ToolCho
         return ToolChoice("tool", chosen.pop(), param=PARAM)
     if not chosen or chosen == names:
         return ToolChoice("required", param=PARAM)
-    _refuse(f"{PARAM}.allowedFunctionNames", "forcing a call among a subset of several tools needs constrained "
-            "decoding; name one function, all of them, or send only the allowed tools")  # fmt: skip
+    _refuse(
+        f"{PARAM}.allowedFunctionNames",
+        "forcing a call among a subset of several tools needs constrained "
+        "decoding; name one function, all of them, or send only the allowed tools",
+    )
     raise AssertionError  # unreachable: _refuse raises

@@ -57,8 +57,15 @@ class Part(Camel):
         return self
 
 
-PART_KINDS = ("text", "function_call", "function_response", "inline_data", "file_data", "executable_code",
-               "code_execution_result")  # fmt: skip
+PART_KINDS = (
+    "text",
+    "function_call",
+    "function_response",
+    "inline_data",
+    "file_data",
+    "executable_code",
+    "code_execution_result",
+)
 
 
 class Content(Camel):
@@ -154,5 +161,6 @@ class CountTokensRequest(Camel):
             return self.generate_content_request
         if not self.contents:
             raise BadRequest("countTokens: contents must not be empty")
-        return GenerateContentRequest(contents=self.contents, system_instruction=self.system_instruction,
-                                      tools=self.tools)  # fmt: skip
+        return GenerateContentRequest(
+            contents=self.contents, system_instruction=self.system_instruction, tools=self.tools
+        )

@@ -53,8 +53,9 @@ async def model_method(trial_id: str, version: str, target: str, request: Reques
     if method == "countTokens":
         return await _count_tokens(request, model, trial)
     if method not in ("generateContent", "streamGenerateContent"):
-        raise ModelNotFound(f"models/{model}: no method {method!r}; served: generateContent, streamGenerateContent, "
-                            "countTokens")  # fmt: skip
+        raise ModelNotFound(
+            f"models/{model}: no method {method!r}; served: generateContent, streamGenerateContent, countTokens"
+        )
     body = await parse_request(request, GenerateContentRequest, "gemini")
     refusals(body)
     _note_ignored(body)

@@ -105,8 +105,9 @@ def test_streamed_round_trip_with_the_sdk_default_version(stack: Stack) -> None:
     # What Gemini CLI keeps of a streamed turn: the parts of every chunk but thoughts, in order.
     kept = [p for p in parts if not p.thought]
     contents += [types.Content(role="model", parts=kept), result(calls[0], "a.txt")]
-    text = "".join(ch.text or "" for ch in c.models.generate_content_stream(model=MODEL, contents=contents,
-                                                                              config=config()))  # fmt: skip
+    text = "".join(
+        ch.text or "" for ch in c.models.generate_content_stream(model=MODEL, contents=contents, config=config())
+    )
     assert text == "Done: a.txt"
     assert stack.close_trial("gm-2")["num_segments"] == 1
     check_faithful(stack.export("gm-2"), stack.engine_log(), "gm-2")
@@ -172,3 +173,35 @@ def test_wire_forms_json_array_stream_query_key_and_errors(stack: Stack) -> None
     with pytest.raises(errors.ClientError) as e:
         c.models.embed_content(model=MODEL, contents="hi")
     assert e.value.code == 404 and e.value.status == "NOT_FOUND"
+
+
+def test_bad_input_over_http_is_a_google_error_and_nothing_is_captured(stack: Stack) -> None:
+    base, token = stack.new_trial("gm-8")
+    root, headers = base.removesuffix("/v1"), {"x-goog-api-key": token, "content-type": "application/json"}
+    cases: list[tuple[str, bytes, int, str, str]] = [
+        (f"models/{MODEL}:generateContent", b"{not json", 400, "INVALID_ARGUMENT", "not valid JSON"),
+        (f"models/{MODEL}:generateContent", b"[]", 400, "INVALID_ARGUMENT", "expected a JSON object"),
+        (f"models/{MODEL}:generateContent", b'{"contents": [{"parts": [{}]}]}', 400, "INVALID_ARGUMENT", "one of"),
+        (
+            f"models/{MODEL}:streamGenerateContent?alt=sse",
+            b'{"contents": [], "x": 1}',
+            400,
+            "INVALID_ARGUMENT",
+            "contents",
+        ),
+        (f"models/{MODEL}:embedContent", b"{}", 404, "NOT_FOUND", "embedContent"),
+        (f"models/{MODEL}:countTokens", b"{}", 400, "INVALID_ARGUMENT", "contents must not be empty"),
+    ]
+    for path, raw, code, status, text in cases:
+        r = httpx.post(f"{root}/v1beta/{path}", content=raw, headers=headers, timeout=30)
+        err = r.json()["error"]
+        assert (r.status_code, err["code"], err["status"]) == (code, code, status), (path, r.text)
+        assert text in err["message"], (path, err)
+    r = httpx.post(f"{root}/v2/models/{MODEL}:generateContent", content=b"{}", headers=headers, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
+    ok = httpx.post(f"{root}/v1beta/models/{MODEL}:generateContent", json={"contents": "hi"}, headers=headers)
+    assert ok.status_code == 400  # still serving, still refusing
+    summary = stack.close_trial("gm-8")
+    # Every refusal after authentication counts against the trial (the /v2 path is no trial's method).
+    assert summary["num_turns"] == 0 and summary["refused_requests"] == 7
+    assert stack.export("gm-8") == [] and [g for g in stack.engine_log() if g["trial_id"] == "gm-8"] == []
