@@ -11,9 +11,17 @@ from typer.testing import CliRunner
 
 from harnessrl.errors import ConfigError
 from stack.cli.main import app
-from stack.conformance import COLUMNS, Report, render_markdown, render_text, resolve_harnesses, run_cell, run_matrix
-from stack.conformance_drivers import DRIVERS
-from stack.conformance_stack import Unfaithful, check_faithful
+from stack.conformance.drivers import DRIVERS
+from stack.conformance.matrix import (
+    COLUMNS,
+    Report,
+    render_markdown,
+    render_text,
+    resolve_harnesses,
+    run_cell,
+    run_matrix,
+)
+from stack.conformance.proxy_stack import Unfaithful, check_faithful
 
 
 @pytest.mark.parametrize(

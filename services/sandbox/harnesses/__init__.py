@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.sandbox.errors import UnknownName
+from services.sandbox.common.errors import UnknownName
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, ModelAccess
 from services.sandbox.harnesses.builtin import NopHarness, OracleHarness, ShellHarness
 from services.sandbox.harnesses.npm_harnesses import ClaudeCode, Codex, OpenCode
