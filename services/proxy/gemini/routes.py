@@ -58,7 +58,7 @@ async def model_method(trial_id: str, version: str, target: str, request: Reques
         )
     body = await parse_request(request, GenerateContentRequest, "gemini")
     refusals(body)
-    _note_ignored(body)
+    note_ignored(body)
     core = core_of(request)
     core.check_model(trial, model)
     conv = to_conversation(body)
@@ -101,9 +101,9 @@ async def _count_tokens(request: Request, model: str, trial: Trial) -> Response:
     return FastJSON({"totalTokens": len(prompt) // 4})
 
 
-def _note_ignored(body: GenerateContentRequest) -> None:
+def note_ignored(body: GenerateContentRequest) -> None:
     for name in ignored(body):
-        metrics.TOKENS.labels("proxy", "gemini_ignored_field").inc()
+        metrics.IGNORED_FIELDS.labels("proxy", "gemini", name).inc()
         if name not in _logged_ignored:
             _logged_ignored.add(name)
             log.info("ignored request field", extra=kv(protocol="gemini", field=name, why=IGNORED[name]))

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from harnessrl import metrics
 from services.proxy.chat.conversation import Message, Tool, ToolCall
 from services.proxy.chat.toolchoice import ToolForcing
 from services.proxy.errors import (
@@ -23,7 +24,7 @@ from services.proxy.errors import (
 )
 from services.proxy.gemini.honour import ignored, include_thoughts, refusals, tool_choice
 from services.proxy.gemini.models import CountTokensRequest, GenerateContentRequest
-from services.proxy.gemini.routes import call_params
+from services.proxy.gemini.routes import call_params, note_ignored
 from services.proxy.gemini.translate import json_schema, signature, to_conversation, turn_of
 from services.proxy.protocol import parse
 
@@ -157,6 +158,10 @@ def test_generation_config_is_honoured_and_thoughts_follow_include_thoughts() ->
     assert include_thoughts(req) and not include_thoughts(request())
     assert call_params(request(), ToolForcing(), stream=False).whole
     assert ignored(req) == ["generationConfig.thinkingConfig.thinkingBudget"]
+    counter = metrics.IGNORED_FIELDS.labels("proxy", "gemini", "generationConfig.thinkingConfig.thinkingBudget")
+    before = counter._value.get()
+    note_ignored(req)
+    assert counter._value.get() == before + 1
     more = request(
         safetySettings=[{"category": "HARM_CATEGORY_HATE_SPEECH", "threshold": "BLOCK_NONE"}],
         generationConfig={"thinkingConfig": {"thinkingLevel": "HIGH"}},
