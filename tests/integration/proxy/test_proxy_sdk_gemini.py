@@ -205,3 +205,15 @@ def test_bad_input_over_http_is_a_google_error_and_nothing_is_captured(stack: St
     # Every refusal after authentication counts against the trial (the /v2 path is no trial's method).
     assert summary["num_turns"] == 0 and summary["refused_requests"] == 7
     assert stack.export("gm-8") == [] and [g for g in stack.engine_log() if g["trial_id"] == "gm-8"] == []
+
+
+def test_max_turns_is_a_failed_precondition_in_google_shape(stack: Stack) -> None:
+    base, token = stack.new_trial("gm-9", max_turns=1)
+    options = types.HttpOptions(base_url=base.removesuffix("/v1"), api_version="v1beta")
+    c = genai.Client(api_key=token, http_options=options)
+    assert c.models.generate_content(model=MODEL, contents="hi").text == "Hello from the side."
+    with pytest.raises(errors.ClientError) as e:
+        list(c.models.generate_content_stream(model=MODEL, contents="hi again"))
+    assert (e.value.code, e.value.status) == (400, "FAILED_PRECONDITION") and "max_turns=1" in (e.value.message or "")
+    summary = stack.close_trial("gm-9")
+    assert summary["num_turns"] == 1 and summary["max_turns_reached"]
