@@ -5,7 +5,8 @@ The kernel binds each controller to one hierarchy at a time, and moves it to v2
 only when its v1 hierarchy is gone from every mount namespace. Here the v1
 hierarchies are mounted in the machine's root namespace (the memory one holds
 the machine's own cgroups), so ``unshare -m`` then ``mount -t cgroup2`` gives a
-hierarchy whose ``cgroup.controllers`` is ``hugetlb`` alone, and unmounting
+hierarchy whose ``cgroup.controllers`` is ``hugetlb`` alone (writing ``+memory``,
+``+pids`` or ``+cpu`` to its ``cgroup.subtree_control`` fails with ENOENT), and unmounting
 ``/sys/fs/cgroup/pids`` in the private namespace changes nothing (it is still
 bound in the root one; /proc/cgroups keeps its v1 hierarchy id). Releasing it in
 the root namespace would take the pids limit from every other test on the machine.
