@@ -35,6 +35,7 @@ from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.docker_exec import worker_identity
 from services.sandbox.backends.docker_specs import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER
 from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.task import compose_env
 from services.sandbox.task.compose import MAIN, ComposeSpec, Service
 
 LABEL_SERVICE = "io.harnessrl.service"
@@ -142,7 +143,11 @@ class ComposeRunner:
         """The holder and every sidecar, running (or healthy where checked); on failure nothing is left."""
         compose = spec.task.compose
         assert compose is not None
-        images = {s.name: await self.image_for(spec, s) for s in compose.services}
+        # ${MAIN_IMAGE_NAME} as a sidecar's image: Harbor's name of main's image, so the trial's own.
+        images = {
+            s.name: holder_image if s.image == compose_env.MAIN_IMAGE else await self.image_for(spec, s)
+            for s in compose.services
+        }
         holder = await self._call(
             self.client.containers.create, **holder_spec(spec, compose, holder_image, isolate_network=isolate_network)
         )

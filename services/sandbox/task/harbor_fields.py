@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from services.sandbox.task import harbor_notes
 from services.sandbox.task import steps as task_steps
 
 
@@ -271,11 +272,12 @@ FILES: dict[str, Rule] = {
         "services' TCP ports relayed into it by the worker (UDP is not); kubernetes runs them as containers of the "
         "trial's pod (prebuilt images only); the local backend refuses the task. main's build (context, "
         "dockerfile, args; [environment] docker_image wins, as Harbor's prebuilt image), depends_on and "
-        "environment, and each service's image, build (context inside the task), command, entrypoint, "
+        "environment (and main's image, command and deploy as Harbor writes them: see Harbor's compose "
+        "variables), and each service's image, build (context inside the task), command, entrypoint, "
         "environment, working_dir, user, healthcheck, depends_on, init and expose are honoured; any other "
         "key (ports, networks, volumes, privileged, cap_add, ...) is refused naming it. ${VAR} is interpolated "
-        "from environment/.env and [environment] env, never the worker's environment (a variable found in "
-        "neither, without a default, is refused by name)",
+        "from Harbor's compose variables (below), environment/.env and [environment] env, never the worker's "
+        "environment (a variable found in none, without a default, is refused by name)",
     ),
     "tests/test.sh": Rule(
         Status.MAPPED,
@@ -338,7 +340,8 @@ def render() -> str:
         "  `network_mode` and `allow_internet` never switch off the image build's network, in Harbor or here.",
         "",
     ]
-    return "\n".join(lines)
+    lines += harbor_notes.sections()
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str]) -> int:

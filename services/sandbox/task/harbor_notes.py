@@ -1,0 +1,59 @@
+"""The parts of docs/harbor.md that are not a task.toml field or a file: Harbor's compose
+variables (from ``compose_env``, so the table and the code cannot drift apart) and the
+rules for rewards, Dockerfile syntax and the verifier's network. ``harbor_fields.render``
+appends ``sections()``."""
+
+from __future__ import annotations
+
+from services.sandbox.task import compose_env
+
+# Harbor 0.26's docker environment (ComposeInfraEnvVars, legacy_log_mount_env_vars) -> the value here.
+_DEFINED = {
+    "MAIN_IMAGE_NAME": f"`{compose_env.MAIN_IMAGE}`, a name that stands for the trial's own image: main's "
+    "`image` may name it (as Harbor's Terminal-Bench mapper writes), and a sidecar whose `image` is it runs "
+    "the trial's image (docker: the prepared build; kubernetes: the pod's image)",
+    "CONTEXT_DIR": "the task's environment/ folder (absolute), the build context of main, as in Harbor",
+    "TEST_DIR": "`/tests`, where the verify phase has tests/ (older Harbor set it so; 0.26 leaves it unset, "
+    "which compose reads as '')",
+    "ENV_VERIFIER_LOGS_PATH": "`/logs/verifier`, where the verifier writes its reward, in every backend",
+    "ENV_AGENT_LOGS_PATH": "`/logs/agent`",
+    "ENV_ARTIFACTS_PATH": "`/logs/artifacts`, the publish folder of artifacts",
+}
+
+
+_FORMS = {
+    "PREBUILT_IMAGE_NAME": "the prebuilt image's name (main's or a sidecar's `image` may name it)",
+    "CPUS": "the task's cpus (main's `deploy.resources.limits.cpus` may name it: the sandbox applies it anyway)",
+    "MEMORY": "`<memory_mb>M` (main's `deploy.resources.limits.memory` may name it; nothing else of `deploy` "
+    "is supported)",
+}
+
+
+def compose_variables() -> list[str]:
+    lines = [
+        "## Harbor's compose variables",
+        "",
+        "Harbor runs `environment/docker-compose.yaml` with variables of its own, which win over",
+        "environment/.env and [environment] env as in Harbor. Each is defined with its meaning here,",
+        "on docker and kubernetes alike, or refused by name where it has none:",
+        "",
+        "| variable | value here |",
+        "| --- | --- |",
+    ]
+    lines += [f"| `{name}` | {value} |" for name, value in _DEFINED.items()]
+    lines += [
+        f"| `{name}` | {_FORMS[name]}, set only where the task sets {source}, as in Harbor |"
+        for name, source in compose_env.UNSET_UNLESS.items()
+    ]
+    lines += [f"| `{name}` | refused: it {why} |" for name, why in compose_env.REFUSED.items()]
+    lines += [
+        "",
+        "main's `command` may be Harbor's keep-alive (`sh -c 'sleep infinity'`, `sleep infinity`,",
+        "`tail -f /dev/null`) and nothing else: main's process is the sandbox's own.",
+        "",
+    ]
+    return lines
+
+
+def sections() -> list[str]:
+    return compose_variables()
