@@ -55,5 +55,32 @@ def compose_variables() -> list[str]:
     return lines
 
 
+REWARDS = [
+    "## Rewards",
+    "",
+    "The verifier writes /logs/verifier/reward.txt (one number: the key `reward`) or reward.json (a",
+    "number, or an object of numbers). Every key is kept: in the trial's outcome (`rewards`), the",
+    "sandbox's TrialStatus, the captured trajectory, the export and the dashboard. Which value trains is",
+    "the run's choice, `[run] reward_key` or `reward_weights`; without one, Harbor's trial reward: the",
+    "key `reward`, else the only key. With several keys and none named `reward` Harbor reports no single",
+    "reward (each key's mean), and neither does harnessrl: the trial ends `completed` (the verifier did",
+    "its job: never an infrastructure reason) with every key and **no scalar reward** (no default: any",
+    "number would be a reward the task did not give). Then:",
+    "",
+    "- `harnessrl trial run` prints every key and says to set reward_key or reward_weights;",
+    "- `harnessrl eval` counts such trials `unscored` (neither success nor failure, not in pass@k) and",
+    "  prints each key's mean;",
+    "- a training run is refused before it starts: preflight runs each task's oracle and names the",
+    "  tasks that write several keys without `reward`, and their keys (a trainer would also count such",
+    "  a trial `missing_reward` and never train on it);",
+    "- `harnessrl tasks check-harbor` says when tests/ writes reward.json, and names the keys and what a",
+    "  run must set once a preflight has run the task's oracle.",
+    "",
+    "A key named by reward_key or reward_weights that the verifier did not write, and a reward file that",
+    "is missing or not finite numbers, are `verifier_error` (an infrastructure reason), never a 0.",
+    "",
+]
+
+
 def sections() -> list[str]:
-    return compose_variables()
+    return compose_variables() + REWARDS
