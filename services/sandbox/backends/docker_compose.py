@@ -30,12 +30,13 @@ from typing import Any
 from docker.errors import APIError, BuildError, NotFound
 from requests.exceptions import RequestException
 
+from services.sandbox.backends import docker_images
 from services.sandbox.backends import docker_service_relay as service_relay
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.docker_exec import worker_identity
 from services.sandbox.backends.docker_specs import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER
 from services.sandbox.common.errors import EnvSetupError
-from services.sandbox.task import compose_env
+from services.sandbox.task import compose_env, dockerfile
 from services.sandbox.task.compose import MAIN, ComposeSpec, Service
 
 LABEL_SERVICE = "io.harnessrl.service"
@@ -222,7 +223,8 @@ class ComposeRunner:
         build = service.build
         assert build is not None
         try:
-            image, _ = self.client.images.build(
+            image, _ = docker_images.engine_build(
+                self.client,
                 path=str(build.context),
                 dockerfile=build.dockerfile,
                 buildargs=dict(build.args),
@@ -237,6 +239,8 @@ class ComposeRunner:
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.msg}\n{tail}") from e
         except APIError as e:
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.explanation or e}") from e
+        except dockerfile.DockerfileError as e:
+            raise EnvSetupError(f"{_field(service.name, 'build')}: {build.dockerfile}: {e}") from e
         return str(image.id)
 
     # -- readiness -----------------------------------------------------------------------

@@ -261,7 +261,7 @@ FILES: dict[str, Rule] = {
     "environment/Dockerfile": Rule(
         Status.SUPPORTED,
         "built with the build network (docker: build_network, default host; local: the host's) whatever the "
-        "task's network_mode, as Harbor builds",
+        "task's network_mode, as Harbor builds; heredocs as BuildKit reads them (see Dockerfile heredocs)",
     ),
     "environment/docker-compose.yaml": Rule(
         Status.MAPPED,

@@ -82,5 +82,43 @@ REWARDS = [
 ]
 
 
+DOCKERFILES = [
+    "## Dockerfile heredocs",
+    "",
+    "`RUN <<EOF`, `COPY <<EOF /path` (and `ADD`), several heredocs in one instruction, `<<-` (leading",
+    "tabs stripped) and quoted delimiters (`<<\"EOF\"`, `<<'EOF'`: a COPY body is not expanded) run as",
+    "BuildKit's Dockerfile frontend runs them (`services/sandbox/task/heredoc.py`): a RUN whose command",
+    "is one heredoc runs its body with the stage's SHELL (a body starting `#!` runs as the file",
+    "`/dev/pipes/NAME`, mode 0755); any other RUN passes the command and the bodies to the shell, which",
+    "reads the heredocs itself; a COPY heredoc is a file NAME, mode 0644, with `$VAR`/`${VAR}` expanded",
+    "from the build's ARG and ENV (and the base image's ENV) unless its delimiter is quoted.",
+    "",
+    "- **local**: the replay runs them so (`/dev/pipes` is a read-only mount of that RUN).",
+    "- **docker**: the engine setup installs (Debian's docker.io 20.10) builds with the classic builder,",
+    "  which cannot read heredocs, and a `# syntax=` line would pull a frontend image from a registry.",
+    "  Debian 12 has no newer builder (buildah 1.28 and podman 4.3 predate heredocs; docker-buildx and",
+    "  docker.io 26 are in Debian 13 only, whose packages would replace the engine on a Debian 12 host),",
+    "  and PyPI and npm ship none. So the docker backend rewrites such a Dockerfile for the classic",
+    "  builder with the same meaning: a one-heredoc RUN becomes the exec form `SHELL + [body]`; a `#!`",
+    "  body is written to `/dev/pipes/NAME` (the build container's tmpfs, never in the image) and run;",
+    "  a COPY heredoc's file travels in the build context (`.harnessrl-heredocs/`, 0644, root) and is",
+    "  copied by an exec-form COPY. Every other line is sent as written. Refused by name: a `#!`",
+    "  heredoc RUN under a non-root USER (only root may write `/dev/pipes`) and RUN flags with heredocs",
+    "  (`--mount`, `--network`: the classic builder reads no RUN flag). Compose sidecar builds get the",
+    "  same rewrite.",
+    "",
+    "## Refused for now",
+    "",
+    '- **A separate verifier environment** (`[verifier] environment`, `environment_mode = "separate"`):',
+    "  the verifier runs in the trial's own sandbox (from the agent's final filesystem); a second",
+    "  environment built for the verifier, with its own image, network and collect hooks, is not",
+    "  supported yet, so such a task is refused when it loads.",
+    "- **`COPY --from=<image>`** of an image that is not a stage: the local backend refuses any",
+    "  `COPY --from` (it has no image store); the docker backend builds it only where the engine has",
+    "  the image (or may pull it): with no reachable registry the build fails naming the image.",
+    "",
+]
+
+
 def sections() -> list[str]:
-    return compose_variables() + REWARDS
+    return compose_variables() + REWARDS + DOCKERFILES
