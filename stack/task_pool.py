@@ -97,7 +97,9 @@ def _judge(results: list[tuple[Path, str, sandbox_pb2.TrialStatus]], cache: Path
     if problems:
         shown = "; ".join(f"{t.name}: {', '.join(p)}" for t, p in sorted(problems.items())[:3])
         fix = "fix the named task(s) (solution/solve.sh must pass, tests must fail untouched) or remove them"
-        if any("env_setup_failed" in p for ps in problems.values() for p in ps):
+        if any("verify_network" in p for ps in problems.values() for p in ps):
+            fix = "the backend cannot give a public verifier a network: change the verify_network named above; " + fix
+        elif any("env_setup_failed" in p for ps in problems.values() for p in ps):
             fix = "the sandbox backend cannot run a trial: check bubblewrap and the [sandbox] settings; " + fix
         return Check("task pool", False, f"{len(problems)} of {total} task(s) rejected: {shown}", fix)
     return Check("task pool", True, f"{total} task(s): oracle 1, no-op 0")

@@ -103,7 +103,9 @@ def compose_task(root: Path, compose: str = COMPOSE, *, toml: str | None = None,
 @pytest.fixture
 def backend(tmp_path: Path, docker_engine: DockerEngine) -> DockerBackend:
     return DockerBackend(
-        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+        settings_for(
+            tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="none")
+        )
     )
 
 
@@ -198,7 +200,7 @@ async def test_a_killed_workers_services_are_reaped(backend: DockerBackend, tmp_
 
         async def main():
             tmp = Path({str(tmp_path / "worker")!r})
-            docker = DockerBackendSettings(host={backend.cfg.host!r})
+            docker = DockerBackendSettings(host={backend.cfg.host!r}, verify_network="none")
             backend = DockerBackend(settings_for(tmp, backend="docker", docker=docker))
             task = load_task({str(task)!r})
             spec = SandboxSpec(trial_id="cp-orphan", task=task, dirs=TrialDirs(tmp / "t"), limits=Limits())

@@ -171,7 +171,10 @@ FIELDS: dict[str, Rule] = {
         Status.SUPPORTED,
         "the verify phase's network, as Harbor: unset inherits [environment] network_mode (default 'public'); "
         "docker verifies in a fresh container from the agent's final filesystem on docker.verify_network "
-        "(default: the engine's bridge network, else none), local on local.verify_network (default none); "
+        "(default 'auto': the engine's bridge network; an engine without one refuses, at start and naming the "
+        "setting, the trials of a task whose verifier is public, which could otherwise score 0 for want of a "
+        "network; 'none' verifies without one), local on local.verify_network (default 'none': no network; "
+        "'auto' refuses such trials as docker's does); "
         "never the host's network unless set so (the verifier runs the agent's code); "
         "'allowlist' (here or inherited) is refused at setup: no backend has an egress proxy",
     ),
