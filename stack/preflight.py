@@ -390,6 +390,8 @@ async def check_sandbox(cfg: RunConfig, sandbox_target: str, task: Path, token: 
     if status.termination_reason != records_pb2.TERMINATION_REASON_COMPLETED:
         reason = records_pb2.TerminationReason.Name(status.termination_reason).removeprefix("TERMINATION_REASON_")
         fix = "check bubblewrap and the [sandbox] settings (work_dir, cache_dir, limits) and the error above"
+        if "verify_network" in status.error:  # the task's public verifier: no network to give it
+            fix = "change the verify_network named above, or the task's [verifier] network_mode"
         return Check("sandbox", False, f"a no-op trial ended {reason.lower()}: {status.error[:300]}", fix)
     timings = status.timings
     seconds = timings.setup_s + timings.agent_s + timings.verify_s + timings.teardown_s

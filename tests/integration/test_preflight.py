@@ -216,3 +216,17 @@ def test_tasks_with_several_rewards_need_the_run_to_choose(tmp_path: Path, model
     assert again.returncode == 0, again.stdout
     report = run_cli("tasks", "check-harbor", str(graded))
     assert "its oracle wrote several rewards (correctness, performance)" in report.stdout, report.stdout
+
+
+def test_a_public_verifier_the_backend_cannot_serve_is_refused_naming_the_setting(tmp_path: Path, model: Path) -> None:
+    """verify_network 'auto' with no network to give (here: local's): every trial of a task whose
+    verifier asks for a public network would be refused, so preflight fails before training, naming
+    the setting; never a run whose verifiers score 0 for want of a network."""
+    config = write_config(tmp_path, model, make_pool(tmp_path), extra='\n[sandbox.local]\nverify_network = "auto"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if " sandbox " in x)
+    assert line.startswith("FAIL") and "env_setup_failed" in line and "verify_network = 'auto'" in line, line
+    assert "fix: change the verify_network named above" in proc.stdout
