@@ -69,6 +69,9 @@ def test_the_classic_builder_gets_the_same_meaning_without_heredocs() -> None:
     assert copy.startswith("COPY --chown=1000 [") and copy.endswith('"/etc/app/"]')
     assert out.files == {".harnessrl-heredocs/10-0/A": b"hello world\n", ".harnessrl-heredocs/10-1/B": b"keep $WHO\n"}
     assert heredoc.classic("FROM x\nRUN echo\n") is None
+    # ARGs as BuildKit scopes them: a global one redeclared in the stage, several per line, build args first.
+    args = heredoc.classic("ARG V=1\nFROM x\nARG V A=2 B\nCOPY <<E /e\n$V $A $B.\nE\n", {}, {"B": "b"})
+    assert args is not None and args.files == {".harnessrl-heredocs/4-0/E": b"1 2 b.\n"}
 
 
 def test_what_the_classic_builder_cannot_replay_is_refused_by_name() -> None:

@@ -118,16 +118,16 @@ class _Stage:
             self.shell, self.user = DEFAULT_SHELL, ""
             self.vars = {"PATH": dockerfile.DEFAULT_PATH, **self.variables_of.get(base, {})}
         elif kw == "ARG":
-            name, sep, default = ins.raw.partition("=")
-            name = name.strip()
-            value = dockerfile.substitute(default.strip().strip('"'), {**self.global_args, **self.vars})
-            target = self.vars if self.in_stage else self.global_args
-            if name in self.build_args:
-                target[name] = self.build_args[name]
-            elif sep:
-                target[name] = value
-            elif self.in_stage and name in self.global_args:
-                target[name] = self.global_args[name]
+            for word in ins.raw.split():  # ARG A=1 B: each name, with its default where it has one
+                name, sep, default = word.partition("=")
+                value = dockerfile.substitute(default.strip('"'), {**self.global_args, **self.vars})
+                target = self.vars if self.in_stage else self.global_args
+                if name in self.build_args:
+                    target[name] = self.build_args[name]
+                elif sep:
+                    target[name] = value
+                elif self.in_stage and name in self.global_args:
+                    target[name] = self.global_args[name]
         elif kw == "ENV":
             self.vars.update(dockerfile.parse_env(ins.raw, self.vars, ins.line))
         elif kw == "SHELL":
