@@ -292,7 +292,9 @@ async def test_docker_engine_limits_and_the_containers_cgroup(tmp_path: Path, do
     from services.sandbox.backends.docker import DockerBackend
 
     backend = DockerBackend(
-        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+        settings_for(
+            tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="none")
+        )
     )
     info = backend.client.info()
     caps = backend.capabilities
