@@ -46,7 +46,7 @@ env | sort; pwd; git log --oneline | wc -l; git status --short | wc -l
 
 
 def pooled(tmp: Path, engine: DockerEngine, size: int = 1, **settings: Any) -> DockerBackend:
-    docker_settings = DockerBackendSettings(host=engine.host, warm_pool=size)
+    docker_settings = DockerBackendSettings(host=engine.host, warm_pool=size, verify_network="none")
     return DockerBackend(settings_for(tmp, backend="docker", docker=docker_settings, **settings))
 
 
