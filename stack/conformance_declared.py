@@ -98,7 +98,7 @@ def declared_scenarios(harness: str) -> dict[str, Any]:
         return dict.fromkeys(COLUMNS, reason)
 
     def shell(command: str) -> dict[str, Any]:
-        arguments = {spec.command_arg: command, **spec.extra_args}
+        arguments = {spec.command_arg: [command] if spec.command_list else command, **spec.extra_args}
         return {"content": "Working on it.", "tool_calls": [{"name": spec.shell_tool, "arguments": arguments}]}
 
     last: dict[str, Any] = {"content": "Created hello.txt containing hello."}

@@ -210,6 +210,7 @@ class ConformanceSection(_Closed):
 
     shell_tool: Annotated[str, Field(min_length=1)] = Field(description="The tool that runs a shell command.")
     command_arg: str = Field(default="command", description="The argument of shell_tool holding the command.")
+    command_list: bool = Field(default=False, description="Whether that argument is a list of commands.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Other arguments shell_tool requires.")
     finish: ToolCall | None = Field(default=None, description="A tool call that ends its run (None: a plain answer).")
     side_thread_reply: str | None = Field(
