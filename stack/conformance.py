@@ -31,7 +31,7 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.paths import default_model_dir
-from stack.conformance_declared import declared_drivers, declared_scenarios
+from stack.conformance_declared import DeclaredDriver, declared_drivers, declared_scenarios
 from stack.conformance_drivers import DRIVERS, Driver, Target
 from stack.conformance_stack import ProxyStack, check_faithful, write_script
 
@@ -324,7 +324,10 @@ def scenarios_of(harness: str) -> dict[str, Scenario | str]:
     """A harness's cells: a built-in one's from SCENARIOS, a declared one's from its file."""
     if harness in SCENARIOS:
         return SCENARIOS[harness]()
-    return declared_scenarios(harness)
+    driver = all_drivers().get(harness)
+    if not isinstance(driver, DeclaredDriver):
+        raise ConfigError(f"unknown harness {harness!r}; known: {sorted(all_drivers())}")
+    return declared_scenarios(driver.adapter.declaration)
 
 
 def all_drivers() -> dict[str, Driver]:
@@ -372,7 +375,10 @@ def run_scenario(driver: Driver, scenario: Scenario, folder: Path, timeout: floa
 def run_cell(driver: Driver, column: str, folder: Path) -> Cell:
     if not driver.installed():
         return Cell(driver.name, column, NA, f"not installed ({driver.path})")
-    scenario = scenarios_of(driver.name)[column]
+    if isinstance(driver, DeclaredDriver):  # it may not be registered yet (`harnessrl harness add`)
+        scenario = declared_scenarios(driver.adapter.declaration)[column]
+    else:
+        scenario = scenarios_of(driver.name)[column]
     if isinstance(scenario, str):
         return Cell(driver.name, column, NA, scenario)
     start = time.monotonic()

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stack.conformance_drivers import Driver, Target, run_process
+
+if TYPE_CHECKING:
+    from services.sandbox.harnesses.declared import DeclaredHarness
+    from services.sandbox.harnesses.declared_spec import HarnessDeclaration
 
 # The conformance task's own config (no skills, no MCP servers): any built-in task serves.
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "builtin" / "train" / "echo-00"
@@ -25,15 +29,12 @@ PROTOCOL_NAMES = {
 class DeclaredDriver(Driver):
     """Runs a declared harness outside a sandbox, exactly as its adapter would inside one."""
 
-    def __init__(self, harness: str) -> None:
-        from services.sandbox.harnesses import get_harness
-        from services.sandbox.harnesses.declared import DeclaredHarness, entry, install_dir
+    def __init__(self, adapter: DeclaredHarness) -> None:
+        from services.sandbox.harnesses.declared import entry, install_dir
 
-        adapter = get_harness(harness)
-        assert isinstance(adapter, DeclaredHarness)
         self.adapter = adapter
         decl = adapter.declaration
-        self.name = harness
+        self.name = adapter.name
         self.protocol = PROTOCOL_NAMES[decl.harness.protocol]
         self.streaming = decl.harness.streaming
         self.binary = str(entry(decl).relative_to(install_dir(decl).parents[1]))
@@ -80,19 +81,16 @@ def declared_drivers() -> dict[str, Driver]:
     from services.sandbox.harnesses import HARNESSES
     from services.sandbox.harnesses.declared import DeclaredHarness
 
-    return {n: DeclaredDriver(n) for n, cls in HARNESSES.items() if issubclass(cls, DeclaredHarness)}
+    return {n: DeclaredDriver(cls()) for n, cls in HARNESSES.items() if issubclass(cls, DeclaredHarness)}
 
 
-def declared_scenarios(harness: str) -> dict[str, Any]:
+def declared_scenarios(decl: HarnessDeclaration) -> dict[str, Any]:
     """The cells of a declared harness: ``tools`` from its [conformance] table, the others n/a
     with the file's reason (or that the file gives no scripted run for them)."""
-    from services.sandbox.harnesses import get_harness
-    from services.sandbox.harnesses.declared import DeclaredHarness
     from stack.conformance import COLUMNS, Scenario, done_file
 
-    adapter = get_harness(harness)
-    assert isinstance(adapter, DeclaredHarness)
-    spec = adapter.declaration.conformance
+    harness = decl.harness.name
+    spec = decl.conformance
     if spec is None:
         reason = f"its file ({harness}) has no [conformance] table"
         return dict.fromkeys(COLUMNS, reason)

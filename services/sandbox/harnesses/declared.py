@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 from functools import cache
@@ -31,8 +32,9 @@ INSTALL_TIMEOUT_S = 900
 
 
 def user_dir() -> Path:
-    """Where ``harnessrl harness add`` puts a user's files."""
-    return paths.home() / "harnesses"
+    """Where ``harnessrl harness add`` puts a user's files: ``$HARNESSRL_HARNESS_DIR`` or ``<home>/harnesses``."""
+    env = os.environ.get("HARNESSRL_HARNESS_DIR")
+    return Path(env) if env else paths.home() / "harnesses"
 
 
 def install_dir(decl: HarnessDeclaration) -> Path:
