@@ -87,7 +87,7 @@ def declared_drivers() -> dict[str, Driver]:
 def declared_scenarios(decl: HarnessDeclaration) -> dict[str, Any]:
     """The cells of a declared harness: ``tools`` from its [conformance] table, the others n/a
     with the file's reason (or that the file gives no scripted run for them)."""
-    from stack.conformance import COLUMNS, Scenario, done_file
+    from stack.conformance import COLUMNS, Scenario, check_sub_agent, done_file
 
     harness = decl.harness.name
     spec = decl.conformance
@@ -108,4 +108,11 @@ def declared_scenarios(decl: HarnessDeclaration) -> dict[str, Any]:
     cells: dict[str, Any] = {"tools": Scenario(threads, done_file, script_extra={"chunk_tokens": 3}, min_main_turns=3)}
     for column in COLUMNS[1:]:
         cells[column] = spec.not_applicable.get(column, f"its file ({harness}) scripts no {column} run yet")
+    if spec.sub_agent is not None:
+        # main delegates, the sub-agent writes the file and answers, main answers
+        delegate = {"content": "Delegating.", "tool_calls": [spec.sub_agent.model_dump()]}
+        sub = {"main": [delegate, last], "subagent-1": [shell("echo hello > hello.txt"), last]}
+        if spec.side_thread_reply is not None:
+            sub["*"] = threads["*"]
+        cells["sub-agent"] = Scenario(sub, check_sub_agent, min_main_turns=2)
     return cells

@@ -171,3 +171,10 @@ def test_check_installed_names_the_missing_install(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("HARNESSRL_TOOLS_DIR", str(tmp_path / "tools"))
     with pytest.raises(EnvSetupError, match="harness install qwen-code"):
         get_harness("qwen-code").check_installed()
+
+
+def test_a_scripted_sub_agent_cell_cannot_also_be_not_applicable() -> None:
+    data = with_change("conformance", {"shell_tool": "bash", "sub_agent": {"name": "agent", "arguments": {}}})
+    data["conformance"]["not_applicable"] = {"sub-agent": "none"}
+    with pytest.raises(ConfigError, match="conformance: sub_agent scripts the sub-agent cell"):
+        parse(data, "x.toml")

@@ -213,6 +213,10 @@ class ConformanceSection(_Closed):
     command_list: bool = Field(default=False, description="Whether that argument is a list of commands.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Other arguments shell_tool requires.")
     finish: ToolCall | None = Field(default=None, description="A tool call that ends its run (None: a plain answer).")
+    sub_agent: ToolCall | None = Field(
+        default=None,
+        description="A call of its sub-agent tool delegating the task (the sub-agent cell); None: no such cell.",
+    )
     side_thread_reply: str | None = Field(
         default=None, description="What the policy answers on side threads (title, memory calls), when it makes any."
     )
@@ -227,6 +231,12 @@ class ConformanceSection(_Closed):
         if unknown:
             raise ValueError(f"{unknown}: not a conformance cell; cells: {list(NA_CELLS)}")
         return value
+
+    @model_validator(mode="after")
+    def _sub_agent_once(self) -> ConformanceSection:
+        if self.sub_agent is not None and "sub-agent" in self.not_applicable:
+            raise ValueError("sub_agent scripts the sub-agent cell: it cannot also be not_applicable")
+        return self
 
 
 class HarnessDeclaration(_Closed):
