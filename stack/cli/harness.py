@@ -84,7 +84,7 @@ def _install_declared(cls: type) -> None:
     decl = cls.declaration
     pin = f"{decl.install.package}@{decl.install.version}"
     typer.echo(f"{decl.harness.name}: {'installed ' + pin if install(decl) else pin + ' already installed'}", err=True)
-    if runs_on_node(decl) and not (node_runtime() / "bin" / "node").exists():
+    if runs_on_node(decl) and decl.install.node is None and not (node_runtime() / "bin" / "node").exists():
         _setup_script(["node-runtime"])  # the bundled node it runs on in a task's container
 
 

