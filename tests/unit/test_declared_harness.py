@@ -185,3 +185,11 @@ def test_an_own_node_is_for_npm_packages_only() -> None:
     data = with_change("install", {"pypi": "demo-agent", "version": "1.0", "bin": "demo", "node": "24.22.3"})
     with pytest.raises(ConfigError, match="install: node applies to an npm package only"):
         parse(data, "x.toml")
+
+
+def test_the_example_harness_file_parses_and_differs_from_pi_only_in_its_model_entry() -> None:
+    small = load(ROOT / "examples" / "harnesses" / "pi-small.toml")
+    pi = load(SHIPPED_DIR / "pi.toml")
+    assert small.harness.name == "pi-small" and small.install == pi.install and small.run == pi.run
+    model = small.files[0].json_["providers"]["harnessrl"]["models"][0]  # type: ignore[index]
+    assert model == {"id": "{model}", "contextWindow": 8192, "maxTokens": 128}
