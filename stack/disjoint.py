@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from services.sandbox.tasks import Task, load_task
+from services.sandbox.task.model import Task, load_task
 from stack import pool
 
 Level = Literal["repository", "instance"]

@@ -332,7 +332,7 @@ def _host(url: str) -> str:
 
 
 def check_tasks_load(tasks: Sequence[Path]) -> Check:
-    from services.sandbox.tasks import load_task
+    from services.sandbox.task.model import load_task
 
     bad = []
     for task in tasks:

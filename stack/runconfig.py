@@ -37,8 +37,8 @@ from services.capture_store.settings import Settings as CaptureSettings
 from services.dashboard.settings import Settings as DashboardSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
-from services.sandbox.lifecycle import FiniteFloat
-from services.sandbox.settings import Settings as SandboxSettings
+from services.sandbox.common.settings import Settings as SandboxSettings
+from services.sandbox.trial.lifecycle import FiniteFloat
 from services.trainer.settings import Settings as TrainerSettings
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

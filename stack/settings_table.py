@@ -1,6 +1,6 @@
 """The table of every service's environment variables and ports in
 ``docs/settings.md``, generated from the settings classes
-(``services/*/settings.py``, whose common fields come from
+(``services/*/settings.py`` or ``services/*/common/settings.py``, whose common fields come from
 ``harnessrl.config.ServiceSettings``) so that it cannot drift.
 
 ``scripts/settings_table`` prints it; ``--write [FILE]`` replaces what lies
@@ -40,13 +40,16 @@ _HOME = "/HARNESSRL_HOME"  # stands for $HARNESSRL_HOME while defaults are compu
 
 
 def service_settings() -> dict[str, type[BaseSettings]]:
-    """``Settings`` of every ``services/<name>/settings.py``, by service name."""
+    """``Settings`` of every ``services/<name>/settings.py`` (or ``services/<name>/common/settings.py``,
+    where a service in layers keeps it on its ground floor), by service name."""
     found: dict[str, type[BaseSettings]] = {}
-    for path in sorted((paths.PROJECT_ROOT / "services").glob("*/settings.py")):
-        module = importlib.import_module(f"services.{path.parent.name}.settings")
+    root = paths.PROJECT_ROOT / "services"
+    for path in sorted([*root.glob("*/settings.py"), *root.glob("*/common/settings.py")]):
+        name = path.relative_to(root).parts[0]
+        module = importlib.import_module(".".join(("services", *path.relative_to(root).with_suffix("").parts)))
         cls = getattr(module, "Settings", None)
         if isinstance(cls, type) and issubclass(cls, BaseSettings):
-            found[path.parent.name] = cls
+            found[name] = cls
     return found
 
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.errors import InvalidArgument
-from services.sandbox.lifecycle import POLICY_REASONS, TrialSpec
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import POLICY_REASONS, TrialSpec
 from stack import pool
 
 if TYPE_CHECKING:
@@ -152,8 +152,8 @@ async def _run_all(
     results: list[TaskResult], cfg: FilterConfig, run_id: str, ends: Endpoints, progress: Progress | None
 ) -> None:
     from harnessrl.config import load_section
+    from services.sandbox.common.settings import Settings
     from services.sandbox.factory import build_runner
-    from services.sandbox.settings import Settings
 
     overrides: dict[str, Any] = {"capture_target": ends.capture_target}
     if ends.proxy_url:

@@ -25,7 +25,7 @@ from harnessrl.config import load_section, read_toml, validate
 from harnessrl.errors import ConfigError, InvalidArgument
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
-from services.sandbox.settings import Settings as SandboxSettings
+from services.sandbox.common.settings import Settings as SandboxSettings
 from stack.runconfig import RunSection
 
 DEFAULT_HARNESS = "mini-swe-agent"

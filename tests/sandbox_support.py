@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from services.sandbox.backends.base import Limits, SandboxSpec
-from services.sandbox.lifecycle import TrialRecord, TrialState
-from services.sandbox.paths import TrialDirs
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import IntegrityPolicy, Settings
 from services.sandbox.queue.base import TrialQueue
-from services.sandbox.settings import IntegrityPolicy, Settings
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TrialRecord, TrialState
 
 DEFAULT_TOML = """\
 schema_version = "1.4"
@@ -140,10 +140,10 @@ async def run_harness_trial(
 ) -> HarnessTrial:
     """Runs ``harness`` on ``task`` through the stack's proxy, gateway and capture store
     (``settings``: the sandbox's, e.g. the backend); the trial's id starts with the run's."""
-    from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
     from services.sandbox.factory import create_backend
-    from services.sandbox.lifecycle import TrialSpec
-    from services.sandbox.runner import TrialRunner
+    from services.sandbox.trial.endpoints import CaptureFinalizer, ProxyAdmin
+    from services.sandbox.trial.lifecycle import TrialSpec
+    from services.sandbox.trial.runner import TrialRunner
 
     sandbox = stack.sandbox_settings(tmp, default_agent_timeout_s=240, **settings)
     runner = TrialRunner(

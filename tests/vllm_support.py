@@ -22,14 +22,14 @@ import pytest
 from harnessrl import paths
 
 if TYPE_CHECKING:
-    from stack.vllm_server import VllmServer
+    from stack.bench.vllm_server import VllmServer
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """The session's plain vLLM server on the default model (fp32, the gateway's required
     flags), stopped with its whole process group at the session's end."""
-    from stack.vllm_server import VllmServer
+    from stack.bench.vllm_server import VllmServer
 
     server = VllmServer(paths.default_model_dir(), tmp_path_factory.mktemp("vllm") / "server.log")
     try:

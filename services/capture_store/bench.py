@@ -6,7 +6,7 @@ Here: what runs in one process (the store in-process for bytes per token, the
 baseline, the workloads, the tables). The store under test over gRPC is a real
 server process (``harnessrl capture serve``) pinned to one core, the load
 generator on another; the distributed backend runs against real Redis and
-SeaweedFS servers. Those are started by ``stack/bench_capture.py``, which also
+SeaweedFS servers. Those are started by ``stack/bench/capture.py``, which also
 drives the whole bench: a service starts no other process.
 """
 
@@ -144,7 +144,7 @@ def measure_distributed_storage(corpus: data.Corpus, cfg: BenchConfig, store: Se
     r.close()
 
 
-# --- throughput and read-back over gRPC (the server: stack/bench_capture.py) ---
+# --- throughput and read-back over gRPC (the server: stack/bench/capture.py) ---
 
 
 def workload(corpus: data.Corpus, cfg: BenchConfig) -> list[list[capture_pb2.AppendSegmentRequest]]:

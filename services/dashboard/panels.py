@@ -29,7 +29,7 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     "policy_version": ("step/policy_version",),
     "idle_fraction": ("trainer/idle_fraction",),
     "queue_depth": ("queue/depth", "queue/groups_pending", "trainer/groups_pending"),
-    # verl's agent loop (stack/verl_hooks.py): rows out of the loss, segments verl could not take.
+    # verl's agent loop (stack/verl/hooks.py): rows out of the loss, segments verl could not take.
     "masked_rows": ("harnessrl/masked_rows",),
     "dropped_segments": ("harnessrl/dropped_segments",),
 }

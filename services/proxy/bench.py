@@ -6,7 +6,7 @@ per second one proxy process serves, each against a baseline in the same run.
    tokenize only the new messages, commit the capture), side by side with a
    naive proxy that re-renders and re-tokenizes the whole conversation every
    turn, in CPU time of the thread. Targets: <= 1 ms median, 200k/1k <= 1.5.
-2. Throughput at 1, 64 and 384 concurrent sessions (in ``stack/bench_proxy.py``:
+2. Throughput at 1, 64 and 384 concurrent sessions (in ``stack/bench/proxy.py``:
    it starts processes): multi-turn tool loops over HTTP through a proxy process
    (gateway with the scripted engine and the capture store in their own
    processes), versus the same sessions calling the same scripted engine's
@@ -178,7 +178,7 @@ def measure_overhead(model: ChatModel, sizes: tuple[int, ...], turns: int) -> li
 
 def run_overhead(quick: bool = False) -> tuple[list[OverheadRow], np.ndarray]:
     """The overhead half (``quick``: fewer turns, for a smoke run) and the prompt ids
-    of the throughput half (``stack.bench_proxy``, which starts the processes)."""
+    of the throughput half (``stack.bench.proxy``, which starts the processes)."""
     from harnessrl.config import load_section
     from services.proxy.app import load_model
     from services.proxy.settings import Settings

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl import paths
-from services.sandbox.dockerfile import DEFAULT_PATH
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.task.dockerfile import DEFAULT_PATH
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from typing import Any
 
 from harnessrl.benchtable import print_table
 from services.sandbox.backends import create_backend
-from services.sandbox.lifecycle import TrialSpec, TrialState
+from services.sandbox.common.settings import Settings
 from services.sandbox.queue.memory import MemoryQueue
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import Settings
+from services.sandbox.trial.lifecycle import TrialSpec, TrialState
+from services.sandbox.trial.runner import TrialRunner
 from services.sandbox.worker import Worker
 
 TASK = Path(__file__).with_name("examples") / "hello"

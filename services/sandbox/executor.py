@@ -50,12 +50,12 @@ from harnessrl import logs, telemetry, tls
 from harnessrl.config import format_validation_error, load_section
 from harnessrl.errors import AlreadyExists, HarnessError, InvalidArgument, NotFound, Unauthenticated, http_status
 from harnessrl.v1 import sandbox_pb2
+from services.sandbox.common.settings import Settings
 from services.sandbox.factory import build_runner
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import Settings
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
+from services.sandbox.trial.runner import TrialRunner
 from services.sandbox.worker import default_worker_name
 
 log = logging.getLogger(__name__)

@@ -4,10 +4,10 @@ clients, runner, worker), so the CLI, the server and tests wire them the same wa
 from __future__ import annotations
 
 from services.sandbox.backends import create_backend
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
+from services.sandbox.common.settings import Settings
 from services.sandbox.queue.base import TrialQueue
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import Settings
+from services.sandbox.trial.endpoints import CaptureFinalizer, ProxyAdmin
+from services.sandbox.trial.runner import TrialRunner
 from services.sandbox.worker import Worker
 
 

@@ -11,9 +11,9 @@ import grpc
 
 from harnessrl.rpc import RunningServer, start_server
 from harnessrl.v1 import sandbox_pb2, sandbox_pb2_grpc
+from services.sandbox.common.settings import Settings
 from services.sandbox.queue.base import TrialQueue, create_queue
 from services.sandbox.service import SandboxService
-from services.sandbox.settings import Settings
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 

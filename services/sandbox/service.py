@@ -13,9 +13,9 @@ from harnessrl.config import format_validation_error
 from harnessrl.errors import InvalidArgument
 from harnessrl.v1 import sandbox_pb2
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TrialRecord, TrialSpec
 from services.sandbox.queue.base import TrialQueue
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TrialRecord, TrialSpec
 
 
 class SandboxService:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.errors import HarnessError
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
-from services.sandbox.runner import TrialRunner
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 
 EXPECTED = {"oracle": 1.0, "nop": 0.0}
 

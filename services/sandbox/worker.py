@@ -22,11 +22,11 @@ import uuid
 from opentelemetry import trace
 
 from harnessrl import metrics, telemetry
-from services.sandbox.errors import LeaseLost
-from services.sandbox.lifecycle import TrialRecord, TrialSpec, TrialState
+from services.sandbox.common.errors import LeaseLost
+from services.sandbox.common.settings import Settings
 from services.sandbox.queue.base import Heartbeat, TrialQueue, crashed_outcome
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import Settings
+from services.sandbox.trial.lifecycle import TrialRecord, TrialSpec, TrialState
+from services.sandbox.trial.runner import TrialRunner
 
 log = logging.getLogger(__name__)
 

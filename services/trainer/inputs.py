@@ -2,7 +2,7 @@
 
 Kept apart from ``samples`` (which decodes capture records, hence protobuf) so
 code that only computes logprobs imports numpy and nothing else here: the GPU
-check (``stack/gpu_check.py``) runs where only torch and transformers exist.
+check (``stack/bench/gpu_check.py``) runs where only torch and transformers exist.
 """
 
 from __future__ import annotations

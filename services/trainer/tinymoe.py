@@ -1,6 +1,6 @@
 """A tiny random-weight Qwen3-MoE built from a config: nothing to download.
 
-The R3 tests and the GPU check (``stack/gpu_check.py``) build their model here.
+The R3 tests and the GPU check (``stack/bench/gpu_check.py``) build their model here.
 ``tiny`` is sized for CPU tests (a few M parameters; its routers are sharp
 enough that a bf16 engine picks other experts than an fp32 trainer on some
 tokens, which is what routing replay fixes). ``small`` is the GPU check's

@@ -36,7 +36,7 @@ def sandbox(
 def proxy(quick: bool = typer.Option(False, help="Fewer turns: a smoke run, not a measurement.")) -> None:
     """Per-turn proxy overhead vs naive re-tokenization; throughput through the proxy vs straight to the engine."""
     from services.proxy.bench import print_tables
-    from stack.bench_proxy import run
+    from stack.bench.proxy import run
 
     print_tables(*run(quick))
 
@@ -69,7 +69,7 @@ def capture(
 ) -> None:
     """Capture store: bytes/token, append throughput, 200k-token read-back vs JSONL per token."""
     from services.capture_store.bench import BenchConfig, print_results
-    from stack.bench_capture import run
+    from stack.bench.capture import run
 
     chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
     if not chosen or set(chosen) - {"embedded", "distributed"}:
@@ -92,7 +92,7 @@ def e2e(
     """Concurrent trials through proxy, gateway (scripted) and capture store: trials/s, p50/p99
     latency of a model call vs one trial at a time, and zero lost records (exit 1 otherwise;
     failed trials, finalized with their infrastructure reason, are reported, not lost)."""
-    from stack.loadtest import LoadConfig, print_report, run_load
+    from stack.bench.loadtest import LoadConfig, print_report, run_load
 
     cfg = LoadConfig(trials, turns, group_size, concurrency, distributed, sandbox=sandbox)
     rows = asyncio.run(run_load(cfg, progress=lambda msg: typer.echo(f"... {msg}", err=True)))
@@ -131,7 +131,7 @@ def async_(
     if check:
         from dataclasses import replace
 
-        from stack.async_check import DEFAULT_CHECK, check_table
+        from stack.bench.async_check import DEFAULT_CHECK, check_table
 
         check_table(replace(DEFAULT_CHECK, trials=trials))
 
@@ -181,8 +181,8 @@ def vllm_path(
 ) -> None:
     """The hot path over a real vLLM CPU server (scripts/setup_vllm.sh): direct vLLM vs gateway only vs
     proxy + gateway + capture store, interleaved; overhead per call, TTFT, CPU per turn and per token."""
-    from stack.bench_vllm import print_report, run_bench
-    from stack.vllm_server import vllm_python
+    from stack.bench.vllm import print_report, run_bench
+    from stack.bench.vllm_server import vllm_python
 
     modes = {"both": (False, True), "no": (False,), "yes": (True,)}
     if stream not in modes:

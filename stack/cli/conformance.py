@@ -25,7 +25,7 @@ def conformance(
     """Run the installed real harnesses against a real proxy: one table of passed / failed / n/a cells.
 
     Cells: harness × protocol × streaming × tool calls × sub-agent × compaction × chat template, with versions."""
-    from stack.conformance import COLUMNS, Cell, render_markdown, render_text, resolve_harnesses, run_matrix
+    from stack.conformance.matrix import COLUMNS, Cell, render_markdown, render_text, resolve_harnesses, run_matrix
 
     names = harness or []
     resolve_harnesses(names)  # an unknown name fails before anything starts

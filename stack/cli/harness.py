@@ -25,7 +25,7 @@ BUILTIN_INSTALLS = ("claude-code", "opencode", "codex", "mini-swe-agent", "openh
 @app.command("list")
 def list_harnesses() -> None:
     """Every harness by name: where it comes from, its package and pinned version, whether it is installed."""
-    from services.sandbox.errors import EnvSetupError
+    from services.sandbox.common.errors import EnvSetupError
     from services.sandbox.harnesses import BUILTIN, HARNESSES
     from services.sandbox.harnesses.declared import DeclaredHarness, installed_version
 
@@ -119,8 +119,8 @@ def add(
 
 
 def _conformance(cls: type) -> None:
-    from stack.conformance import COLUMNS, FAILED, run_cell
-    from stack.conformance_declared import DeclaredDriver
+    from stack.conformance.declared import DeclaredDriver
+    from stack.conformance.matrix import COLUMNS, FAILED, run_cell
 
     driver = DeclaredDriver(cls())
     failed = False

@@ -17,8 +17,8 @@ app = typer.Typer(help="Sandbox service: serve the trial API and run workers.", 
 @app.command()
 def serve(config: ConfigOption = None, host: HostOption = None, port: PortOption = None) -> None:
     """Serve the sandbox gRPC service until SIGTERM (with memory:// it also runs a worker)."""
+    from services.sandbox.common.settings import Settings
     from services.sandbox.server import create_server
-    from services.sandbox.settings import Settings
 
     serve_grpc(Settings, "sandbox", config, {"host": host, "port": port}, create_server)
 
@@ -34,9 +34,9 @@ def worker(
     from harnessrl import logs, telemetry, tls
     from harnessrl.config import load_section
     from harnessrl.errors import ConfigError
+    from services.sandbox.common.settings import Settings
     from services.sandbox.factory import build_worker
     from services.sandbox.queue.base import create_queue
-    from services.sandbox.settings import Settings
 
     settings = load_section(Settings, config, "sandbox", {"queue_url": queue_url, "concurrency": concurrency})
     if settings.queue_url.startswith("memory://"):
@@ -76,7 +76,7 @@ def base_images(
     """Build the offline base images (Debian and Ubuntu root filesystems from their archives'
     packages) and import them into a Docker engine under the names task Dockerfiles use in FROM."""
     from services.sandbox import baseimages
-    from services.sandbox.errors import EnvSetupError
+    from services.sandbox.common.errors import EnvSetupError
 
     try:
         bases = {baseimages.base_of(name): None for name in image} if image else dict.fromkeys(baseimages.BASES)

@@ -24,8 +24,8 @@ def validate(
 ) -> None:
     """Run each task's oracle (must score 1) and a no-op agent (must score 0) in the sandbox."""
     from harnessrl.config import load_section
+    from services.sandbox.common.settings import Settings
     from services.sandbox.factory import build_runner
-    from services.sandbox.settings import Settings
     from services.sandbox.validate import validate_task
 
     settings = load_section(Settings, config, "sandbox")
@@ -211,7 +211,7 @@ def check_harbor(
 ) -> None:
     """Which fields of each Harbor task run as in Harbor, run mapped differently, or are refused
     (docs/harbor.md). Exit 1 when any task would be refused; nothing is built or started."""
-    from services.sandbox.harbor_check import check, format_report
+    from services.sandbox.task.harbor_check import check, format_report
 
     reports = check(dirs)
     if as_json:

@@ -76,7 +76,7 @@ async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) 
 
     from services.sandbox.factory import build_runner
     from services.sandbox.harnesses import ModelAccess, get_harness
-    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.trial.lifecycle import TrialSpec
     from stack.embedded import model_stack
 
     if cfg.engine is None and get_harness(cfg.harness).model_access == ModelAccess.REQUIRED:
@@ -191,7 +191,7 @@ def run(
     With the default model and mini-swe-agent it runs as the quickstart does (compact config,
     temperature 0.7, 3 turns) unless -o config=... says otherwise."""
     from harnessrl.errors import InvalidArgument
-    from services.sandbox.tasks import load_task
+    from services.sandbox.task.model import load_task
     from stack.trialconfig import TrialFlags, describe, parse_options, resolve
 
     if not task.exists():

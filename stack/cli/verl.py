@@ -1,4 +1,4 @@
-"""``harnessrl verl``: the verl cluster path (stack/verl_prepare.py, stack/verl/README.md)."""
+"""``harnessrl verl``: the verl cluster path (stack/verl/prepare.py, stack/verl/README.md)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def prepare(
 
     Exit 0 when written (and, with --dry-run, accepted by verl's config schema),
     2 for a bad config, a bad override or one verl rejects."""
-    from stack import verl_prepare
+    from stack.verl import prepare as verl_prepare
 
     prepared = verl_prepare.prepare(config, out, list(override or []), segments)
     for name, path in prepared.files.items():

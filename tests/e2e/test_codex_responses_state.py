@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from stack.conformance import Scenario, codex_scenarios, run_scenario
-from stack.conformance_drivers import DRIVERS
+from stack.conformance.drivers import DRIVERS
+from stack.conformance.matrix import Scenario, codex_scenarios, run_scenario
 from tests.e2e.test_proxy_harnesses import CODEX_MAIN, dirs, finish, run, stack, tool
 from tests.integration.proxy.stack import MODEL, Stack
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from harnessrl.paths import default_model_dir
-from stack.conformance import Outcome, Scenario, run_scenario
-from stack.conformance_drivers import DRIVERS
+from stack.conformance.drivers import DRIVERS
+from stack.conformance.matrix import Outcome, Scenario, run_scenario
 
 pytestmark = pytest.mark.harness
 TASK = "Write hello.txt containing hello, then report"

@@ -15,9 +15,9 @@ import pytest
 
 from harnessrl.paths import default_model_dir
 from services.gateway.engines.scripted import read_generation_log
+from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TerminationReason
-from services.sandbox.settings import DockerBackendSettings
+from services.sandbox.trial.lifecycle import TerminationReason
 from tests.sandbox_support import make_task, model_stack, run_harness_trial
 
 pytestmark = [

@@ -1,10 +1,10 @@
 """Real, unmodified harnesses against the proxy (the scripted engine plays the
-policy), through the conformance runner's scenarios (stack/conformance.py):
+policy), through the conformance runner's scenarios (stack/conformance/matrix.py):
 each harness completes a multi-turn tool-using task; sub-agents are their own
 trainable threads and main stays one segment; a compaction continues main in
 a new segment whose prompt is the rewritten context; title and summary calls
 are side threads, not trainable. Every mask-1 token of each capture is checked
-against the engine's own generation log (invariants 1-4). stack/conformance_drivers.py says
+against the engine's own generation log (invariants 1-4). stack/conformance/drivers.py says
 how each harness is pointed at a local endpoint; the scenarios say why a cell is
 not applicable to a harness."""
 
@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 from harnessrl.paths import tools_dir
 from stack.cli.main import app
-from stack.conformance import (
+from stack.conformance.drivers import DRIVERS, ClaudeCode, Target
+from stack.conformance.matrix import (
     CLAUDE_TOOLS,
     COLUMNS,
     SCENARIOS,
@@ -34,7 +35,6 @@ from stack.conformance import (
     run_scenario,
     scenarios_of,
 )
-from stack.conformance_drivers import DRIVERS, ClaudeCode, Target
 from tests.integration.proxy.stack import MODEL, Stack, check_faithful, script
 
 pytestmark = pytest.mark.harness

@@ -16,10 +16,10 @@ import pytest
 from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
+from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.harnesses import get_harness
-from services.sandbox.lifecycle import TerminationReason
-from services.sandbox.settings import DockerBackendSettings
-from stack.conformance import tools_script
+from services.sandbox.trial.lifecycle import TerminationReason
+from stack.conformance.matrix import tools_script
 from tests.sandbox_support import make_task, model_stack, run_harness_trial
 
 pytestmark = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from stack.bench_vllm import OURS, PATHS, print_report, run_bench
-from stack.vllm_server import VllmServer, vllm_python
+from stack.bench.vllm import OURS, PATHS, print_report, run_bench
+from stack.bench.vllm_server import VllmServer, vllm_python
 from tests.vllm_support import check_usable
 
 pytestmark = [

@@ -28,7 +28,7 @@ from harnessrl.v1 import gateway_pb2_grpc
 from services.gateway.engines.base import Sampling
 from services.gateway.server import GatewayServer, create_server
 from services.gateway.settings import Settings
-from stack.vllm_server import VllmServer, vllm_python
+from stack.bench.vllm_server import VllmServer, vllm_python
 from tests.test_gateway_support import PROMPT, teacher_forced
 from tests.vllm_support import check_usable
 
@@ -148,7 +148,7 @@ async def test_a_stop_string_ends_the_reply_at_the_token_completing_it(gateway) 
 def long_prompt() -> list[int]:
     from transformers import AutoTokenizer
 
-    from stack.bench_vllm import LONG_ASK
+    from stack.bench.vllm import LONG_ASK
 
     ask = [{"role": "user", "content": LONG_ASK}]  # greedy, the model's story runs past 1000 tokens
     return list(AutoTokenizer.from_pretrained(MODEL).apply_chat_template(ask, add_generation_prompt=True)["input_ids"])

@@ -19,7 +19,7 @@ import torch
 from packaging.requirements import Requirement
 
 from services.gateway.settings import Settings as GatewaySettings
-from stack.gpu_check import EngineOptions, main, parse_args
+from stack.bench.gpu_check import EngineOptions, main, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check"

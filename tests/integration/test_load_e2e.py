@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from harnessrl.paths import default_model_dir
-from stack.loadtest import LoadConfig, LoadResult, run_load
+from stack.bench.loadtest import LoadConfig, LoadResult, run_load
 
 pytestmark = pytest.mark.skipif(
     not (default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared"

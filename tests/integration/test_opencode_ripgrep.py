@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from harnessrl import paths
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.harnesses import AgentContext, get_harness
 from services.sandbox.harnesses.npm_harnesses import OPENCODE_RG, ripgrep_runtime
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from stack import preflight, runconfig
 from tests.run_support import make_pool, tiny_model, write_config
 from tests.sandbox_support import make_task

@@ -18,10 +18,10 @@ import pytest
 
 from harnessrl.localservers import DockerEngine
 from services.sandbox import baseimages
+from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.factory import create_backend
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.cli_support import run_cli
 from tests.sandbox_support import make_task, settings_for
 

@@ -42,10 +42,10 @@ from services.sandbox.backends.cgroups import (
 )
 from services.sandbox.backends.docker_exec import ContainerExec
 from services.sandbox.backends.local import LocalBackend, cgroup_prefix
-from services.sandbox.errors import CapabilityError
-from services.sandbox.paths import TrialDirs
-from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import CapabilityError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

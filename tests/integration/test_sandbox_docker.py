@@ -19,12 +19,12 @@ import pytest
 from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER, DockerBackend
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.paths import TrialDirs
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import DockerBackendSettings
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 # The everyday task: a venv RUN, PATH from the base image, pytest verifier.
@@ -237,7 +237,7 @@ async def test_dead_workers_containers_are_reaped_live_ones_kept(
 
 
 async def test_engine_restart_mid_exec_is_a_lost_sandbox(tmp_path: Path) -> None:
-    from services.sandbox.errors import SandboxLost
+    from services.sandbox.common.errors import SandboxLost
 
     with DockerEngine() as engine:
         from services.sandbox import baseimages

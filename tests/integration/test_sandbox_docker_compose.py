@@ -22,12 +22,12 @@ from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.docker import LABEL_MANAGED, LABEL_TRIAL, DockerBackend
 from services.sandbox.backends.local import LocalBackend
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.paths import TrialDirs
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import DockerBackendSettings
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 # A key-value sidecar built from the task (HTTP, stdlib only): GET / returns what was PUT.
@@ -191,9 +191,9 @@ async def test_a_killed_workers_services_are_reaped(backend: DockerBackend, tmp_
         from pathlib import Path
         from services.sandbox.backends.base import Limits, SandboxSpec
         from services.sandbox.backends.docker import DockerBackend
-        from services.sandbox.paths import TrialDirs
-        from services.sandbox.settings import DockerBackendSettings
-        from services.sandbox.tasks import load_task
+        from services.sandbox.common.paths import TrialDirs
+        from services.sandbox.common.settings import DockerBackendSettings
+        from services.sandbox.task.model import load_task
         from tests.sandbox_support import settings_for
 
         async def main():

@@ -15,13 +15,13 @@ import pytest
 from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.base import ExecRequest, Limits, Phase, SandboxSpec
 from services.sandbox.backends.docker import DockerBackend
-from services.sandbox.errors import ContainerEngineError, EnvSetupError
+from services.sandbox.common.errors import ContainerEngineError, EnvSetupError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy
 from services.sandbox.factory import create_backend
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.paths import TrialDirs
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 GIT = "git -c user.name=t -c user.email=t@t"

@@ -15,10 +15,10 @@ from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.base import Backend, ExecRequest, Limits, Phase, SandboxSpec
 from services.sandbox.backends.docker import DockerBackend
 from services.sandbox.backends.local import LocalBackend
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import TrialDirs
-from services.sandbox.settings import DockerBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import DockerBackendSettings
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

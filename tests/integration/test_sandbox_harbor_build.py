@@ -16,7 +16,7 @@ import pytest
 
 from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.docker_images import ImageStore
-from services.sandbox.tasks import NetworkMode, load_task
+from services.sandbox.task.model import NetworkMode, load_task
 from tests.sandbox_support import make_task
 
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from harnessrl.localservers import DockerEngine
+from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.factory import create_backend
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -13,10 +13,10 @@ import pytest
 from services.sandbox.backends.base import ExecRequest, Limits, Network, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.layers import LAYER_FORMAT
 from services.sandbox.backends.local import LocalBackend, cgroup_prefix
-from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
-from services.sandbox.paths import TrialDirs
-from services.sandbox.settings import LocalBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import EnvSetupError, UnsupportedInstruction
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import LocalBackendSettings
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

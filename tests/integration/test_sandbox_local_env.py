@@ -14,12 +14,12 @@ import pytest
 
 from services.sandbox.backends.base import ExecRequest, Limits, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.local import LocalBackend
-from services.sandbox.dockerfile import DEFAULT_PATH
-from services.sandbox.errors import UnsupportedInstruction
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
-from services.sandbox.paths import TrialDirs
-from services.sandbox.runner import TrialRunner
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import UnsupportedInstruction
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.task.dockerfile import DEFAULT_PATH
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -17,9 +17,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from services.sandbox.backends.local import NET_DIR, LocalBackend
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.runner import TrialRunner
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -20,8 +20,8 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store.export import metadata_row
 from services.sandbox.factory import build_worker
-from services.sandbox.lifecycle import TerminationReason, TrialRecord, TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
+from services.sandbox.trial.lifecycle import TerminationReason, TrialRecord, TrialSpec, TrialState
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard
 from tests.sandbox_support import make_task, settings_for, wait_for_state
 

@@ -21,9 +21,11 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.sandbox.backends.base import ExecRequest, ExecResult, Sandbox
 from services.sandbox.backends.local import LocalBackend
-from services.sandbox.endpoints import CaptureFinalizer
-from services.sandbox.errors import LeaseLost
-from services.sandbox.lifecycle import (
+from services.sandbox.common.errors import LeaseLost
+from services.sandbox.common.settings import Settings
+from services.sandbox.queue.base import TrialQueue, create_queue
+from services.sandbox.trial.endpoints import CaptureFinalizer
+from services.sandbox.trial.lifecycle import (
     POLICY_REASONS,
     REASON_TO_PROTO,
     TerminationReason,
@@ -31,9 +33,7 @@ from services.sandbox.lifecycle import (
     TrialSpec,
     TrialState,
 )
-from services.sandbox.queue.base import TrialQueue, create_queue
-from services.sandbox.runner import StateCallback, TrialRunner
-from services.sandbox.settings import Settings
+from services.sandbox.trial.runner import StateCallback, TrialRunner
 from services.sandbox.worker import Worker
 from tests.sandbox_support import make_task, settings_for, wait_for_state
 

@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 
 from harnessrl.errors import Unavailable
-from services.sandbox.endpoints import ProxyAdmin
-from services.sandbox.lifecycle import TrialSpec
+from services.sandbox.trial.endpoints import ProxyAdmin
+from services.sandbox.trial.lifecycle import TrialSpec
 
 SUMMARY = {"trial_id": "t1", "num_turns": 1, "num_segments": 1}
 

@@ -9,9 +9,9 @@ import pytest
 
 from harnessrl.errors import AlreadyExists
 from harnessrl.localservers import RedisServer
-from services.sandbox.errors import LeaseLost, TrialNotFound
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialRecord, TrialSpec, TrialState
+from services.sandbox.common.errors import LeaseLost, TrialNotFound
 from services.sandbox.queue.base import Heartbeat, TrialQueue, create_queue
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialRecord, TrialSpec, TrialState
 
 
 @pytest.fixture(params=["memory", "redis"])

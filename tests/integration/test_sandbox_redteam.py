@@ -26,10 +26,10 @@ from pathlib import Path
 import _pytest
 import pytest
 
+from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy
 from services.sandbox.factory import create_backend
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -17,9 +17,9 @@ from harnessrl.paths import default_model_dir
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.sandbox.backends.local import LocalBackend
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin
-from services.sandbox.lifecycle import TerminationReason, TrialSpec
-from services.sandbox.runner import TrialRunner
+from services.sandbox.trial.endpoints import CaptureFinalizer, ProxyAdmin
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import ModelStack, make_task, model_stack
 
 pytestmark = [

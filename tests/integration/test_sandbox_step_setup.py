@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.lifecycle import TerminationReason
+from services.sandbox.trial.lifecycle import TerminationReason
 from tests.integration import test_sandbox_steps as steps_suite
 from tests.integration.test_sandbox_steps import run, step_rewards, variant
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.factory import create_backend
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec, TrialState
+from services.sandbox.trial.runner import TrialRunner
 from tests.integration.test_sandbox_verifier_identity import REACH, host_network
 from tests.sandbox_support import settings_for
 

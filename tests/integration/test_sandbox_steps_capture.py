@@ -22,10 +22,10 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2
 from services.capture_store.export import PARQUET_SCHEMA, metadata_row, segment_objects
 from services.gateway.engines.scripted import read_generation_log
-from services.sandbox.endpoints import CaptureFinalizer
 from services.sandbox.factory import build_worker
-from services.sandbox.lifecycle import TerminationReason, TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
+from services.sandbox.trial.endpoints import CaptureFinalizer
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec, TrialState
 from tests.integration.test_dashboard.conftest import CHROMIUM, TOKEN, artifacts, dashboard, page_check, web_dist
 from tests.sandbox_support import model_stack, settings_for, wait_for_state
 
@@ -147,8 +147,8 @@ else printf '#!/bin/bash\\necho hello\\n' > /app/greet.sh; fi
 async def test_every_steps_model_calls_are_one_trajectory(tmp_path: Path) -> None:
     from services.proxy.chat.tokenizer import Tokenizer
     from services.sandbox.backends.local import LocalBackend
-    from services.sandbox.endpoints import ProxyAdmin
-    from services.sandbox.runner import TrialRunner
+    from services.sandbox.trial.endpoints import ProxyAdmin
+    from services.sandbox.trial.runner import TrialRunner
 
     turns = [{"content": "On it."}]  # a fresh conversation's first turn, in each step
     async with model_stack(tmp_path / "stack", {"main": turns, "*": turns}) as stack:

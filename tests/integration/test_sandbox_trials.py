@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from services.sandbox.common.settings import Settings
 from services.sandbox.factory import build_worker
-from services.sandbox.lifecycle import TerminationReason, TrialSpec, TrialState
 from services.sandbox.queue.memory import MemoryQueue
-from services.sandbox.settings import Settings
+from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec, TrialState
 from tests.sandbox_support import make_task, settings_for, wait_for_state
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

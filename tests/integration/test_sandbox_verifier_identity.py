@@ -18,11 +18,11 @@ from pydantic import ValidationError
 
 from harnessrl.localservers import DockerEngine
 from services.sandbox.backends.docker import LABEL_TRIAL, LABEL_VERIFY, LABEL_WORKER, DockerBackend
-from services.sandbox.errors import BackendUnavailable
+from services.sandbox.common.errors import BackendUnavailable
+from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
 from services.sandbox.factory import create_backend
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialSpec
-from services.sandbox.runner import TrialRunner
-from services.sandbox.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec
+from services.sandbox.trial.runner import TrialRunner
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -19,7 +19,7 @@ from tests.sandbox_support import make_task
 
 if TYPE_CHECKING:
     from services.capture_store.server import CaptureServer
-    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.trial.lifecycle import TrialSpec
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -38,7 +38,7 @@ async def start_capture(tmp_path: Path) -> CaptureServer:
 
 def solo_trial(tmp_path: Path, trial_id: str, script: str) -> TrialSpec:
     """A one-trial group running ``script`` with the shell harness."""
-    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.trial.lifecycle import TrialSpec
 
     return TrialSpec(
         trial_id=trial_id,
@@ -56,8 +56,8 @@ async def test_a_trial_out_of_attempts_is_finalized_so_its_group_completes(
 ) -> None:
     """A worker SIGKILLed mid-trial with no attempt left: the reaper marks the trial
     done (infrastructure reason) and FinalizeTrajectory records it, so the group is ready."""
-    from services.sandbox.lifecycle import TrialState
     from services.sandbox.queue.redis import RedisQueue
+    from services.sandbox.trial.lifecycle import TrialState
     from tests.sandbox_support import wait_for_state
 
     capture = await start_capture(tmp_path)
@@ -101,10 +101,10 @@ async def test_a_retry_after_a_worker_died_past_finalize_reports_that_outcome(
     """The worker died after FinalizeTrajectory but before reporting the trial: the
     retry finds the finalized outcome and reports it instead of running a second
     rollout (which would overfill the group)."""
-    from services.sandbox.endpoints import CaptureFinalizer
     from services.sandbox.factory import build_worker
-    from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialState
     from services.sandbox.queue.redis import RedisQueue
+    from services.sandbox.trial.endpoints import CaptureFinalizer
+    from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialState
     from tests.sandbox_support import settings_for, wait_for_state
 
     capture = await start_capture(tmp_path)

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from services.sandbox.factory import build_runner
-from services.sandbox.lifecycle import TrialSpec
 from services.sandbox.pools.swe import RecordError, convert
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
+from services.sandbox.trial.lifecycle import TrialSpec
 from services.sandbox.validate import validate_task
 from stack.disjoint import find_overlaps
 from tests.sandbox_support import settings_for

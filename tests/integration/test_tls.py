@@ -24,7 +24,8 @@ from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import check_health
 from services.capture_store.server import create_server as create_capture
 from services.capture_store.settings import Settings as CaptureSettings
-from services.sandbox.endpoints import CaptureFinalizer, ProxyAdmin, UnixRelay
+from services.sandbox.common.relay import UnixRelay
+from services.sandbox.trial.endpoints import CaptureFinalizer, ProxyAdmin
 from tests.tls_support import Pki, make_pki
 
 TOKEN = "tls-service-token"
@@ -132,7 +133,7 @@ async def _proxy_stack(tmp: Path, pki: Pki, proxy_tls: tls.TlsSettings) -> Async
 
 
 async def test_the_proxy_over_mtls_serves_a_trial_through_the_sandbox_relay(tmp_path: Path, pki: Pki) -> None:
-    from services.sandbox.lifecycle import TrialSpec
+    from services.sandbox.trial.lifecycle import TrialSpec
 
     async with _proxy_stack(tmp_path, pki, pki.server(mtls=True)) as proxy:
         assert proxy.url.startswith("https://127.0.0.1:")

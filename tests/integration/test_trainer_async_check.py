@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from stack.async_check import DEFAULT_CHECK, check
+from stack.bench.async_check import DEFAULT_CHECK, check
 from tests.cli_support import run_cli
 
 

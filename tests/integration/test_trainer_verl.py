@@ -26,13 +26,17 @@ from harnessrl.v1 import (
     gateway_pb2_grpc,
 )
 from services.gateway.engines.scripted import read_generation_log
-from stack import verl_agent_loop as val
+from stack.verl import agent_loop as val
 from tests.trainer_support import TR, segment, trajectory
 from tests.verl_support import AGENT_LOOPS, STACK_VERL, FakeServerManager, agent_loop, verl_batch, verl_worker
 
 
 def test_agent_loop_is_registered_with_verl() -> None:
-    assert _agent_loop_registry[val.AGENT_NAME] == {"_target_": "stack.verl_agent_loop.HarnessAgentLoop"}
+    assert _agent_loop_registry[val.AGENT_NAME] == {"_target_": "stack.verl.agent_loop.HarnessAgentLoop"}
+    # The name verl's agent-loop YAML gave before the room existed still instantiates it.
+    from hydra.utils import get_class
+
+    assert get_class("stack.verl_agent_loop.HarnessAgentLoop") is val.HarnessAgentLoop
 
 
 def test_trajectory_becomes_verl_output_token_for_token() -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from harnessrl.paths import default_model_dir
 from services.sandbox.harnesses import get_harness
-from stack.conformance import tools_script
+from stack.conformance.matrix import tools_script
 from tests.sandbox_support import make_task
 
 pytestmark = [

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from harnessrl import arrays, paths
 from harnessrl.rpc import connect
 from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc
-from stack import verl_agent_loop as val
-from stack import verl_hooks
+from stack.verl import agent_loop as val
+from stack.verl import hooks as verl_hooks
 from tests.integration.test_trainer_verl import CALL  # one chat call with tools: the main thread
 from tests.verl_support import FakeServerManager, agent_loop, verl_worker
 
@@ -238,7 +238,7 @@ def test_an_estimator_that_counts_masked_rows_is_refused(monkeypatch: pytest.Mon
 
 def test_a_window_that_cannot_be_told_is_refused_naming_the_setting(tmp_path: Path) -> None:
     from harnessrl.errors import InvalidArgument
-    from stack.verl_checks import engine_context_window
+    from stack.verl.checks import engine_context_window
 
     rollout = {"actor_rollout_ref": {"rollout": {"max_model_len": None}}}
     with pytest.raises(InvalidArgument, match=r"set actor_rollout_ref\.rollout\.max_model_len"):

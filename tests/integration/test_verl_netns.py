@@ -52,8 +52,8 @@ async def test_verl_builds_no_loop_whose_gateway_a_proxy_on_another_node_cannot_
     from hydra.errors import InstantiationException
     from transformers import AutoTokenizer
 
-    from stack import verl_address
-    from stack import verl_agent_loop as val
+    from stack.verl import address as verl_address
+    from stack.verl import agent_loop as val
     from tests.verl_support import FakeServerManager, agent_loop
 
     peer = verl_address.first_interface_ipv4()

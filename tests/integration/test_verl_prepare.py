@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 
 from harnessrl import paths
 from harnessrl.errors import ConfigError
-from stack import verl_prepare
 from stack.cli.main import main
+from stack.verl import prepare as verl_prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
@@ -58,11 +58,11 @@ def test_the_composed_config_carries_the_runs_settings(prepared: verl_prepare.Pr
     assert (rollout.n, rollout.temperature, rollout.agent.default_agent_loop) == (8, 0.7, "harnessrl_agent")
     assert Path(rollout.agent.agent_loop_config_path) == prepared.files["agent_loops"]
     assert cfg.data.train_files == str(prepared.files["tasks"]) and cfg.algorithm.adv_estimator == "harnessrl_grpo"
-    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == "stack.verl_hooks"
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == "stack.verl.hooks"
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo", "stack/verl's fully_async.yaml is applied"
     assert prepared.files["overrides"].read_text().splitlines() == prepared.overrides
     launch = prepared.files["launch"].read_text()
-    assert verl_prepare.ENTRY in launch and "VERL_USE_EXTERNAL_MODULES=stack.verl_hooks" in launch
+    assert verl_prepare.ENTRY in launch and "VERL_USE_EXTERNAL_MODULES=stack.verl.hooks" in launch
     assert all(o in launch for o in prepared.overrides)
     # verl's file logger writes the step metrics (harnessrl/* counts) where the dashboard reads them
     assert list(cfg.trainer.logger) == ["console", "file"]
@@ -89,7 +89,7 @@ def test_verls_dataset_reads_the_tasks_parquet_and_its_worker_builds_the_loop(
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from stack.verl_agent_loop import HarnessAgentLoop
+    from stack.verl.agent_loop import HarnessAgentLoop
 
     tokenizer = AutoTokenizer.from_pretrained(paths.default_model_dir())
     data = OmegaConf.create({"max_prompt_length": 512, "filter_overlong_prompts": True, "return_raw_chat": True})

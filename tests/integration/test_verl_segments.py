@@ -16,8 +16,8 @@ import pytest
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from harnessrl import paths
-from stack import verl_hooks
-from stack import verl_outputs as vo
+from stack.verl import hooks as verl_hooks
+from stack.verl import outputs as vo
 from tests.trainer_support import TR, segment, trajectory
 from tests.verl_support import FakeServerManager, agent_loop, compute_advantage, verl_batch, verl_worker
 
@@ -133,7 +133,7 @@ async def test_a_real_trials_segments_reach_verl_rows(tmp_path: Path, monkeypatc
     from transformers import AutoTokenizer
 
     from services.sandbox.server import create_sandbox_server
-    from stack import verl_agent_loop as val
+    from stack.verl import agent_loop as val
     from tests.sandbox_support import make_task, model_stack
 
     task = make_task(tmp_path / "tasks", "good")

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from harnessrl import paths
-from stack import verl_hooks, verl_prepare
-from stack import verl_outputs as vo
+from stack.verl import hooks as verl_hooks
+from stack.verl import outputs as vo
+from stack.verl import prepare as verl_prepare
 from tests.integration.test_verl_prepare import QUICKSTART, cli
 from tests.integration.test_verl_segments import compacted
 from tests.trainer_support import TR, segment, trajectory

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from stack import verl_agent_loop as val
+from stack.verl import agent_loop as val
 from tests.verl_support import FakeServerManager, agent_loop
 
 

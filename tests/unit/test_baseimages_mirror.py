@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.sandbox.baseimages import debian_mirror
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 
 DEB822 = """Types: deb
 URIs: http://security.example/debian-security

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stack.benchstack import CpuReading
+from stack.bench.benchstack import CpuReading
 
 
 def spin(seconds: float) -> None:

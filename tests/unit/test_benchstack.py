@@ -12,8 +12,8 @@ from harnessrl.config import load_section
 from services.capture_store.settings import Settings as CaptureSettings
 from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.settings import Settings as ProxySettings
-from services.sandbox.settings import Settings as SandboxSettings
-from stack.benchstack import BenchStack, Http, cpu_seconds
+from services.sandbox.common.settings import Settings as SandboxSettings
+from stack.bench.benchstack import BenchStack, Http, cpu_seconds
 
 
 def test_config_wires_every_target_and_reads_back(tmp_path: Path) -> None:

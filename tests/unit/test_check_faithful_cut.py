@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stack.conformance_stack import Unfaithful, check_faithful
+from stack.conformance.proxy_stack import Unfaithful, check_faithful
 
 
 def gen(prompt: list[int], ids: list[int], finish: str = "stop") -> dict[str, Any]:

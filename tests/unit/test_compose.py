@@ -33,7 +33,7 @@ def settings_classes() -> dict[str, tuple[str, type[ServiceSettings]]]:
     from services.dashboard.settings import Settings as Dashboard
     from services.gateway.settings import Settings as Gateway
     from services.proxy.settings import Settings as Proxy
-    from services.sandbox.settings import Settings as Sandbox
+    from services.sandbox.common.settings import Settings as Sandbox
     from services.trainer.settings import Settings as Trainer
 
     classes = {

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from harnessrl.errors import ConfigError
 from stack.cli.main import app
-from stack.conformance import (
+from stack.conformance.drivers import DRIVERS
+from stack.conformance.matrix import (
     COLUMNS,
     Report,
     all_drivers,
@@ -21,8 +22,7 @@ from stack.conformance import (
     run_cell,
     run_matrix,
 )
-from stack.conformance_drivers import DRIVERS
-from stack.conformance_stack import Unfaithful, check_faithful
+from stack.conformance.proxy_stack import Unfaithful, check_faithful
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from harnessrl.errors import ConfigError
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.harnesses import BUILTIN, HARNESSES, AgentContext, get_harness
 from services.sandbox.harnesses.declared import SHIPPED_DIR, DeclaredHarness, declared_class
 from services.sandbox.harnesses.declared_spec import load, parse
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from tests.cli_support import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

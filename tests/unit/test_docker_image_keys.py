@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.sandbox.backends.docker_images import base_images, build_tag, prepared_tag
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
 

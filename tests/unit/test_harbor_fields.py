@@ -1,5 +1,5 @@
 """Every Harbor task field is supported, mapped or refused by name (invariant 9): the
-table in services/sandbox/harbor_fields.py covers the schema the loader reads, a refused
+table in services/sandbox/task/harbor_fields.py covers the schema the loader reads, a refused
 field fails loading naming the file, the field and why, unknown keys are ignored (as
 Harbor ignores them) with a warning naming them, and docs/harbor.md is the table."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import harbor_fields
 from services.sandbox.backends.docker_images import ImageStore
-from services.sandbox.errors import TaskError
-from services.sandbox.harbor_fields import FIELDS, Status
-from services.sandbox.tasks import NetworkMode, TaskConfig, load_task
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task import harbor_fields
+from services.sandbox.task.harbor_fields import FIELDS, Status
+from services.sandbox.task.model import NetworkMode, TaskConfig, load_task
 from tests.sandbox_support import make_task
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "harbor.md"
@@ -41,7 +41,9 @@ def test_the_table_covers_exactly_the_schema() -> None:
 
 
 def test_the_doc_is_the_table() -> None:
-    assert DOC.read_text() == harbor_fields.render(), "python -m services.sandbox.harbor_fields --write docs/harbor.md"
+    assert DOC.read_text() == harbor_fields.render(), (
+        "python -m services.sandbox.task.harbor_fields --write docs/harbor.md"
+    )
     assert harbor_fields.main(["--check", str(DOC)]) == 0
 
 
@@ -123,7 +125,7 @@ def test_a_compose_file_runs_and_what_it_cannot_do_is_refused_naming_it(tmp_path
 
 def test_unknown_keys_are_ignored_with_a_warning_naming_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     toml = "flavour = 'x'\n[agent]\ntimeout_sec = 7\ntimout_sec = 5\n[extra]\na = 1\n"
-    with caplog.at_level(logging.WARNING, logger="services.sandbox.tasks"):
+    with caplog.at_level(logging.WARNING, logger="services.sandbox.task.model"):
         task = load_task(make_task(tmp_path, toml=toml))
     assert task.config.agent.timeout_sec == 7
     (warning,) = task.warnings

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.harnesses import AgentContext, get_harness
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
 BASE = "http://127.0.0.1:4100/trials/t-1/v1"

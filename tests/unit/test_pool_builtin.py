@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from stack.disjoint import find_overlaps, task_dirs
 
 ROOT = Path(__file__).resolve().parents[2]

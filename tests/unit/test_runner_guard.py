@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import runner_guard
-from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.common.settings import IntegrityPolicy
+from services.sandbox.defences import runner_guard
 
 PRISTINE = {
     "calc.py": "def add(a, b):\n    return a - b\n",

@@ -1,4 +1,4 @@
-"""A task's environment/docker-compose.yaml read as Harbor runs it (services.sandbox.compose),
+"""A task's environment/docker-compose.yaml read as Harbor runs it (services.sandbox.task.compose),
 and what the Docker backend asks the engine for (docker_compose's specs): no engine needed."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 from services.sandbox.backends.base import Limits, SandboxSpec
 from services.sandbox.backends.docker_compose import holder_spec, sidecar_spec
-from services.sandbox.compose import load_compose
-from services.sandbox.errors import TaskError
-from services.sandbox.paths import TrialDirs
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import TaskError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.task.compose import load_compose
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
 GOOD = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.sandbox import dockerfile
+from services.sandbox.task import dockerfile
 
 
 def test_continuations_comments_flags_and_forms() -> None:

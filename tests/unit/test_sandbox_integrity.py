@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import integrity, runner_guard
-from services.sandbox.errors import VerifierError
-from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.common.errors import VerifierError
+from services.sandbox.common.settings import IntegrityPolicy
+from services.sandbox.defences import integrity, runner_guard
 
 FIX = "def add(a, b):\n    return a + b  # THE-FIX\n"
 BUG = "def add(a, b):\n    return a - b\n"

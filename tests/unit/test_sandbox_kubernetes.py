@@ -20,9 +20,9 @@ from services.sandbox.backends.kubernetes_manifests import (
     proxy_target,
     volume_table,
 )
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.settings import IntegrityPolicy, KubernetesBackendSettings, Settings
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.common.settings import IntegrityPolicy, KubernetesBackendSettings, Settings
 from tests.sandbox_support import DEFAULT_TOML, sandbox_spec
 
 K8S_TOML = DEFAULT_TOML + 'docker_image = "registry/env:1"\nworkdir = "/work"\n'

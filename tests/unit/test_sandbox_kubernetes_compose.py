@@ -12,10 +12,10 @@ import pytest
 
 from services.sandbox.backends.base import Limits, Phase, SandboxSpec
 from services.sandbox.backends.kubernetes_manifests import network_policy, pod_manifest
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import TrialDirs
-from services.sandbox.settings import IntegrityPolicy, KubernetesBackendSettings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import TrialDirs
+from services.sandbox.common.settings import IntegrityPolicy, KubernetesBackendSettings
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import DEFAULT_TOML, make_task
 
 TOML = DEFAULT_TOML + 'docker_image = "registry/env:1"\nworkdir = "/work"\nenv = {{ MODE = "task" }}\n'

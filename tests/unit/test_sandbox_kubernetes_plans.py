@@ -30,9 +30,9 @@ from services.sandbox.backends.kubernetes_plans import (
     verify_prep_script,
 )
 from services.sandbox.backends.limits import BoundedOutput
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.settings import IntegrityPolicy
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.common.settings import IntegrityPolicy
 
 
 def tar_of(src: Path, arcname: str) -> bytes:

@@ -18,9 +18,9 @@ from services.sandbox.backends.base import Limits, Phase, Sandbox, SandboxSpec
 from services.sandbox.backends.kubernetes import KubernetesBackend
 from services.sandbox.backends.kubernetes_manifests import HELPER_ROOT, volume_table
 from services.sandbox.backends.kubernetes_plans import next_step_script, verify_prep_script
-from services.sandbox.paths import SandboxPaths, TrialDirs
-from services.sandbox.settings import IntegrityPolicy, Settings
-from services.sandbox.tasks import load_task
+from services.sandbox.common.paths import SandboxPaths, TrialDirs
+from services.sandbox.common.settings import IntegrityPolicy, Settings
+from services.sandbox.task.model import load_task
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "examples" / "steps"
 VERIFIER_UID, AGENT_UID = 0, 1000

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from harnessrl.v1 import records_pb2, sandbox_pb2
-from services.sandbox.lifecycle import (
+from services.sandbox.trial.lifecycle import (
     POLICY_REASONS,
     TERMINAL_STATES,
     VALID_TRANSITIONS,

@@ -16,9 +16,9 @@ from harnessrl.errors import ConfigError, InvalidArgument
 from harnessrl.v1 import capture_pb2
 from services.capture_store import assemble, validate
 from services.capture_store import records as rec
-from services.sandbox import integrity
-from services.sandbox.errors import VerifierError
-from services.sandbox.lifecycle import TrialSpec
+from services.sandbox.common.errors import VerifierError
+from services.sandbox.defences import integrity
+from services.sandbox.trial.lifecycle import TrialSpec
 from stack import runconfig
 from stack.launcher import PlannedTrial, TrialTemplate
 from tests.cli_support import run_cli

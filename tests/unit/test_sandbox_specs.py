@@ -24,9 +24,9 @@ from services.sandbox.backends.docker_specs import (
     verify_container_spec,
     verify_script,
 )
-from services.sandbox.errors import BackendUnavailable, CapabilityError, UnknownName
-from services.sandbox.settings import IntegrityPolicy
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import BackendUnavailable, CapabilityError, UnknownName
+from services.sandbox.common.settings import IntegrityPolicy
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task, sandbox_spec, settings_for
 
 

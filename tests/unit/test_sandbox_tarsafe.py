@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import tarsafe
+from services.sandbox.common import tarsafe
 
 
 def _tar(*members: tuple[str, str, int, str]) -> tarfile.TarFile:

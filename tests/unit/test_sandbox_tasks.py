@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.errors import TaskError
-from services.sandbox.tasks import NetworkMode, load_task
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task.model import NetworkMode, load_task
 from tests.sandbox_support import DEFAULT_TOML, make_task
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "examples" / "hello"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_service_with_settings_has_a_table() -> None:
-    folders = {p.parent.name for p in (ROOT / "services").glob("*/settings.py")}
+    folders = {p.relative_to(ROOT / "services").parts[0] for p in (ROOT / "services").glob("**/settings.py")}
     assert set(service_settings()) == folders >= {"proxy", "gateway", "sandbox", "capture_store", "trainer"}
     table = render()
     for name in folders:
@@ -25,7 +25,7 @@ def test_every_service_with_settings_has_a_table() -> None:
 
 
 def test_the_env_names_are_the_ones_the_settings_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.sandbox.settings import Settings as SandboxSettings
+    from services.sandbox.common.settings import Settings as SandboxSettings
     from services.sandbox_remote.settings import Settings as RemoteSettings
 
     table = render()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from tests.unit.test_task_steps import refused, steps_task
 
 

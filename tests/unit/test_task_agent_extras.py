@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.errors import TaskError
-from services.sandbox.task_agent_extras import McpServer, unreachable_servers
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task.agent_extras import McpServer, unreachable_servers
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
 STDIO = "[[environment.mcp_servers]]\nname = 'notes'\ntransport = 'stdio'\ncommand = 'python3'\nargs = ['/opt/s.py']\n"

@@ -11,11 +11,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from services.sandbox import artifacts
-from services.sandbox.artifacts import ArtifactEntry, _Budget, _place, excluded
-from services.sandbox.errors import TaskError
-from services.sandbox.healthcheck import Healthcheck
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task.artifacts import ArtifactEntry
+from services.sandbox.task.healthcheck import Healthcheck
+from services.sandbox.task.model import load_task
+from services.sandbox.trial import artifacts
+from services.sandbox.trial.artifacts import _Budget, _place, excluded
 from tests.cli_support import run_cli
 from tests.sandbox_support import make_task
 

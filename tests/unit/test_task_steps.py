@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import task_steps
-from services.sandbox.errors import TaskError
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import TaskError
+from services.sandbox.task import steps as task_steps
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "examples" / "steps"
@@ -128,7 +128,7 @@ def test_step_fields_that_cannot_run_are_refused_by_name(tmp_path: Path) -> None
 
 def test_unknown_step_keys_are_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     toml = TWO_STEPS + "colour = 'red'\n[steps.verifier]\ntimout_sec = 5\n"
-    with caplog.at_level(logging.WARNING, logger="services.sandbox.tasks"):
+    with caplog.at_level(logging.WARNING, logger="services.sandbox.task.model"):
         task = load_task(steps_task(tmp_path, toml=toml))
     (warning,) = task.warnings
     assert "steps[1].colour" in warning and "steps[1].verifier.timout_sec" in warning
@@ -156,8 +156,8 @@ def test_rewards_combine_as_harbor_combines_them() -> None:
 
 
 def test_check_harbor_runs_the_example(tmp_path: Path) -> None:
-    from services.sandbox.harbor_check import check_task
-    from services.sandbox.harbor_fields import Status
+    from services.sandbox.task.harbor_check import check_task
+    from services.sandbox.task.harbor_fields import Status
 
     report = check_task(EXAMPLE)
     assert report.runs and report.task_id == "harnessrl/steps", report

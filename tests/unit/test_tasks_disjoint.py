@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harnessrl.errors import InvalidArgument
-from services.sandbox.errors import TaskError
+from services.sandbox.common.errors import TaskError
 from stack.cli.main import app
 from stack.disjoint import find_overlaps, task_dirs
 from tests.cli_support import run_cli

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.harnesses import AgentContext, get_harness
 from services.sandbox.harnesses.python_harnesses import MINI_CONFIGS
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.tasks import load_task
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
 

@@ -9,9 +9,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from services.sandbox import verifier_policy as vp
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.tasks import load_task
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.defences import path_guard
+from services.sandbox.task import verifier_policy as vp
+from services.sandbox.task.model import load_task
 from tests.sandbox_support import DEFAULT_TOML, make_task
 
 
@@ -69,7 +70,7 @@ def test_local_has_root_and_uid_1000_only(tmp_path: Path) -> None:
 
 def test_workspace_path_dirs() -> None:
     path = "/app/bin:/usr/bin:/app/.venv/bin:/appendix/bin:/app:relative:/app/bin"
-    got = vp.workspace_path_dirs(path, PurePosixPath("/app"))
+    got = path_guard.workspace_path_dirs(path, PurePosixPath("/app"))
     assert got == [PurePosixPath("bin"), PurePosixPath(".venv/bin"), PurePosixPath(".")]
 
 
@@ -86,13 +87,13 @@ def test_agent_changes_in_a_workspace_path_dir_are_reverted(tmp_path: Path) -> N
     (current / "src" / "python3").write_text("not on PATH")  # left alone
     (current / "sbin").mkdir()  # a PATH dir the pristine tree lacks: every entry is new
     (current / "sbin" / "pytest").write_text("#!/bin/sh\nexit 0\n")
-    events = vp.revert_path_dirs(current, pristine, [PurePosixPath("bin"), PurePosixPath("sbin")])
+    events = path_guard.revert_path_dirs(current, pristine, [PurePosixPath("bin"), PurePosixPath("sbin")])
     assert sorted(events) == sorted(f"path-shadow:{p}" for p in ("bin/tool", "bin/python3", "bin/same", "sbin/pytest"))
     assert (current / "bin" / "tool").read_text() == "#!/bin/sh\necho real\n"
     assert not (current / "bin" / "python3").exists() and not (current / "sbin" / "pytest").exists()
     assert (current / "bin" / "same").stat().st_mode & 0o777 == (pristine / "bin" / "same").stat().st_mode & 0o777
     assert (current / "src" / "python3").exists()
-    assert vp.revert_path_dirs(current, pristine, [PurePosixPath("bin"), PurePosixPath("sbin")]) == []
+    assert path_guard.revert_path_dirs(current, pristine, [PurePosixPath("bin"), PurePosixPath("sbin")]) == []
 
 
 def test_a_path_dir_replaced_by_a_symlink_is_removed(tmp_path: Path) -> None:
@@ -100,7 +101,7 @@ def test_a_path_dir_replaced_by_a_symlink_is_removed(tmp_path: Path) -> None:
     pristine.mkdir()
     (current / "elsewhere").mkdir(parents=True)
     (current / "bin").symlink_to(current / "elsewhere")
-    assert vp.revert_path_dirs(current, pristine, [PurePosixPath("bin")]) == ["path-shadow:bin"]
+    assert path_guard.revert_path_dirs(current, pristine, [PurePosixPath("bin")]) == ["path-shadow:bin"]
     assert not (current / "bin").is_symlink() and (current / "elsewhere").is_dir()
 
 
@@ -115,7 +116,7 @@ def test_route_changes_are_the_agents_outside_the_workspace_on_roots_routes() ->
         {"Path": "/app/bin/python3", "Kind": 1},  # the workspace: revert_path_dirs' job
         {"Path": "/var/tmp/x", "Kind": 1},  # on no route
     ]
-    got = vp.route_changes(diff, "/app/bin:/opt/tools:/usr/bin", PurePosixPath("/app"))
+    got = path_guard.route_changes(diff, "/app/bin:/opt/tools:/usr/bin", PurePosixPath("/app"))
     assert got.added == ["/opt/tools/lib/helper.py", "/etc/apt/apt.conf.d/99hook"]
     assert got.changed == ["/opt/tools/runtests"]
 
@@ -128,7 +129,9 @@ def test_the_clear_script_removes_added_files_names_changed_ones_and_clears_set_
     kept_dir.mkdir()
     os.chown(setuid, 1000, 1000)
     setuid.chmod(0o4755)
-    script = vp.clear_script([str(added), str(kept_dir), str(tmp_path / "gone")], [str(changed), str(kept_dir)], 1000)
+    script = path_guard.clear_script(
+        [str(added), str(kept_dir), str(tmp_path / "gone")], [str(changed), str(kept_dir)], 1000
+    )
     # The real find walks / for set-id files: confine it to the test's tree.
     script = script.replace("find / -xdev", f"find {tmp_path} -xdev")
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split()

@@ -1,4 +1,4 @@
-"""The verl worker gateway's advertised address (``stack/verl_address.py``): loopback
+"""The verl worker gateway's advertised address (``stack/verl/address.py``): loopback
 forms, the cluster's shape, the derived address of a wildcard bind (this host's real
 routing table and interfaces) and ``harnessrl verl prepare``'s check of the same."""
 
@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harnessrl.errors import ConfigError
-from stack import verl_address as va
+from stack.verl import address as va
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
@@ -186,7 +186,8 @@ def test_prepare_refuses_a_bad_combination_with_one_line_and_writes_nothing(
 
 
 def test_prepare_writes_a_wildcard_bind_for_a_multi_node_cluster() -> None:
-    from stack import runconfig, verl_prepare
+    from stack import runconfig
+    from stack.verl import prepare as verl_prepare
 
     cfg = runconfig.load(QUICKSTART)
     assert verl_prepare.gateway_bind_for(cfg, [], {}) == "127.0.0.1"

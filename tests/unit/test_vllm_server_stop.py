@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from stack.vllm_server import VllmServer
+from stack.bench.vllm_server import VllmServer
 
 
 def _gone(pid: int, timeout_s: float = 10) -> bool:

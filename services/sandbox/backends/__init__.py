@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 
 from services.sandbox.backends.base import Backend
-from services.sandbox.errors import UnknownName
-from services.sandbox.settings import Settings
+from services.sandbox.common.errors import UnknownName
+from services.sandbox.common.settings import Settings
 
 BACKENDS = {
     "local": "services.sandbox.backends.local:LocalBackend",

@@ -19,11 +19,12 @@ from typing import ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.sandbox import runner_guard, tarsafe, verifier_policy
-from services.sandbox.errors import CapabilityError
-from services.sandbox.paths import SandboxPaths, TrialDirs
-from services.sandbox.settings import EnforcedLimit, IntegrityPolicy
-from services.sandbox.tasks import Task
+from services.sandbox.common import tarsafe
+from services.sandbox.common.errors import CapabilityError
+from services.sandbox.common.paths import SandboxPaths, TrialDirs
+from services.sandbox.common.settings import EnforcedLimit, IntegrityPolicy
+from services.sandbox.defences import path_guard, runner_guard
+from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def restore_workspace(sandbox: Sandbox, current: Path, pristine: Path, policy: I
     events = runner_guard.restore_for_verify(current, pristine, policy)
     if policy.guard_verifier_path:
         task, workdir = sandbox.spec.task, str(sandbox.paths.workdir)
-        events += verifier_policy.guard_workspace(current, pristine, sandbox.env, task, workdir)
+        events += path_guard.guard_workspace(current, pristine, sandbox.env, task, workdir)
     return events
 
 

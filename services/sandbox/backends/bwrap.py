@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.sandbox.backends.limits import BoundedOutput, drain
-from services.sandbox.settings import LocalBackendSettings
+from services.sandbox.common.settings import LocalBackendSettings
 
 SANDBOX_UID = 1000
 SANDBOX_USER = "agent"

@@ -39,7 +39,6 @@ from typing import Any
 from docker.errors import APIError, NotFound
 from requests.exceptions import RequestException
 
-from services.sandbox import tarsafe, verifier_policy
 from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import (
     Backend,
@@ -69,9 +68,12 @@ from services.sandbox.backends.docker_specs import (
 )
 from services.sandbox.backends.docker_steps import next_agent_container
 from services.sandbox.backends.limits import watch_disk
-from services.sandbox.errors import BackendUnavailable, EnvSetupError, SandboxLost
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.settings import Settings
+from services.sandbox.common import tarsafe
+from services.sandbox.common.errors import BackendUnavailable, EnvSetupError, SandboxLost
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.common.settings import Settings
+from services.sandbox.defences import path_guard
+from services.sandbox.task import verifier_policy
 
 log = logging.getLogger(__name__)
 
@@ -230,15 +232,15 @@ class DockerBackend(Backend):
         if not policy.guard_verifier_path:
             return []
         path = verifier_policy.verifier_path(sandbox.env, sandbox.spec.task)
-        changes = verifier_policy.route_changes(diff, path, sandbox.paths.workdir)
-        script = verifier_policy.clear_script(changes.added, changes.changed, 1000)
+        changes = path_guard.route_changes(diff, path, sandbox.paths.workdir)
+        script = path_guard.clear_script(changes.added, changes.changed, 1000)
         lines = (await handle.root(script)).decode(errors="replace").splitlines()
         removed = [line[1:] for line in lines if line.startswith("-")]
         changed = [line[1:] for line in lines if line.startswith("~")]
         if changed:
             await self._restore_from_image(sandbox, changed)
-        events = [f"{verifier_policy.ROOT_ROUTE}:{p} (added)" for p in removed]
-        return events + [f"{verifier_policy.ROOT_ROUTE}:{p} (changed)" for p in changed]
+        events = [f"{path_guard.ROOT_ROUTE}:{p} (added)" for p in removed]
+        return events + [f"{path_guard.ROOT_ROUTE}:{p} (changed)" for p in changed]
 
     async def _restore_from_image(self, sandbox: Sandbox, paths: list[str]) -> None:
         """Copies ``paths`` as the prepared image has them into the verifier's container."""

@@ -1,4 +1,4 @@
-"""A compose task's sidecars on the Docker backend (``services.sandbox.compose``).
+"""A compose task's sidecars on the Docker backend (``services.sandbox.task.compose``).
 
 No bridge may be made, and the agent phase keeps ``--network none``, so a trial's
 services share one network namespace, as a Kubernetes pod's containers do:
@@ -34,8 +34,8 @@ from services.sandbox.backends import docker_service_relay as service_relay
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.docker_exec import worker_identity
 from services.sandbox.backends.docker_specs import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER
-from services.sandbox.compose import MAIN, ComposeSpec, Service
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.task.compose import MAIN, ComposeSpec, Service
 
 LABEL_SERVICE = "io.harnessrl.service"
 SERVICE_REPO = "harnessrl-svc"

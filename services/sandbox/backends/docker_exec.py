@@ -25,8 +25,8 @@ from services.sandbox.backends.base import ExecResult
 from services.sandbox.backends.cgroups import EventFiles, container_event_files
 from services.sandbox.backends.limits import BoundedOutput
 from services.sandbox.backends.netns import listen_in
-from services.sandbox.endpoints import UnixRelay
-from services.sandbox.errors import EnvSetupError, SandboxLost
+from services.sandbox.common.errors import EnvSetupError, SandboxLost
+from services.sandbox.common.relay import UnixRelay
 
 # Runs as the sandbox user: counts its other processes, then kills them all
 # (kill(-1) spares the caller), setsid daemons included.

@@ -45,9 +45,11 @@ from docker.errors import APIError, BuildError, NotFound
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import RequestException
 
-from services.sandbox import dockerfile, integrity, tarsafe
-from services.sandbox.errors import ContainerEngineError, EnvSetupError
-from services.sandbox.tasks import Task
+from services.sandbox.common import tarsafe
+from services.sandbox.common.errors import ContainerEngineError, EnvSetupError
+from services.sandbox.defences import integrity
+from services.sandbox.task import dockerfile
+from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
 

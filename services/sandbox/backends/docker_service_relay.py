@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from services.sandbox.backends.netns import listen_in, socket_in
-from services.sandbox.endpoints import pipe
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.relay import pipe
 
 log = logging.getLogger(__name__)
 _LISTEN = "0A"

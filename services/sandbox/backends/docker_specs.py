@@ -11,7 +11,7 @@ from typing import Any
 
 from services.sandbox.backends.base import Phase, SandboxSpec
 from services.sandbox.backends.docker_exec import worker_identity
-from services.sandbox.paths import SandboxPaths
+from services.sandbox.common.paths import SandboxPaths
 
 LABEL_MANAGED = "io.harnessrl.managed"
 LABEL_TRIAL = "io.harnessrl.trial"

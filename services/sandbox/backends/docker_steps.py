@@ -30,7 +30,7 @@ from services.sandbox.backends.docker_specs import (
     container_spec,
     setup_script,
 )
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 
 if TYPE_CHECKING:
     from services.sandbox.backends.base import Sandbox

@@ -22,7 +22,6 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from services.sandbox import integrity
 from services.sandbox.backends import kubernetes_manifests as km
 from services.sandbox.backends import kubernetes_plans as plans
 from services.sandbox.backends.base import (
@@ -37,9 +36,10 @@ from services.sandbox.backends.base import (
 )
 from services.sandbox.backends.kubernetes_manifests import dns_name, network_policy, orphan_selector, pod_manifest
 from services.sandbox.backends.limits import BoundedOutput
-from services.sandbox.errors import BackendUnavailable, EnvSetupError
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.settings import Settings
+from services.sandbox.common.errors import BackendUnavailable, EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.common.settings import Settings
+from services.sandbox.defences import integrity
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A compose task's services in the trial's pod (``services.sandbox.compose``): the
+"""A compose task's services in the trial's pod (``services.sandbox.task.compose``): the
 Kubernetes twin of ``docker_compose``. A pod's containers share one network
 namespace, so each service is one more container of the pod, and ``hostAliases``
 maps every service name (``main`` too) to 127.0.0.1: the agent and the verifier
@@ -20,9 +20,9 @@ import re
 from typing import Any
 
 from services.sandbox.backends.base import SandboxSpec
-from services.sandbox.compose import COMPOSE_FILE, ComposeSpec, Healthcheck, Service
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.settings import KubernetesBackendSettings
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.settings import KubernetesBackendSettings
+from services.sandbox.task.compose import COMPOSE_FILE, ComposeSpec, Healthcheck, Service
 
 PREFIX = "svc-"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")

@@ -27,9 +27,9 @@ from typing import Any
 
 from services.sandbox.backends import kubernetes_compose
 from services.sandbox.backends.base import Phase, SandboxSpec
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.settings import IntegrityPolicy, KubernetesBackendSettings
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.common.settings import IntegrityPolicy, KubernetesBackendSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "harnessrl-sandbox"}
 TRIAL_LABEL = "harnessrl.io/trial"

@@ -13,9 +13,9 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from services.sandbox import tarsafe
 from services.sandbox.backends.base import ExecRequest
 from services.sandbox.backends.kubernetes_manifests import HELPER_ROOT, Volume
+from services.sandbox.common import tarsafe
 
 # $1 cwd, $2 stdin file ("" for none), then the command.
 _RUN = 'cd "$1" || exit 127; in="$2"; shift 2; if [ -n "$in" ]; then exec "$@" < "$in"; fi; exec "$@" < /dev/null'

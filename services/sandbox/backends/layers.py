@@ -38,11 +38,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from services.sandbox import dockerfile, dockerignore, integrity, tarsafe
 from services.sandbox.backends import bwrap
-from services.sandbox.errors import EnvSetupError, UnsupportedInstruction
-from services.sandbox.settings import LocalBackendSettings
-from services.sandbox.tasks import Task
+from services.sandbox.common import tarsafe
+from services.sandbox.common.errors import EnvSetupError, UnsupportedInstruction
+from services.sandbox.common.settings import LocalBackendSettings
+from services.sandbox.defences import integrity
+from services.sandbox.task import dockerfile, dockerignore
+from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from services.sandbox import verifier_policy
 from services.sandbox.backends import bwrap
 from services.sandbox.backends.base import (
     Backend,
@@ -47,9 +46,10 @@ from services.sandbox.backends.base import (
 from services.sandbox.backends.cgroups import CgroupSupport, PhaseCgroup
 from services.sandbox.backends.layers import Layer, LayerCache
 from services.sandbox.backends.limits import watch_disk
-from services.sandbox.errors import BackendUnavailable, EnvSetupError
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.settings import Settings
+from services.sandbox.common.errors import BackendUnavailable, EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.common.settings import Settings
+from services.sandbox.task import verifier_policy
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ way in, with nothing needed inside the image.
 namespace of process ``pid`` (a container's init): a short-lived thread enters
 that namespace with ``setns(2)`` (per thread, so the worker's other threads
 keep theirs), binds, and exits. A socket keeps the namespace it was made in,
-so the worker's event loop then accepts on it (``endpoints.UnixRelay`` with
+so the worker's event loop then accepts on it (``relay.UnixRelay`` with
 ``listener``) and forwards every connection to the proxy's Unix socket from
 the worker's own namespaces. The container
 itself runs with ``--network none``: the loopback port is all it has.
@@ -20,7 +20,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -3,7 +3,7 @@ adapters (Python), then the declared ones (TOML files: ``declared.py``)."""
 
 from __future__ import annotations
 
-from services.sandbox.errors import UnknownName
+from services.sandbox.common.errors import UnknownName
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, ModelAccess
 from services.sandbox.harnesses.builtin import NopHarness, OracleHarness, ShellHarness
 from services.sandbox.harnesses.declared import declared_harnesses

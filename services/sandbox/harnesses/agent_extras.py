@@ -1,4 +1,4 @@
-"""A task's skills and MCP servers (``services.sandbox.task_agent_extras``), given to each
+"""A task's skills and MCP servers (``services.sandbox.task.agent_extras``), given to each
 harness where and how that harness reads them, as Harbor's installed agents give them:
 
 - skills: the contents of ``[environment] skills_dir`` (a directory of the sandbox) are
@@ -16,9 +16,9 @@ import asyncio
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from services.sandbox import dockerfile
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.task_agent_extras import McpServer
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.task import dockerfile
+from services.sandbox.task.agent_extras import McpServer
 
 if TYPE_CHECKING:
     from services.sandbox.backends.base import Backend, Sandbox

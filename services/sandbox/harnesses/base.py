@@ -12,9 +12,9 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
-from services.sandbox.errors import EnvSetupError
-from services.sandbox.paths import SandboxPaths
-from services.sandbox.tasks import Task
+from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.common.paths import SandboxPaths
+from services.sandbox.task.model import Task
 
 
 class ModelAccess(StrEnum):

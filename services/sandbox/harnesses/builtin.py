@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, ModelAccess, write_text
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from harnessrl import paths
 from harnessrl.errors import ConfigError
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 from services.sandbox.harnesses.declared_spec import HarnessDeclaration, load, render

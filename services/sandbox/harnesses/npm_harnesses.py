@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from harnessrl import paths
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 
@@ -50,7 +50,7 @@ class _NpmHarness(HarnessAdapter):
     def check_installed(self) -> None:
         super().check_installed()
         if not _bin(self.binary).exists():
-            from services.sandbox.errors import EnvSetupError
+            from services.sandbox.common.errors import EnvSetupError
 
             raise EnvSetupError(
                 f"harness {self.name!r}: {_bin(self.binary)} not found; run `harnessrl harness install {self.name}`"
@@ -124,7 +124,7 @@ class OpenCode(_NpmHarness):
     def check_installed(self) -> None:
         rg = ripgrep_runtime() / "bin" / "rg"
         if not rg.is_file():
-            from services.sandbox.errors import EnvSetupError
+            from services.sandbox.common.errors import EnvSetupError
 
             raise EnvSetupError(
                 f"harness 'opencode': ripgrep {rg} not found (its grep, glob and skill tools run rg, and it "

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from harnessrl import paths
-from services.sandbox.errors import EnvSetupError
+from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
 

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.config import format_validation_error
 from harnessrl.errors import InvalidArgument
-from services.sandbox import tarsafe
+from services.sandbox.common import tarsafe
 
 WORKDIR = "/testbed"
 DEFAULT_TEST_COMMAND = "python3 -m pytest -p no:cacheprovider {tests}"

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from enum import StrEnum
 
 from harnessrl.errors import AlreadyExists
-from services.sandbox.lifecycle import TerminationReason, TrialOutcome, TrialRecord, TrialSpec, TrialState
+from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialRecord, TrialSpec, TrialState
 
 
 class Heartbeat(StrEnum):

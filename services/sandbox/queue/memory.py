@@ -8,8 +8,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from services.sandbox.errors import LeaseLost, TrialNotFound
-from services.sandbox.lifecycle import TrialOutcome, TrialRecord, TrialSpec, TrialState
+from services.sandbox.common.errors import LeaseLost, TrialNotFound
 from services.sandbox.queue.base import (
     Heartbeat,
     TrialQueue,
@@ -18,6 +17,7 @@ from services.sandbox.queue.base import (
     lost_outcome,
     matches,
 )
+from services.sandbox.trial.lifecycle import TrialOutcome, TrialRecord, TrialSpec, TrialState
 
 
 class MemoryQueue(TrialQueue):

@@ -20,8 +20,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from services.sandbox.errors import LeaseLost, TrialNotFound
-from services.sandbox.lifecycle import VALID_TRANSITIONS, TrialOutcome, TrialRecord, TrialSpec, TrialState
+from services.sandbox.common.errors import LeaseLost, TrialNotFound
 from services.sandbox.queue.base import (
     Heartbeat,
     TrialQueue,
@@ -30,6 +29,7 @@ from services.sandbox.queue.base import (
     lost_outcome,
     matches,
 )
+from services.sandbox.trial.lifecycle import VALID_TRANSITIONS, TrialOutcome, TrialRecord, TrialSpec, TrialState
 
 P = "hrl:sandbox:"
 

@@ -26,7 +26,7 @@ from services.gateway.settings import Settings as GatewaySettings
 from services.proxy.server import RunningProxy
 from services.proxy.server import start as start_proxy
 from services.proxy.settings import Settings as ProxySettings
-from stack.conformance_stack import check_faithful, read_segments
+from stack.conformance.proxy_stack import check_faithful, read_segments
 
 __all__ = ["MODEL", "Stack", "check_faithful", "script"]
 T = TypeVar("T")

@@ -21,7 +21,7 @@ import pytest
 from harnessrl import paths
 from services.proxy.app import load_model
 from services.proxy.chat.model import ChatModel
-from stack.vllm_server import VllmServer, vllm_python
+from stack.bench.vllm_server import VllmServer, vllm_python
 from tests.integration.proxy.stack import MODEL, Stack
 from tests.vllm_support import check_usable
 

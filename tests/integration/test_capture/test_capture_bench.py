@@ -6,7 +6,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from services.capture_store.bench import BenchConfig, table_rows
-from stack.bench_capture import run
+from stack.bench.capture import run
 from stack.cli.main import app
 
 

@@ -1,6 +1,6 @@
 """A verl run on the dashboard: verl's own file logger (``verl.utils.tracking``,
 backend ``file``) writes a run's metrics.jsonl in its shape (``{"step", "data"}``)
-with the ``harnessrl/*`` counts that stack/verl_hooks.py adds to verl's step
+with the ``harnessrl/*`` counts that stack/verl/hooks.py adds to verl's step
 metrics, computed by verl's ``compute_data_metrics`` on a batch that verl's agent
 loop worker assembled (tests/integration/test_verl_hooks.py). The dashboard's API
 and its page (headless Chromium) show the masked rows and the dropped segments;
@@ -21,7 +21,7 @@ from verl.trainer.ppo import metric_utils
 from verl.utils.tracking import Tracking
 
 from harnessrl import paths
-from stack import verl_hooks
+from stack.verl import hooks as verl_hooks
 from tests.integration.test_dashboard.conftest import TOKEN, dashboard, needs_chromium, page_check
 from tests.integration.test_verl_hooks import group_batch
 from tests.verl_support import compute_advantage
