@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from services.sandbox.harnesses.declared_spec import HarnessDeclaration
 
 # The conformance task's own config (no skills, no MCP servers): any built-in task serves.
-TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "builtin" / "train" / "echo-00"
+TASK_DIR = Path(__file__).resolve().parents[2] / "tasks" / "builtin" / "train" / "echo-00"
 PROTOCOL_NAMES = {
     "openai-chat": "openai chat",
     "openai-responses": "openai responses",
