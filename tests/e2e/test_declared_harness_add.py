@@ -73,3 +73,30 @@ def test_a_harness_added_from_a_file_runs_a_trial(tmp_path: Path) -> None:
     result = json.loads(ran.stdout)
     assert result["termination_reason"] == "completed" and result["reward"] == 1.0, result
     assert result["num_segments"] == 1, result
+
+
+def test_a_pypi_package_installs_into_a_venv_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PyPI side of [install] (no coding agent ships there small enough for a test: a tiny
+    package with a console script stands in): its own venv, the exact version, its bin entry,
+    mounted with the interpreter it was made from; a second install is a no-op."""
+    from services.sandbox.harnesses.declared import declared_class, entry, install, installed_version
+    from services.sandbox.harnesses.declared_spec import parse
+
+    monkeypatch.setenv("HARNESSRL_TOOLS_DIR", str(tmp_path / "tools"))
+    decl = parse(
+        {
+            "harness": {"name": "cow", "protocol": "openai-chat"},
+            "install": {"pypi": "cowsay", "version": "6.1", "bin": "cowsay"},
+            "run": {"argv": ["-t", "{instruction}"]},
+        },
+        "cow.toml",
+    )
+    assert install(decl) is True
+    assert installed_version(decl) == "6.1" and entry(decl).is_file()
+    adapter = declared_class(decl)()
+    adapter.check_installed()
+    assert adapter.install_paths()[0] == tmp_path / "tools" / "declared" / "cow"
+    assert len(adapter.install_paths()) == 2  # the venv and its base interpreter's prefix
+    out = subprocess.run([str(entry(decl)), "-t", "moo"], capture_output=True, text=True, check=True)
+    assert "moo" in out.stdout
+    assert install(decl) is False
