@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Installs the real harnesses, unmodified, into a project-local prefix
+# Installs the built-in real harnesses, unmodified, into a project-local prefix
 # ($HARNESSRL_TOOLS_DIR, default $HARNESSRL_HOME/tools): Claude Code, OpenCode
 # and Codex from npm; mini-swe-agent (Python 3.11) and the OpenHands SDK
-# (Python 3.12) in venvs of their own. Idempotent (stamps); called by
-# scripts/setup and by the sandbox image (deploy/Dockerfile).
+# (Python 3.12) in venvs of their own. Idempotent (stamps).
+#
+#   scripts/setup_harnesses.sh [NAME...]   NAME: claude-code, opencode, codex, mini-swe-agent,
+#                                          openhands-sdk, node-runtime; none: all of them
+#
+# `harnessrl harness install NAME|all` calls it for the built-in ones (scripts/setup: the
+# default harness and what a config names); harnesses declared in TOML files install there.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,14 +28,15 @@ step() { printf '==> %s\n' "$*" >&2; }
 done_with() { [[ -f "$STAMPS/$1" && "$(cat "$STAMPS/$1")" == "$2" ]]; }
 mark() { printf '%s' "$2" >"$STAMPS/$1"; }
 
-npm_harnesses() {
-  local key="claude-code@$CLAUDE_CODE_VERSION opencode-ai@$OPENCODE_VERSION codex@$CODEX_VERSION"
-  done_with npm "$key" && return
-  step "npm: $key"
+# npm_harness NAME PACKAGE@VERSION BIN: one package into the shared prefix $TOOLS/npm (npm keeps
+# the others: each is in the prefix's package.json), stamped on its own.
+npm_harness() {
+  local name=$1 spec=$2 bin=$3
+  done_with "npm-$name" "$spec" && [[ -e "$TOOLS/npm/node_modules/.bin/$bin" ]] && return
+  step "npm: $spec"
   mkdir -p "$TOOLS/npm"
-  npm install --prefix "$TOOLS/npm" --no-audit --no-fund --no-package-lock --loglevel=error \
-    "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "opencode-ai@$OPENCODE_VERSION" "@openai/codex@$CODEX_VERSION"
-  mark npm "$key"
+  npm install --prefix "$TOOLS/npm" --no-audit --no-fund --no-package-lock --loglevel=error "$spec"
+  mark "npm-$name" "$spec"
 }
 
 # bundle NAME BINARY STAMP: a self-contained copy of BINARY under $TOOLS/runtime/NAME: the
@@ -92,9 +98,20 @@ python_harness() { # NAME PYTHON PACKAGES...
   mark "$name" "$key"
 }
 
-npm_harnesses
-node_runtime
-ripgrep_runtime
-python_harness mini-swe-agent "${PYTHON311:-python3.11}" "mini-swe-agent==$MINI_SWE_AGENT_VERSION"
-# The OpenHands SDK needs Python >= 3.12.
-python_harness openhands "$(python312)" "openhands-sdk==$OPENHANDS_VERSION" "openhands-tools==$OPENHANDS_VERSION"
+install_one() {
+  case "$1" in
+    claude-code) npm_harness claude-code "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" claude && node_runtime ;;
+    opencode) npm_harness opencode "opencode-ai@$OPENCODE_VERSION" opencode && node_runtime && ripgrep_runtime ;;
+    codex) npm_harness codex "@openai/codex@$CODEX_VERSION" codex && node_runtime ;;
+    node-runtime) node_runtime ;;
+    mini-swe-agent) python_harness mini-swe-agent "${PYTHON311:-python3.11}" "mini-swe-agent==$MINI_SWE_AGENT_VERSION" ;;
+    # The OpenHands SDK needs Python >= 3.12.
+    openhands-sdk)
+      python_harness openhands "$(python312)" "openhands-sdk==$OPENHANDS_VERSION" "openhands-tools==$OPENHANDS_VERSION" ;;
+    *) echo "setup_harnesses.sh: unknown harness '$1'; built-in: claude-code opencode codex mini-swe-agent openhands-sdk node-runtime" >&2
+       return 2 ;;
+  esac
+}
+
+(($#)) || set -- claude-code opencode codex mini-swe-agent openhands-sdk
+for name in "$@"; do install_one "$name"; done

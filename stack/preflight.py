@@ -140,15 +140,20 @@ def check_harness(cfg: RunConfig) -> Check:
         return Check("harness", True, f"{name}: installed on the remote sandbox workers (not checked here)")
     if name == "shell" and not ({"script", "script_path"} & set(cfg.run.harness_options)):
         return Check("harness", False, "shell needs a script", "set [run] harness_options = {script_path = FILE}")
-    get_harness(name).check_installed()
+    adapter = get_harness(name)
+    adapter.check_installed()
+    declared = getattr(adapter, "declaration", None)  # a harness declared in a TOML file (pinned there)
+    if declared is not None:
+        return Check("harness", True, f"{name} {declared.install.version} (declared in a file)")
     if name not in HARNESS_PACKAGES:
         return Check("harness", True, f"{name} (built in)")
     want = expected_versions().get(HARNESS_PACKAGES[name][3])
     have = installed_version(name)
     if have is None:
-        return Check("harness", False, f"{name}: installed version unknown", "run scripts/setup (setup_harnesses.sh)")
+        return Check("harness", False, f"{name}: installed version unknown", f"run `harnessrl harness install {name}`")
     if want is not None and have != want:
-        return Check("harness", False, f"{name} {have} installed, {want} expected", "run scripts/setup to reinstall")
+        fix = f"run `harnessrl harness install {name}` to reinstall"
+        return Check("harness", False, f"{name} {have} installed, {want} expected", fix)
     return Check("harness", True, f"{name} {have}")
 
 

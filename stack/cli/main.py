@@ -17,6 +17,7 @@ from stack.cli import (
     conformance,
     dashboard,
     gateway,
+    harness,
     proxy,
     report,
     run,
@@ -50,6 +51,7 @@ app.add_typer(dashboard.app, name="dashboard")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(bench.app, name="bench")
 app.add_typer(verl.app, name="verl")
+app.add_typer(harness.app, name="harness")
 app.command("run")(run.run)
 app.command("preflight")(run.preflight)
 app.command("eval")(run.evaluate)

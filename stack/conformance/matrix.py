@@ -31,6 +31,7 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.paths import default_model_dir
+from stack.conformance.declared import DeclaredDriver, declared_drivers, declared_scenarios
 from stack.conformance.drivers import DRIVERS, Driver, Target
 from stack.conformance.proxy_stack import ProxyStack, check_faithful, write_script
 
@@ -319,19 +320,34 @@ SCENARIOS: dict[str, Callable[[], dict[str, Scenario | str]]] = {
 }
 
 
+def scenarios_of(harness: str) -> dict[str, Scenario | str]:
+    """A harness's cells: a built-in one's from SCENARIOS, a declared one's from its file."""
+    if harness in SCENARIOS:
+        return SCENARIOS[harness]()
+    driver = all_drivers().get(harness)
+    if not isinstance(driver, DeclaredDriver):
+        raise ConfigError(f"unknown harness {harness!r}; known: {sorted(all_drivers())}")
+    return declared_scenarios(driver.adapter.declaration)
+
+
+def all_drivers() -> dict[str, Driver]:
+    return {**DRIVERS, **declared_drivers()}
+
+
 def tools_script(harness: str) -> list[dict[str, Any]]:
     """The scripted main thread of a harness's tools scenario (other suites drive the same task)."""
-    scenario = SCENARIOS[harness]()["tools"]
+    scenario = scenarios_of(harness)["tools"]
     assert isinstance(scenario, Scenario)
     return scenario.threads["main"]
 
 
 def resolve_harnesses(names: Sequence[str]) -> list[Driver]:
     """The drivers named (all when none is); an unknown name is a ConfigError listing the valid ones."""
-    unknown = [n for n in names if n not in DRIVERS]
+    drivers = all_drivers()
+    unknown = [n for n in names if n not in drivers]
     if unknown:
-        raise ConfigError(f"unknown harness(es) {unknown}; known: {sorted(DRIVERS)}")
-    return [DRIVERS[n] for n in (names or DRIVERS)]
+        raise ConfigError(f"unknown harness(es) {unknown}; known: {sorted(drivers)}")
+    return [drivers[n] for n in (names or drivers)]
 
 
 def run_scenario(driver: Driver, scenario: Scenario, folder: Path, timeout: float = 300) -> Outcome:
@@ -359,7 +375,10 @@ def run_scenario(driver: Driver, scenario: Scenario, folder: Path, timeout: floa
 def run_cell(driver: Driver, column: str, folder: Path) -> Cell:
     if not driver.installed():
         return Cell(driver.name, column, NA, f"not installed ({driver.path})")
-    scenario = SCENARIOS[driver.name]()[column]
+    if isinstance(driver, DeclaredDriver):  # it may not be registered yet (`harnessrl harness add`)
+        scenario = declared_scenarios(driver.adapter.declaration)[column]
+    else:
+        scenario = scenarios_of(driver.name)[column]
     if isinstance(scenario, str):
         return Cell(driver.name, column, NA, scenario)
     start = time.monotonic()

@@ -30,6 +30,7 @@ MODEL = default_model_dir().name
 # Harnesses start slowly on a loaded 2-core machine (OpenHands imports ~650 MB).
 TOML = "[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n[environment]\nmemory_mb = 4096\n"
 TITLE: list[dict[str, Any]] = [{"content": "Create hello"}]
+DECLARED = ("pi", "qwen-code", "copilot-cli", "cline", "openclaw")
 
 CASES: dict[str, tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]] = {
     "claude-code": ({"main": tools_script("claude-code"), "*": TITLE}, {"chunk_tokens": 4}),
@@ -37,6 +38,8 @@ CASES: dict[str, tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]] = {
     "codex": ({"main": tools_script("codex"), "*": TITLE}, {"chunk_tokens": 3}),
     "mini-swe-agent": ({"main": tools_script("mini-swe-agent")}, {}),
     "openhands-sdk": ({"main": tools_script("openhands-sdk")}, {}),
+    # Declared in TOML files (services/sandbox/harnesses/declared/): the script is their file's.
+    **{name: ({"main": tools_script(name), "*": TITLE}, {"chunk_tokens": 3}) for name in DECLARED},
 }
 
 

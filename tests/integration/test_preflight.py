@@ -98,13 +98,13 @@ def test_missing_harness_binary_and_wrong_version(tmp_path: Path, model: Path, m
     monkeypatch.setenv("HARNESSRL_TOOLS_DIR", str(tools))
     report = static(tmp_path, model, run={"harness": "mini-swe-agent"})
     harness = checks(report)["harness"]
-    assert not harness.ok and "not found; run scripts/setup" in harness.detail
+    assert not harness.ok and "not found; run `harnessrl harness install mini-swe-agent`" in harness.detail
     site = tools / "mini-swe-agent" / "lib" / "python3.11" / "site-packages"
     (site / "mini_swe_agent-0.9.0.dist-info").mkdir(parents=True)
     want = preflight.expected_versions()["MINI_SWE_AGENT_VERSION"]
     harness = checks(preflight.static_checks(runconfig.load(tmp_path / "run.toml"), []))["harness"]
     assert not harness.ok and harness.detail == f"mini-swe-agent 0.9.0 installed, {want} expected"
-    assert harness.fix == "run scripts/setup to reinstall"
+    assert harness.fix == "run `harnessrl harness install mini-swe-agent` to reinstall"
     with pytest.raises(preflight.PreflightFailed, match=r"harness: mini-swe-agent 0\.9\.0 installed"):
         preflight.static_checks(runconfig.load(tmp_path / "run.toml"), []).raise_if_failed()
 

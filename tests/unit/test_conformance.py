@@ -15,6 +15,7 @@ from stack.conformance.drivers import DRIVERS
 from stack.conformance.matrix import (
     COLUMNS,
     Report,
+    all_drivers,
     render_markdown,
     render_text,
     resolve_harnesses,
@@ -27,7 +28,7 @@ from stack.conformance.proxy_stack import Unfaithful, check_faithful
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--harness", "claude"], "unknown harness(es) ['claude']; known: ['claude-code', 'codex'"),
+        (["--harness", "claude"], "unknown harness(es) ['claude']; known: ['claude-code', 'cline', 'codex'"),
         (["--harness", "codex", "--scenario", "memory"], "unknown scenario(s) ['memory']"),
     ],
 )
@@ -43,7 +44,7 @@ def test_json_to_a_directory_is_refused(tmp_path: Path) -> None:
 
 def test_resolve_keeps_order_and_defaults_to_all() -> None:
     assert [d.name for d in resolve_harnesses(["codex", "opencode"])] == ["codex", "opencode"]
-    assert [d.name for d in resolve_harnesses([])] == list(DRIVERS)
+    assert [d.name for d in resolve_harnesses([])] == list(all_drivers())
 
 
 def test_a_harness_not_installed_is_na_never_passed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,12 @@ def test_registry_lists_every_harness() -> None:
         "shell",
         "oracle",
         "nop",
+        # declared in TOML files (services/sandbox/harnesses/declared/)
+        "pi",
+        "qwen-code",
+        "copilot-cli",
+        "cline",
+        "openclaw",
     }
     with pytest.raises(UnknownName, match="valid harnesses"):
         get_harness("aider")

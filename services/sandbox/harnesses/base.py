@@ -72,7 +72,10 @@ class HarnessAdapter(abc.ABC):
         """Raises EnvSetupError naming what setup should have installed."""
         for path in self.install_paths():
             if not path.exists():
-                raise EnvSetupError(f"harness {self.name!r}: {path} not found; run scripts/setup to install it")
+                raise EnvSetupError(
+                    f"harness {self.name!r}: {path} not found; run `harnessrl harness install {self.name}` "
+                    "(scripts/setup installs only the default harness and those its configs name)"
+                )
 
     @abc.abstractmethod
     def prepare(self, ctx: AgentContext) -> AgentCommand:

@@ -52,7 +52,9 @@ class _NpmHarness(HarnessAdapter):
         if not _bin(self.binary).exists():
             from services.sandbox.common.errors import EnvSetupError
 
-            raise EnvSetupError(f"harness {self.name!r}: {_bin(self.binary)} not found; run scripts/setup")
+            raise EnvSetupError(
+                f"harness {self.name!r}: {_bin(self.binary)} not found; run `harnessrl harness install {self.name}`"
+            )
 
     def _on_node(self) -> bool:
         """Whether the entry is a node script (``#!/usr/bin/env node``) rather than a native binary."""
