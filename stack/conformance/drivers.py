@@ -14,7 +14,7 @@ from typing import Any
 
 from harnessrl.paths import tools_dir
 
-OPENHANDS_DRIVER = Path(__file__).with_name("conformance_openhands.py")
+OPENHANDS_DRIVER = Path(__file__).with_name("openhands.py")
 
 
 @dataclass(frozen=True)

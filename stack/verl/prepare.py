@@ -39,7 +39,7 @@ import yaml
 from harnessrl.errors import ConfigError
 from stack import pool, runconfig
 
-STACK_VERL = Path(__file__).resolve().parent / "verl"
+STACK_VERL = Path(__file__).resolve().parent  # this room: the YAML verl reads lies beside the code
 VERL_CONFIG = "fully_async_ppo_trainer"
 HOOKS_MODULE = "stack.verl.hooks"
 ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
