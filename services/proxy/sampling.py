@@ -12,6 +12,7 @@ a logprob only means something beside the distribution it was sampled from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from harnessrl.v1 import records_pb2
@@ -49,7 +50,7 @@ class Chosen:
         )
 
 
-def choose(mode: str, run: dict[str, float | int | None], asked: dict[str, float | int | None]) -> Chosen:
+def choose(mode: str, run: Mapping[str, float | int | None], asked: Mapping[str, float | int | None]) -> Chosen:
     """Each field's value under ``mode`` ("pin" or "honour") from the run's settings and
     the harness's request (None: not set)."""
     if mode not in ("pin", "honour"):
