@@ -41,6 +41,11 @@ IGNORED_FIELDS = Counter(
     "Request fields accepted and ignored on purpose (proxy: the Gemini API's IGNORED), by protocol and field.",
     ["service", "protocol", "field"],
 )
+SAMPLING_OVERRIDES = Counter(
+    "harnessrl_sampling_overrides",
+    "Sampling parameters a harness asked for that the run pinned to its own value (proxy sampling = pin), by field.",
+    ["service", "field"],
+)
 
 _served: set[int] = set()
 _lock = threading.Lock()

@@ -101,6 +101,8 @@ async def store_trajectory(target: str, traj: records_pb2.Trajectory) -> capture
             part.thread_kind, part.trainable, part.prompt_ids = seg.thread_kind, seg.trainable, seg.prompt_ids
             part.tokens.CopyFrom(seg.response)
             part.task_id, part.group_id = traj.task_id, traj.group_id
+            if seg.HasField("sampling"):
+                part.sampling.CopyFrom(seg.sampling)
             await stub.AppendSegment(part)
         outcome = {name: getattr(traj, name) for name in OUTCOME}
         return await stub.FinalizeTrajectory(capture_pb2.FinalizeTrajectoryRequest(**outcome))

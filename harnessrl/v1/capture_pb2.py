@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from harnessrl.v1 import records_pb2 as harnessrl_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/capture.proto\x12\x0charnessrl.v1\x1a\x1aharnessrl/v1/records.proto\"\xd2\x02\n\x14\x41ppendSegmentRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.harnessrl.v1.SegmentKey\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x13\n\x0bthread_kind\x18\x03 \x01(\t\x12\x11\n\ttrainable\x18\x04 \x01(\x08\x12\x12\n\nprompt_ids\x18\x05 \x01(\x0c\x12)\n\x06tokens\x18\x06 \x01(\x0b\x32\x19.harnessrl.v1.TokenArrays\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.harnessrl.v1.Usage\x12\r\n\x05model\x18\t \x01(\t\x12\x1c\n\x14\x63hat_template_sha256\x18\n \x01(\t\x12\r\n\x05\x63lose\x18\x0b \x01(\x08\x12\x0f\n\x07task_id\x18\x0c \x01(\t\x12\x10\n\x08group_id\x18\r \x01(\t\"B\n\x15\x41ppendSegmentResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x16\n\x0esegment_tokens\x18\x02 \x01(\x04\"\xf9\x04\n\x19\x46inalizeTrajectoryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x12\n\ngroup_size\x18\x05 \x01(\r\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x0f\n\x07harness\x18\x07 \x01(\t\x12\x0e\n\x06reward\x18\x08 \x01(\x01\x12\x12\n\nhas_reward\x18\t \x01(\x08\x12;\n\x12termination_reason\x18\n \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12+\n\x07timings\x18\x0b \x01(\x0b\x32\x1a.harnessrl.v1.PhaseTimings\x12\x18\n\x10verifier_summary\x18\x0c \x01(\t\x12\x19\n\x11harness_exit_code\x18\r \x01(\x05\x12G\n\x08metadata\x18\x0e \x03(\x0b\x32\x35.harnessrl.v1.FinalizeTrajectoryRequest.MetadataEntry\x12\x45\n\x07rewards\x18\x0f \x03(\x0b\x32\x34.harnessrl.v1.FinalizeTrajectoryRequest.RewardsEntry\x12\x30\n\ntask_steps\x18\x10 \x03(\x0b\x32\x1c.harnessrl.v1.TaskStepResult\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"D\n\x1a\x46inalizeTrajectoryResponse\x12\x13\n\x0bgroup_ready\x18\x01 \x01(\x08\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"P\n\x14GetTrajectoryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x16\n\x0einclude_tokens\x18\x03 \x01(\x08\"\xb4\x02\n\x17ListTrajectoriesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12;\n\x12termination_reason\x18\x05 \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12\x17\n\nmin_reward\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\nmax_reward\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\x0e\x66inalized_only\x18\x08 \x01(\x08\x12\x11\n\tpage_size\x18\t \x01(\r\x12\x12\n\npage_token\x18\n \x01(\tB\x07\n\x05_stepB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"c\n\x18ListTrajectoriesResponse\x12.\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x18.harnessrl.v1.Trajectory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xef\x01\n\x11WatchReadyRequest\x12>\n\tsubscribe\x18\x01 \x01(\x0b\x32).harnessrl.v1.WatchReadyRequest.SubscribeH\x00\x12\x32\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32#.harnessrl.v1.WatchReadyRequest.AckH\x00\x1a\x45\n\tSubscribe\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\x1a\x17\n\x03\x41\x63k\x12\x10\n\x08group_id\x18\x01 \x01(\tB\x06\n\x04kind\"v\n\nReadyGroup\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x11\n\ttrial_ids\x18\x05 \x03(\t\x12\x14\n\x0credeliveries\x18\x06 \x01(\r\"\"\n\x10\x44\x65leteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"1\n\x11\x44\x65leteRunResponse\x12\x1c\n\x14trajectories_deleted\x18\x01 \x01(\x04\x32\x9e\x04\n\x0c\x43\x61ptureStore\x12X\n\rAppendSegment\x12\".harnessrl.v1.AppendSegmentRequest\x1a#.harnessrl.v1.AppendSegmentResponse\x12g\n\x12\x46inalizeTrajectory\x12\'.harnessrl.v1.FinalizeTrajectoryRequest\x1a(.harnessrl.v1.FinalizeTrajectoryResponse\x12M\n\rGetTrajectory\x12\".harnessrl.v1.GetTrajectoryRequest\x1a\x18.harnessrl.v1.Trajectory\x12\x61\n\x10ListTrajectories\x12%.harnessrl.v1.ListTrajectoriesRequest\x1a&.harnessrl.v1.ListTrajectoriesResponse\x12K\n\nWatchReady\x12\x1f.harnessrl.v1.WatchReadyRequest\x1a\x18.harnessrl.v1.ReadyGroup(\x01\x30\x01\x12L\n\tDeleteRun\x12\x1e.harnessrl.v1.DeleteRunRequest\x1a\x1f.harnessrl.v1.DeleteRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/capture.proto\x12\x0charnessrl.v1\x1a\x1aharnessrl/v1/records.proto\"\x83\x03\n\x14\x41ppendSegmentRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.harnessrl.v1.SegmentKey\x12\x12\n\npart_index\x18\x02 \x01(\r\x12\x13\n\x0bthread_kind\x18\x03 \x01(\t\x12\x11\n\ttrainable\x18\x04 \x01(\x08\x12\x12\n\nprompt_ids\x18\x05 \x01(\x0c\x12)\n\x06tokens\x18\x06 \x01(\x0b\x32\x19.harnessrl.v1.TokenArrays\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.harnessrl.v1.Usage\x12\r\n\x05model\x18\t \x01(\t\x12\x1c\n\x14\x63hat_template_sha256\x18\n \x01(\t\x12\r\n\x05\x63lose\x18\x0b \x01(\x08\x12\x0f\n\x07task_id\x18\x0c \x01(\t\x12\x10\n\x08group_id\x18\r \x01(\t\x12/\n\x08sampling\x18\x0e \x01(\x0b\x32\x1d.harnessrl.v1.SegmentSampling\"B\n\x15\x41ppendSegmentResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x16\n\x0esegment_tokens\x18\x02 \x01(\x04\"\xf9\x04\n\x19\x46inalizeTrajectoryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x12\n\ngroup_size\x18\x05 \x01(\r\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x0f\n\x07harness\x18\x07 \x01(\t\x12\x0e\n\x06reward\x18\x08 \x01(\x01\x12\x12\n\nhas_reward\x18\t \x01(\x08\x12;\n\x12termination_reason\x18\n \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12+\n\x07timings\x18\x0b \x01(\x0b\x32\x1a.harnessrl.v1.PhaseTimings\x12\x18\n\x10verifier_summary\x18\x0c \x01(\t\x12\x19\n\x11harness_exit_code\x18\r \x01(\x05\x12G\n\x08metadata\x18\x0e \x03(\x0b\x32\x35.harnessrl.v1.FinalizeTrajectoryRequest.MetadataEntry\x12\x45\n\x07rewards\x18\x0f \x03(\x0b\x32\x34.harnessrl.v1.FinalizeTrajectoryRequest.RewardsEntry\x12\x30\n\ntask_steps\x18\x10 \x03(\x0b\x32\x1c.harnessrl.v1.TaskStepResult\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"D\n\x1a\x46inalizeTrajectoryResponse\x12\x13\n\x0bgroup_ready\x18\x01 \x01(\x08\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"P\n\x14GetTrajectoryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x16\n\x0einclude_tokens\x18\x03 \x01(\x08\"\xb4\x02\n\x17ListTrajectoriesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12;\n\x12termination_reason\x18\x05 \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12\x17\n\nmin_reward\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\nmax_reward\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\x0e\x66inalized_only\x18\x08 \x01(\x08\x12\x11\n\tpage_size\x18\t \x01(\r\x12\x12\n\npage_token\x18\n \x01(\tB\x07\n\x05_stepB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"c\n\x18ListTrajectoriesResponse\x12.\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x18.harnessrl.v1.Trajectory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xef\x01\n\x11WatchReadyRequest\x12>\n\tsubscribe\x18\x01 \x01(\x0b\x32).harnessrl.v1.WatchReadyRequest.SubscribeH\x00\x12\x32\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32#.harnessrl.v1.WatchReadyRequest.AckH\x00\x1a\x45\n\tSubscribe\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\x1a\x17\n\x03\x41\x63k\x12\x10\n\x08group_id\x18\x01 \x01(\tB\x06\n\x04kind\"v\n\nReadyGroup\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x11\n\ttrial_ids\x18\x05 \x03(\t\x12\x14\n\x0credeliveries\x18\x06 \x01(\r\"\"\n\x10\x44\x65leteRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"1\n\x11\x44\x65leteRunResponse\x12\x1c\n\x14trajectories_deleted\x18\x01 \x01(\x04\x32\x9e\x04\n\x0c\x43\x61ptureStore\x12X\n\rAppendSegment\x12\".harnessrl.v1.AppendSegmentRequest\x1a#.harnessrl.v1.AppendSegmentResponse\x12g\n\x12\x46inalizeTrajectory\x12\'.harnessrl.v1.FinalizeTrajectoryRequest\x1a(.harnessrl.v1.FinalizeTrajectoryResponse\x12M\n\rGetTrajectory\x12\".harnessrl.v1.GetTrajectoryRequest\x1a\x18.harnessrl.v1.Trajectory\x12\x61\n\x10ListTrajectories\x12%.harnessrl.v1.ListTrajectoriesRequest\x1a&.harnessrl.v1.ListTrajectoriesResponse\x12K\n\nWatchReady\x12\x1f.harnessrl.v1.WatchReadyRequest\x1a\x18.harnessrl.v1.ReadyGroup(\x01\x30\x01\x12L\n\tDeleteRun\x12\x1e.harnessrl.v1.DeleteRunRequest\x1a\x1f.harnessrl.v1.DeleteRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,35 +37,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FINALIZETRAJECTORYREQUEST_REWARDSENTRY']._loaded_options = None
   _globals['_FINALIZETRAJECTORYREQUEST_REWARDSENTRY']._serialized_options = b'8\001'
   _globals['_APPENDSEGMENTREQUEST']._serialized_start=73
-  _globals['_APPENDSEGMENTREQUEST']._serialized_end=411
-  _globals['_APPENDSEGMENTRESPONSE']._serialized_start=413
-  _globals['_APPENDSEGMENTRESPONSE']._serialized_end=479
-  _globals['_FINALIZETRAJECTORYREQUEST']._serialized_start=482
-  _globals['_FINALIZETRAJECTORYREQUEST']._serialized_end=1115
-  _globals['_FINALIZETRAJECTORYREQUEST_METADATAENTRY']._serialized_start=1020
-  _globals['_FINALIZETRAJECTORYREQUEST_METADATAENTRY']._serialized_end=1067
-  _globals['_FINALIZETRAJECTORYREQUEST_REWARDSENTRY']._serialized_start=1069
-  _globals['_FINALIZETRAJECTORYREQUEST_REWARDSENTRY']._serialized_end=1115
-  _globals['_FINALIZETRAJECTORYRESPONSE']._serialized_start=1117
-  _globals['_FINALIZETRAJECTORYRESPONSE']._serialized_end=1185
-  _globals['_GETTRAJECTORYREQUEST']._serialized_start=1187
-  _globals['_GETTRAJECTORYREQUEST']._serialized_end=1267
-  _globals['_LISTTRAJECTORIESREQUEST']._serialized_start=1270
-  _globals['_LISTTRAJECTORIESREQUEST']._serialized_end=1578
-  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_start=1580
-  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_end=1679
-  _globals['_WATCHREADYREQUEST']._serialized_start=1682
-  _globals['_WATCHREADYREQUEST']._serialized_end=1921
-  _globals['_WATCHREADYREQUEST_SUBSCRIBE']._serialized_start=1819
-  _globals['_WATCHREADYREQUEST_SUBSCRIBE']._serialized_end=1888
-  _globals['_WATCHREADYREQUEST_ACK']._serialized_start=1890
-  _globals['_WATCHREADYREQUEST_ACK']._serialized_end=1913
-  _globals['_READYGROUP']._serialized_start=1923
-  _globals['_READYGROUP']._serialized_end=2041
-  _globals['_DELETERUNREQUEST']._serialized_start=2043
-  _globals['_DELETERUNREQUEST']._serialized_end=2077
-  _globals['_DELETERUNRESPONSE']._serialized_start=2079
-  _globals['_DELETERUNRESPONSE']._serialized_end=2128
-  _globals['_CAPTURESTORE']._serialized_start=2131
-  _globals['_CAPTURESTORE']._serialized_end=2673
+  _globals['_APPENDSEGMENTREQUEST']._serialized_end=460
+  _globals['_APPENDSEGMENTRESPONSE']._serialized_start=462
+  _globals['_APPENDSEGMENTRESPONSE']._serialized_end=528
+  _globals['_FINALIZETRAJECTORYREQUEST']._serialized_start=531
+  _globals['_FINALIZETRAJECTORYREQUEST']._serialized_end=1164
+  _globals['_FINALIZETRAJECTORYREQUEST_METADATAENTRY']._serialized_start=1069
+  _globals['_FINALIZETRAJECTORYREQUEST_METADATAENTRY']._serialized_end=1116
+  _globals['_FINALIZETRAJECTORYREQUEST_REWARDSENTRY']._serialized_start=1118
+  _globals['_FINALIZETRAJECTORYREQUEST_REWARDSENTRY']._serialized_end=1164
+  _globals['_FINALIZETRAJECTORYRESPONSE']._serialized_start=1166
+  _globals['_FINALIZETRAJECTORYRESPONSE']._serialized_end=1234
+  _globals['_GETTRAJECTORYREQUEST']._serialized_start=1236
+  _globals['_GETTRAJECTORYREQUEST']._serialized_end=1316
+  _globals['_LISTTRAJECTORIESREQUEST']._serialized_start=1319
+  _globals['_LISTTRAJECTORIESREQUEST']._serialized_end=1627
+  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_start=1629
+  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_end=1728
+  _globals['_WATCHREADYREQUEST']._serialized_start=1731
+  _globals['_WATCHREADYREQUEST']._serialized_end=1970
+  _globals['_WATCHREADYREQUEST_SUBSCRIBE']._serialized_start=1868
+  _globals['_WATCHREADYREQUEST_SUBSCRIBE']._serialized_end=1937
+  _globals['_WATCHREADYREQUEST_ACK']._serialized_start=1939
+  _globals['_WATCHREADYREQUEST_ACK']._serialized_end=1962
+  _globals['_READYGROUP']._serialized_start=1972
+  _globals['_READYGROUP']._serialized_end=2090
+  _globals['_DELETERUNREQUEST']._serialized_start=2092
+  _globals['_DELETERUNREQUEST']._serialized_end=2126
+  _globals['_DELETERUNRESPONSE']._serialized_start=2128
+  _globals['_DELETERUNRESPONSE']._serialized_end=2177
+  _globals['_CAPTURESTORE']._serialized_start=2180
+  _globals['_CAPTURESTORE']._serialized_end=2722
 # @@protoc_insertion_point(module_scope)

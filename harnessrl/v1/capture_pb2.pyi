@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AppendSegmentRequest(_message.Message):
-    __slots__ = ("key", "part_index", "thread_kind", "trainable", "prompt_ids", "tokens", "finish_reason", "usage", "model", "chat_template_sha256", "close", "task_id", "group_id")
+    __slots__ = ("key", "part_index", "thread_kind", "trainable", "prompt_ids", "tokens", "finish_reason", "usage", "model", "chat_template_sha256", "close", "task_id", "group_id", "sampling")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PART_INDEX_FIELD_NUMBER: _ClassVar[int]
     THREAD_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class AppendSegmentRequest(_message.Message):
     CLOSE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     key: _records_pb2.SegmentKey
     part_index: int
     thread_kind: str
@@ -35,7 +36,8 @@ class AppendSegmentRequest(_message.Message):
     close: bool
     task_id: str
     group_id: str
-    def __init__(self, key: _Optional[_Union[_records_pb2.SegmentKey, _Mapping]] = ..., part_index: _Optional[int] = ..., thread_kind: _Optional[str] = ..., trainable: _Optional[bool] = ..., prompt_ids: _Optional[bytes] = ..., tokens: _Optional[_Union[_records_pb2.TokenArrays, _Mapping]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_records_pb2.Usage, _Mapping]] = ..., model: _Optional[str] = ..., chat_template_sha256: _Optional[str] = ..., close: _Optional[bool] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
+    sampling: _records_pb2.SegmentSampling
+    def __init__(self, key: _Optional[_Union[_records_pb2.SegmentKey, _Mapping]] = ..., part_index: _Optional[int] = ..., thread_kind: _Optional[str] = ..., trainable: _Optional[bool] = ..., prompt_ids: _Optional[bytes] = ..., tokens: _Optional[_Union[_records_pb2.TokenArrays, _Mapping]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_records_pb2.Usage, _Mapping]] = ..., model: _Optional[str] = ..., chat_template_sha256: _Optional[str] = ..., close: _Optional[bool] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sampling: _Optional[_Union[_records_pb2.SegmentSampling, _Mapping]] = ...) -> None: ...
 
 class AppendSegmentResponse(_message.Message):
     __slots__ = ("duplicate", "segment_tokens")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/records.proto\x12\x0charnessrl.v1\"T\n\rRoutedExperts\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\r\n\x05top_k\x18\x04 \x01(\r\"\x88\x01\n\x0bTokenArrays\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x0c\n\x04mask\x18\x02 \x01(\x0c\x12\x10\n\x08logprobs\x18\x03 \x01(\x0c\x12\x17\n\x0fpolicy_versions\x18\x04 \x01(\x0c\x12\x33\n\x0erouted_experts\x18\x05 \x01(\x0b\x32\x1b.harnessrl.v1.RoutedExperts\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"U\n\nSegmentKey\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0e\n\x06thread\x18\x03 \x01(\t\x12\x15\n\rsegment_index\x18\x04 \x01(\r\"\xcc\x02\n\x07Segment\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.harnessrl.v1.SegmentKey\x12\x13\n\x0bthread_kind\x18\x02 \x01(\t\x12\x11\n\ttrainable\x18\x03 \x01(\x08\x12\x12\n\nprompt_ids\x18\x04 \x01(\x0c\x12+\n\x08response\x18\x05 \x01(\x0b\x32\x19.harnessrl.v1.TokenArrays\x12\x11\n\tnum_turns\x18\x06 \x01(\r\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.harnessrl.v1.Usage\x12\r\n\x05model\x18\t \x01(\t\x12\x1c\n\x14\x63hat_template_sha256\x18\n \x01(\t\x12\x12\n\nstarted_at\x18\x0b \x01(\x01\x12\x12\n\nupdated_at\x18\x0c \x01(\x01\x12\x0e\n\x06\x63losed\x18\r \x01(\x08\"V\n\x0cPhaseTimings\x12\x0f\n\x07setup_s\x18\x01 \x01(\x01\x12\x0f\n\x07\x61gent_s\x18\x02 \x01(\x01\x12\x10\n\x08verify_s\x18\x03 \x01(\x01\x12\x12\n\nteardown_s\x18\x04 \x01(\x01\"Q\n\nThreadInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\ttrainable\x18\x03 \x01(\x08\x12\x14\n\x0cnum_segments\x18\x04 \x01(\r\"\xe7\x05\n\nTrajectory\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x12\n\ngroup_size\x18\x05 \x01(\r\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x0f\n\x07harness\x18\x07 \x01(\t\x12\'\n\x08segments\x18\x08 \x03(\x0b\x32\x15.harnessrl.v1.Segment\x12)\n\x07threads\x18\t \x03(\x0b\x32\x18.harnessrl.v1.ThreadInfo\x12\x0e\n\x06reward\x18\n \x01(\x01\x12\x12\n\nhas_reward\x18\x0b \x01(\x08\x12;\n\x12termination_reason\x18\x0c \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12+\n\x07timings\x18\r \x01(\x0b\x32\x1a.harnessrl.v1.PhaseTimings\x12\x18\n\x10verifier_summary\x18\x0e \x01(\t\x12\x1c\n\x14policy_versions_seen\x18\x0f \x03(\x03\x12\x19\n\x11harness_exit_code\x18\x10 \x01(\x05\x12\x11\n\tfinalized\x18\x11 \x01(\x08\x12\x14\n\x0c\x66inalized_at\x18\x12 \x01(\x01\x12\x38\n\x08metadata\x18\x13 \x03(\x0b\x32&.harnessrl.v1.Trajectory.MetadataEntry\x12\x36\n\x07rewards\x18\x14 \x03(\x0b\x32%.harnessrl.v1.Trajectory.RewardsEntry\x12\x30\n\ntask_steps\x18\x15 \x03(\x0b\x32\x1c.harnessrl.v1.TaskStepResult\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x9c\x01\n\x0eTaskStepResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x07rewards\x18\x02 \x03(\x0b\x32).harnessrl.v1.TaskStepResult.RewardsEntry\x12\x10\n\x08verified\x18\x03 \x01(\x08\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\xae\x03\n\x11TerminationReason\x12\"\n\x1eTERMINATION_REASON_UNSPECIFIED\x10\x00\x12 \n\x1cTERMINATION_REASON_COMPLETED\x10\x01\x12 \n\x1cTERMINATION_REASON_MAX_TURNS\x10\x02\x12\'\n#TERMINATION_REASON_CONTEXT_OVERFLOW\x10\x03\x12$\n TERMINATION_REASON_AGENT_TIMEOUT\x10\x04\x12\'\n#TERMINATION_REASON_VERIFIER_TIMEOUT\x10\x05\x12\'\n#TERMINATION_REASON_ENV_SETUP_FAILED\x10\x06\x12%\n!TERMINATION_REASON_VERIFIER_ERROR\x10\x07\x12#\n\x1fTERMINATION_REASON_ENGINE_ERROR\x10\x08\x12 \n\x1cTERMINATION_REASON_CANCELLED\x10\t\x12\"\n\x1eTERMINATION_REASON_PROXY_ERROR\x10\nb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/records.proto\x12\x0charnessrl.v1\"T\n\rRoutedExperts\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\r\n\x05top_k\x18\x04 \x01(\r\"\x88\x01\n\x0bTokenArrays\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x0c\n\x04mask\x18\x02 \x01(\x0c\x12\x10\n\x08logprobs\x18\x03 \x01(\x0c\x12\x17\n\x0fpolicy_versions\x18\x04 \x01(\x0c\x12\x33\n\x0erouted_experts\x18\x05 \x01(\x0b\x32\x1b.harnessrl.v1.RoutedExperts\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"U\n\nSegmentKey\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0e\n\x06thread\x18\x03 \x01(\t\x12\x15\n\rsegment_index\x18\x04 \x01(\r\"\xfd\x02\n\x07Segment\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.harnessrl.v1.SegmentKey\x12\x13\n\x0bthread_kind\x18\x02 \x01(\t\x12\x11\n\ttrainable\x18\x03 \x01(\x08\x12\x12\n\nprompt_ids\x18\x04 \x01(\x0c\x12+\n\x08response\x18\x05 \x01(\x0b\x32\x19.harnessrl.v1.TokenArrays\x12\x11\n\tnum_turns\x18\x06 \x01(\r\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.harnessrl.v1.Usage\x12\r\n\x05model\x18\t \x01(\t\x12\x1c\n\x14\x63hat_template_sha256\x18\n \x01(\t\x12\x12\n\nstarted_at\x18\x0b \x01(\x01\x12\x12\n\nupdated_at\x18\x0c \x01(\x01\x12\x0e\n\x06\x63losed\x18\r \x01(\x08\x12/\n\x08sampling\x18\x0e \x01(\x0b\x32\x1d.harnessrl.v1.SegmentSampling\"\x8b\x01\n\x0fSegmentSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x0c\n\x04mode\x18\x05 \x01(\t\x12\x14\n\x0c\x66rom_harness\x18\x06 \x03(\t\x12\x12\n\noverridden\x18\x07 \x03(\t\"V\n\x0cPhaseTimings\x12\x0f\n\x07setup_s\x18\x01 \x01(\x01\x12\x0f\n\x07\x61gent_s\x18\x02 \x01(\x01\x12\x10\n\x08verify_s\x18\x03 \x01(\x01\x12\x12\n\nteardown_s\x18\x04 \x01(\x01\"Q\n\nThreadInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\ttrainable\x18\x03 \x01(\x08\x12\x14\n\x0cnum_segments\x18\x04 \x01(\r\"\xe7\x05\n\nTrajectory\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x12\n\ngroup_size\x18\x05 \x01(\r\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x0f\n\x07harness\x18\x07 \x01(\t\x12\'\n\x08segments\x18\x08 \x03(\x0b\x32\x15.harnessrl.v1.Segment\x12)\n\x07threads\x18\t \x03(\x0b\x32\x18.harnessrl.v1.ThreadInfo\x12\x0e\n\x06reward\x18\n \x01(\x01\x12\x12\n\nhas_reward\x18\x0b \x01(\x08\x12;\n\x12termination_reason\x18\x0c \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12+\n\x07timings\x18\r \x01(\x0b\x32\x1a.harnessrl.v1.PhaseTimings\x12\x18\n\x10verifier_summary\x18\x0e \x01(\t\x12\x1c\n\x14policy_versions_seen\x18\x0f \x03(\x03\x12\x19\n\x11harness_exit_code\x18\x10 \x01(\x05\x12\x11\n\tfinalized\x18\x11 \x01(\x08\x12\x14\n\x0c\x66inalized_at\x18\x12 \x01(\x01\x12\x38\n\x08metadata\x18\x13 \x03(\x0b\x32&.harnessrl.v1.Trajectory.MetadataEntry\x12\x36\n\x07rewards\x18\x14 \x03(\x0b\x32%.harnessrl.v1.Trajectory.RewardsEntry\x12\x30\n\ntask_steps\x18\x15 \x03(\x0b\x32\x1c.harnessrl.v1.TaskStepResult\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x9c\x01\n\x0eTaskStepResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x07rewards\x18\x02 \x03(\x0b\x32).harnessrl.v1.TaskStepResult.RewardsEntry\x12\x10\n\x08verified\x18\x03 \x01(\x08\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\xae\x03\n\x11TerminationReason\x12\"\n\x1eTERMINATION_REASON_UNSPECIFIED\x10\x00\x12 \n\x1cTERMINATION_REASON_COMPLETED\x10\x01\x12 \n\x1cTERMINATION_REASON_MAX_TURNS\x10\x02\x12\'\n#TERMINATION_REASON_CONTEXT_OVERFLOW\x10\x03\x12$\n TERMINATION_REASON_AGENT_TIMEOUT\x10\x04\x12\'\n#TERMINATION_REASON_VERIFIER_TIMEOUT\x10\x05\x12\'\n#TERMINATION_REASON_ENV_SETUP_FAILED\x10\x06\x12%\n!TERMINATION_REASON_VERIFIER_ERROR\x10\x07\x12#\n\x1fTERMINATION_REASON_ENGINE_ERROR\x10\x08\x12 \n\x1cTERMINATION_REASON_CANCELLED\x10\t\x12\"\n\x1eTERMINATION_REASON_PROXY_ERROR\x10\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORY_REWARDSENTRY']._serialized_options = b'8\001'
   _globals['_TASKSTEPRESULT_REWARDSENTRY']._loaded_options = None
   _globals['_TASKSTEPRESULT_REWARDSENTRY']._serialized_options = b'8\001'
-  _globals['_TERMINATIONREASON']._serialized_start=1857
-  _globals['_TERMINATIONREASON']._serialized_end=2287
+  _globals['_TERMINATIONREASON']._serialized_start=2048
+  _globals['_TERMINATIONREASON']._serialized_end=2478
   _globals['_ROUTEDEXPERTS']._serialized_start=44
   _globals['_ROUTEDEXPERTS']._serialized_end=128
   _globals['_TOKENARRAYS']._serialized_start=131
@@ -48,19 +48,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEGMENTKEY']._serialized_start=358
   _globals['_SEGMENTKEY']._serialized_end=443
   _globals['_SEGMENT']._serialized_start=446
-  _globals['_SEGMENT']._serialized_end=778
-  _globals['_PHASETIMINGS']._serialized_start=780
-  _globals['_PHASETIMINGS']._serialized_end=866
-  _globals['_THREADINFO']._serialized_start=868
-  _globals['_THREADINFO']._serialized_end=949
-  _globals['_TRAJECTORY']._serialized_start=952
-  _globals['_TRAJECTORY']._serialized_end=1695
-  _globals['_TRAJECTORY_METADATAENTRY']._serialized_start=1600
-  _globals['_TRAJECTORY_METADATAENTRY']._serialized_end=1647
-  _globals['_TRAJECTORY_REWARDSENTRY']._serialized_start=1649
-  _globals['_TRAJECTORY_REWARDSENTRY']._serialized_end=1695
-  _globals['_TASKSTEPRESULT']._serialized_start=1698
-  _globals['_TASKSTEPRESULT']._serialized_end=1854
-  _globals['_TASKSTEPRESULT_REWARDSENTRY']._serialized_start=1649
-  _globals['_TASKSTEPRESULT_REWARDSENTRY']._serialized_end=1695
+  _globals['_SEGMENT']._serialized_end=827
+  _globals['_SEGMENTSAMPLING']._serialized_start=830
+  _globals['_SEGMENTSAMPLING']._serialized_end=969
+  _globals['_PHASETIMINGS']._serialized_start=971
+  _globals['_PHASETIMINGS']._serialized_end=1057
+  _globals['_THREADINFO']._serialized_start=1059
+  _globals['_THREADINFO']._serialized_end=1140
+  _globals['_TRAJECTORY']._serialized_start=1143
+  _globals['_TRAJECTORY']._serialized_end=1886
+  _globals['_TRAJECTORY_METADATAENTRY']._serialized_start=1791
+  _globals['_TRAJECTORY_METADATAENTRY']._serialized_end=1838
+  _globals['_TRAJECTORY_REWARDSENTRY']._serialized_start=1840
+  _globals['_TRAJECTORY_REWARDSENTRY']._serialized_end=1886
+  _globals['_TASKSTEPRESULT']._serialized_start=1889
+  _globals['_TASKSTEPRESULT']._serialized_end=2045
+  _globals['_TASKSTEPRESULT_REWARDSENTRY']._serialized_start=1840
+  _globals['_TASKSTEPRESULT_REWARDSENTRY']._serialized_end=1886
 # @@protoc_insertion_point(module_scope)

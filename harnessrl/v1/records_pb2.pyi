@@ -81,7 +81,7 @@ class SegmentKey(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., thread: _Optional[str] = ..., segment_index: _Optional[int] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("key", "thread_kind", "trainable", "prompt_ids", "response", "num_turns", "finish_reason", "usage", "model", "chat_template_sha256", "started_at", "updated_at", "closed")
+    __slots__ = ("key", "thread_kind", "trainable", "prompt_ids", "response", "num_turns", "finish_reason", "usage", "model", "chat_template_sha256", "started_at", "updated_at", "closed", "sampling")
     KEY_FIELD_NUMBER: _ClassVar[int]
     THREAD_KIND_FIELD_NUMBER: _ClassVar[int]
     TRAINABLE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class Segment(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     key: SegmentKey
     thread_kind: str
     trainable: bool
@@ -108,7 +109,26 @@ class Segment(_message.Message):
     started_at: float
     updated_at: float
     closed: bool
-    def __init__(self, key: _Optional[_Union[SegmentKey, _Mapping]] = ..., thread_kind: _Optional[str] = ..., trainable: _Optional[bool] = ..., prompt_ids: _Optional[bytes] = ..., response: _Optional[_Union[TokenArrays, _Mapping]] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., model: _Optional[str] = ..., chat_template_sha256: _Optional[str] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., closed: _Optional[bool] = ...) -> None: ...
+    sampling: SegmentSampling
+    def __init__(self, key: _Optional[_Union[SegmentKey, _Mapping]] = ..., thread_kind: _Optional[str] = ..., trainable: _Optional[bool] = ..., prompt_ids: _Optional[bytes] = ..., response: _Optional[_Union[TokenArrays, _Mapping]] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., model: _Optional[str] = ..., chat_template_sha256: _Optional[str] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., closed: _Optional[bool] = ..., sampling: _Optional[_Union[SegmentSampling, _Mapping]] = ...) -> None: ...
+
+class SegmentSampling(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "mode", "from_harness", "overridden")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FROM_HARNESS_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDDEN_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    mode: str
+    from_harness: _containers.RepeatedScalarFieldContainer[str]
+    overridden: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., mode: _Optional[str] = ..., from_harness: _Optional[_Iterable[str]] = ..., overridden: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PhaseTimings(_message.Message):
     __slots__ = ("setup_s", "agent_s", "verify_s", "teardown_s")

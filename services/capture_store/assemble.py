@@ -39,6 +39,8 @@ def segment_proto(
         updated_at=seg.updated_at,
         closed=seg.closed,
     )
+    if seg.sampling:
+        msg.sampling.CopyFrom(rec.sampling_proto(seg.sampling))
     if parts is not None:
         _fill_tokens(msg, seg, parts)
     return msg

@@ -29,6 +29,22 @@ def reason_name(value: int) -> str:
     return records_pb2.TerminationReason.Name(value).removeprefix("TERMINATION_REASON_").lower()
 
 
+def sampling_object(seg: records_pb2.Segment) -> dict[str, Any] | None:
+    """What the engine sampled the segment with; None for a capture made before it was recorded."""
+    if not seg.HasField("sampling"):
+        return None
+    m = seg.sampling
+    return {
+        "temperature": round(m.temperature, 6),  # float32 on the wire: 0.7, not 0.699999988
+        "top_p": round(m.top_p, 6),
+        "top_k": m.top_k,
+        "min_p": round(m.min_p, 6),
+        "mode": m.mode,
+        "from_harness": list(m.from_harness),
+        "overridden": list(m.overridden),
+    }
+
+
 def segment_objects(traj: records_pb2.Trajectory, with_routes: bool = False) -> Iterator[dict[str, Any]]:
     """One JSON-ready object per segment of ``traj`` (read with tokens)."""
     outcome = {
@@ -57,6 +73,8 @@ def segment_objects(traj: records_pb2.Trajectory, with_routes: bool = False) -> 
             "closed": seg.closed,
             "model": seg.model,
             "chat_template_sha256": seg.chat_template_sha256,
+            # temperature, top_p, top_k, min_p, mode (pin|honour), from_harness, overridden; null if unrecorded
+            "sampling": sampling_object(seg),
             "prompt_ids": arrays.unpack_i32(seg.prompt_ids).tolist(),
             "response_ids": arrays.unpack_i32(r.ids).tolist(),
             "response_mask": np.frombuffer(r.mask, np.uint8).tolist(),
@@ -109,6 +127,25 @@ PARQUET_SCHEMA = pa.schema(
         ("completion_tokens", pa.int64()),
         ("cached_prompt_tokens", pa.int64()),
         ("policy_versions_seen", pa.list_(pa.int64())),
+        # Per segment, in order: what the engine sampled it with (null fields: not recorded).
+        (
+            "segment_sampling",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("thread", pa.string()),
+                        ("segment_index", pa.int32()),
+                        ("temperature", pa.float64()),
+                        ("top_p", pa.float64()),
+                        ("top_k", pa.int32()),
+                        ("min_p", pa.float64()),
+                        ("mode", pa.string()),
+                        ("from_harness", pa.list_(pa.string())),
+                        ("overridden", pa.list_(pa.string())),
+                    ]
+                )
+            ),
+        ),
         ("verifier_summary", pa.string()),
         ("metadata", pa.map_(pa.string(), pa.string())),
     ]
@@ -143,6 +180,10 @@ def metadata_row(traj: records_pb2.Trajectory) -> dict[str, Any]:
         "completion_tokens": sum(s.usage.completion_tokens for s in traj.segments),
         "cached_prompt_tokens": sum(s.usage.cached_prompt_tokens for s in traj.segments),
         "policy_versions_seen": list(traj.policy_versions_seen),
+        "segment_sampling": [
+            {"thread": seg.key.thread, "segment_index": seg.key.segment_index, **(sampling_object(seg) or {})}
+            for seg in traj.segments
+        ],
         "verifier_summary": traj.verifier_summary,
         "metadata": sorted(traj.metadata.items()),
     }

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote
 
+from harnessrl.v1 import records_pb2
+
 
 class Key(NamedTuple):
     run: str
@@ -116,6 +118,8 @@ class SegRec(_Record):
     closed: bool = False
     layers: int = 0  # routed-experts shape, 0 when no part carried routes
     top_k: int = 0
+    # records_pb2.SegmentSampling's fields as part 0 carried them; empty when it carried none.
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -141,3 +145,21 @@ class GroupRec(_Record):
     @property
     def ready(self) -> bool:
         return len(self.trials) >= self.group_size
+
+
+def sampling_dict(msg: records_pb2.SegmentSampling) -> dict[str, Any]:
+    """A segment's sampling as its index record keeps it (JSON: plain values)."""
+    return {
+        "temperature": round(msg.temperature, 6),  # float32 on the wire: 0.7, not 0.699999988
+        "top_p": round(msg.top_p, 6),
+        "top_k": msg.top_k,
+        "min_p": round(msg.min_p, 6),
+        "mode": msg.mode,
+        "from_harness": list(msg.from_harness),
+        "overridden": list(msg.overridden),
+    }
+
+
+def sampling_proto(data: dict[str, Any]) -> records_pb2.SegmentSampling:
+    known = {f.name for f in records_pb2.SegmentSampling.DESCRIPTOR.fields}
+    return records_pb2.SegmentSampling(**{k: v for k, v in data.items() if k in known})

@@ -148,6 +148,8 @@ def _open_segment(
     seg = rec.SegRec(
         kind=req.thread_kind, trainable=req.trainable, n_prompt=int(p.part.prompt.size), started_at=now, updated_at=now
     )
+    if req.HasField("sampling"):
+        seg.sampling = rec.sampling_dict(req.sampling)
     return trial, seg
 
 

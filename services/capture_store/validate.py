@@ -68,6 +68,27 @@ class PreparedAppend:
     versions: list[int]
 
 
+SAMPLING_MODES = ("pin", "honour")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def _check_sampling(req: capture_pb2.AppendSegmentRequest, where: str) -> None:
+    """A segment's sampling: on part 0 only (it holds for every part), in the engine's bounds."""
+    s = req.sampling
+    if req.part_index != 0:
+        raise InvalidArgument(f"{where}: sampling belongs on part 0 only (a segment has one)")
+    if not (0 <= s.temperature <= 100 and 0 <= s.top_p <= 1 and s.top_k >= 0 and 0 <= s.min_p <= 1):
+        raise InvalidArgument(
+            f"{where}: sampling out of bounds (temperature {s.temperature}, top_p {s.top_p}, top_k {s.top_k}, "
+            f"min_p {s.min_p})"
+        )
+    if s.mode not in SAMPLING_MODES:
+        raise InvalidArgument(f"{where}: sampling.mode {s.mode!r} must be one of {SAMPLING_MODES}")
+    for name in (*s.from_harness, *s.overridden):
+        if name not in SAMPLING_FIELDS:
+            raise InvalidArgument(f"{where}: sampling names an unknown field {name!r} (known: {SAMPLING_FIELDS})")
+
+
 def prepare_append(req: capture_pb2.AppendSegmentRequest, settings: Settings) -> PreparedAppend:
     key = req.key
     check_run(key.run_id)
@@ -93,6 +114,8 @@ def prepare_append(req: capture_pb2.AppendSegmentRequest, settings: Settings) ->
             raise InvalidArgument(f"{where}: prompt has {prompt.size} tokens; the limit is {limit}")
     elif req.prompt_ids:
         raise InvalidArgument(f"{where}: prompt_ids belong on part 0 only")
+    if req.HasField("sampling"):
+        _check_sampling(req, where)
     n = arrays.validate_tokens(req.tokens)
     if n > settings.max_part_tokens:
         raise InvalidArgument(f"{where}: {n} tokens in one part; the limit is {settings.max_part_tokens}")

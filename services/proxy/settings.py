@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -53,9 +54,18 @@ class Settings(ServiceSettings):
     )
     reasoning_parser: bool = Field(True, description="Split a leading <think>...</think> into reasoning/thinking.")
 
-    temperature: float | None = Field(1.0, ge=0, le=5, description="Sampling temperature; None honours the request's.")
-    top_p: float | None = Field(1.0, gt=0, le=1, description="Top-p; None honours the request's.")
-    top_k: int | None = Field(0, ge=0, description="Top-k (0 off); None honours the request's.")
+    sampling: Literal["pin", "honour"] = Field(
+        "pin",
+        description="Whose sampling parameters win when a harness sends its own: 'pin' (training runs): the run's "
+        "temperature/top_p/top_k below, each override counted (harnessrl_sampling_overrides_total, the trial's "
+        "sampling_overrides); 'honour': the harness's, the run's values where it names none. Every segment "
+        "records what it was sampled with.",
+    )
+    temperature: float | None = Field(
+        1.0, ge=0, le=5, description="The run's sampling temperature; None: the request's (1.0 if it names none)."
+    )
+    top_p: float | None = Field(1.0, gt=0, le=1, description="The run's top-p; None: the request's (1.0 if none).")
+    top_k: int | None = Field(0, ge=0, description="The run's top-k (0 off); None: the request's (0 if none).")
     return_routed_experts: bool = Field(
         False, description="Ask the engine for MoE routes (R3) and capture them with every sampled token."
     )

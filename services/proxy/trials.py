@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,9 @@ class Trial:
     malformed_tool_calls: int = 0
     dropped_tool_calls: int = 0  # parsed calls not returned: past parallel_tool_calls=false's first
     stop_cut_tokens: int = 0  # sampled past a stop string, never given to the harness: not captured
+    # Sampling parameters the harness asked for that the run pinned to its own (sampling = pin), by field.
+    sampling_overrides: dict[str, int] = field(default_factory=dict)
+    sampling_mode: str = "pin"  # the proxy's sampling setting the trial was served under
     # Requests this proxy refused itself (a 4xx of its own) and failures inside it:
     # either makes the trial an infrastructure failure (termination reason proxy_error).
     refused_requests: int = 0
@@ -96,6 +100,12 @@ class Trial:
         if name not in self.requested_models and len(self.requested_models) >= MAX_MODEL_NAMES:
             name = "(other)"
         self.requested_models[name] = self.requested_models.get(name, 0) + 1
+
+    def count_overrides(self, fields: Sequence[str]) -> None:
+        """One call's overridden sampling fields: on the trial and in the metric."""
+        for name in fields:
+            self.sampling_overrides[name] = self.sampling_overrides.get(name, 0) + 1
+            metrics.SAMPLING_OVERRIDES.labels("proxy", name).inc()
 
     def note_failure(self, exc: BaseException, path: str = "") -> None:
         """Counts a failed request against this trial (see ``errors.failure_kind``), once per exception."""
@@ -143,6 +153,9 @@ class Trial:
             "malformed_tool_calls": self.malformed_tool_calls,
             "dropped_tool_calls": self.dropped_tool_calls,
             "stop_cut_tokens": self.stop_cut_tokens,
+            "sampling": self.sampling_mode,
+            "sampling_overrides": sum(self.sampling_overrides.values()),  # calls x fields the run pinned
+            "sampling_overrides_by_field": dict(self.sampling_overrides),
             "refused_requests": self.refused_requests,
             "proxy_errors": self.proxy_errors,
             "refusals": list(self.refusals),
@@ -209,7 +222,9 @@ class ProxyCore:
         writer = self.capture.writer(spec.trial_id)
         engine = self.engines.acquire(spec.gateway_target)
         store = ResponseStore(s.responses_store_max_count, s.responses_store_max_bytes)
-        trial = Trial(spec, secrets.token_urlsafe(32), capture, writer, engine, responses=store)
+        trial = Trial(
+            spec, secrets.token_urlsafe(32), capture, writer, engine, responses=store, sampling_mode=s.sampling
+        )
         metrics.ACTIVE_TRIALS.labels("proxy").inc()
         self.trials[spec.trial_id] = trial
         self._by_token[trial.token] = trial

@@ -30,6 +30,8 @@ from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.chat.toolchoice import ToolForcing
 from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
 from services.proxy.gateway_client import EngineContextOverflow
+from services.proxy.sampling import Chosen
+from services.proxy.sampling import choose as choose_sampling
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class ModelCall:
         self.turn_id = uuid.uuid4().hex[:24]
         self.request_id = f"{trial.spec.trial_id}-{self.turn_id}"
         self.plan: Plan | None = None
+        self.sampling: Chosen | None = None  # what the engine samples this call with
         self.prefill_ids = b""  # int32 LE: a forced tool call's opening, ending the prompt (context, not sampled)
         self._chunks: AsyncIterator[gateway_pb2.GenerateChunk] | None = None
         self._first: gateway_pb2.GenerateChunk | None = None
@@ -153,10 +156,16 @@ class ModelCall:
             raise ContextOverflow(plan.prompt_tokens, window)
         s = core.settings
         max_tokens = min(self.params.max_tokens or s.default_max_tokens, window - plan.prompt_tokens)
+        chosen = self.sampling = choose_sampling(
+            s.sampling,
+            {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k},
+            {"temperature": self.params.temperature, "top_p": self.params.top_p, "top_k": self.params.top_k},
+        )
+        trial.count_overrides(chosen.overridden)
         sampling = gateway_pb2.SamplingParams(
-            temperature=_pick(s.temperature, self.params.temperature, 1.0),
-            top_p=_pick(s.top_p, self.params.top_p, 1.0),
-            top_k=int(_pick(s.top_k, self.params.top_k, 0)),
+            temperature=chosen.temperature,
+            top_p=chosen.top_p,
+            top_k=chosen.top_k,
             max_tokens=max_tokens,
             stop_token_ids=core.model.tokenizer.stop_ids,
             return_routed_experts=s.return_routed_experts,
@@ -387,7 +396,8 @@ class ModelCall:
             SampledIds(self.prefill_ids + sampled.ids, sampled.ended_with_eos),  # the turn as the engine saw it
             tuple(c.name for c in calls),
         )
-        parts = trial.capture.commit(self.plan, sampled, turn)
+        sampling = self.sampling.record() if self.sampling is not None else None
+        parts = trial.capture.commit(self.plan, sampled, turn, sampling)
         trial.turns += 1
         for part in parts:
             trial.writer.submit(self.core.append_request(trial, part, finish if part.sampled is sampled else "", usage))
@@ -421,12 +431,6 @@ def _engine_stops(stops: list[str]) -> list[str]:
 
 def _tracer() -> trace.Tracer:
     return telemetry.tracer(__name__, "proxy")
-
-
-def _pick(forced: float | int | None, requested: float | int | None, default: float) -> float:
-    if forced is not None:
-        return float(forced)
-    return float(requested) if requested is not None else default
 
 
 def _json(value: object) -> str:

@@ -77,9 +77,10 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:
 def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> list[torch.Tensor]:
     """Logprob of every response token of each sample under ``model``, [R] each.
 
-    ``temperature`` is the policy's sampling temperature: the logits are divided
-    by it, so the logprobs are those of the distribution the engine sampled
-    from (its "processed" logprobs), and importance ratios compare like with like.
+    Each row's logits are divided by the temperature its segment was sampled with
+    (``Sample.temperature``; ``temperature``, the run's, where none was recorded), so
+    the logprobs are those of the distribution the engine sampled from (its
+    "processed" logprobs), and importance ratios compare like with like.
     """
     device = device_of(model)
     input_ids = batch.input_ids.to(device)
@@ -91,8 +92,9 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
         use_cache=False,
     )
     logits = out.logits[:, :-1].float()  # position p predicts token p+1
-    if temperature != 1.0:
-        logits = logits / temperature
+    temps = [temperature if s.temperature is None else s.temperature for s in batch.samples]
+    if any(t != 1.0 for t in temps):
+        logits = logits / torch.tensor(temps, device=logits.device).view(-1, 1, 1)
     targets = input_ids[:, -(batch.keep - 1) :]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     lp = picked - torch.logsumexp(logits, dim=-1)

@@ -26,6 +26,9 @@ class Sample:
     rollout_logprobs: npt.NDArray[np.float32]  # [R] engine's logprobs (0 where mask is False)
     versions: npt.NDArray[np.int32]  # [R] policy version per token (-1 where mask is False)
     routes: npt.NDArray[np.uint8] | None  # [R, layers, top_k] for R3, rows valid where mask is True
+    # The temperature the engine sampled this segment with (its recorded sampling; 1.0 for
+    # greedy, whose logprobs are the raw log-softmax); None: not recorded, the run's applies.
+    temperature: float | None = None
 
     @property
     def response_len(self) -> int:

@@ -121,7 +121,22 @@ def build_sample(seg: records_pb2.Segment, trial_id: str, counters: StepCounters
         rollout_logprobs=np.where(mask, logprobs, 0.0).astype(np.float32),
         versions=versions.astype(np.int32),
         routes=routes,
+        temperature=_temperature(seg, counters),
     )
+
+
+def _temperature(seg: records_pb2.Segment, counters: StepCounters) -> float | None:
+    """The segment's own sampling temperature for the trainer's forward, or None (the
+    run's) for a capture that recorded none. Greedy (0) reported raw logprobs: 1.0."""
+    if not seg.HasField("sampling"):
+        counters.add("segments/sampling_unrecorded")
+        return None
+    s = seg.sampling
+    if (0 < s.top_p < 1) or s.top_k > 0 or s.min_p > 0:
+        # The engine's logprobs are of the truncated distribution; the forward divides by
+        # the temperature only, so these tokens' ratios are off where truncation mattered.
+        counters.add("segments/truncated_sampling")
+    return float(s.temperature) if s.temperature > 0 else 1.0
 
 
 def _why_bad(

@@ -100,7 +100,8 @@ class RolloutSettings(BaseModel):
         1.0,
         gt=0,
         le=5,
-        description="The policy's sampling temperature (the proxy's): train logprobs use logits / temperature.",
+        description="The run's sampling temperature (the proxy's): train logprobs use logits / temperature for "
+        "segments that recorded no sampling; a segment that did is trained at its own.",
     )
     max_staleness: int = Field(1, ge=0, description="k: groups more than k versions behind are dropped; 0 = sync.")
     max_groups_in_flight: int = Field(

@@ -70,7 +70,15 @@ def _segment_dict(seg: records_pb2.Segment) -> dict[str, Any]:
         "response_mask": np.frombuffer(r.mask, dtype=np.uint8).tolist(),
         "response_logprobs": arrays.unpack_f32(r.logprobs).tolist(),
         "policy_versions": arrays.unpack_i32(r.policy_versions).tolist(),
+        "temperature": _temperature(seg),
     }
+
+
+def _temperature(seg: records_pb2.Segment) -> float | None:
+    """The temperature the segment was sampled with (None: not recorded). verl's actor
+    divides by its one rollout temperature; ``harnessrl verl prepare`` sets it to the
+    run's, and a row whose own differs (a harness honoured) shows it here."""
+    return round(float(seg.sampling.temperature), 6) if seg.HasField("sampling") else None
 
 
 def _route_shape(seg: records_pb2.Segment) -> tuple[int, int] | None:
@@ -126,6 +134,7 @@ def _segment_output(
         | {
             "harnessrl_policy_versions": d["policy_versions"],
             "harnessrl_segment": f"{d['thread']}/{d['index']}",
+            "harnessrl_temperature": d["temperature"],
             "harnessrl_segments": [],
             "harnessrl_dropped_segments": 0,
         }
@@ -240,6 +249,7 @@ def masked_output(
         | {
             "harnessrl_policy_versions": [],
             "harnessrl_segment": "",
+            "harnessrl_temperature": None,
             "harnessrl_segments": [],
             "harnessrl_dropped_segments": 0,
         }

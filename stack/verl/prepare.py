@@ -172,6 +172,13 @@ def prepare(config: Path, out: Path, extra: list[str] | None = None, segments: s
     if segments not in TRAINERS:
         raise ConfigError(f"segments must be one of {sorted(TRAINERS)}, got {segments!r}")
     cfg = runconfig.load(Path(config))
+    if cfg.proxy is not None and cfg.proxy.sampling != "pin":
+        # verl's actor divides every row's logits by its one rollout temperature: a harness's
+        # own per segment (harnessrl's CPU trainer follows them) would train on another distribution.
+        raise ConfigError(
+            f"{config}: [proxy] sampling = {cfg.proxy.sampling!r} lets each harness call pick its temperature, "
+            "but verl trains every row at its one rollout temperature; use sampling = 'pin' with verl"
+        )
     bad = [o for o in extra or [] if "=" not in o or o.startswith("=")]
     if bad:
         raise ConfigError(f"overrides must be KEY=VALUE (Hydra syntax), got {bad}")

@@ -1,7 +1,8 @@
 """Whole trials with the real proxy, gateway (scripted engine) and capture store:
 a harness the proxy refused is an infrastructure failure (``proxy_error``, weight
 0), never ``completed`` with a reward; a harness that asks for a model name of its
-own is served the trial's policy, and the name is recorded with the trajectory."""
+own is served the trial's policy, and the name is recorded with the trajectory; a
+temperature of its own that the run pins is counted with the trajectory."""
 
 from __future__ import annotations
 
@@ -87,3 +88,18 @@ async def test_a_refused_harness_is_proxy_error_and_a_foreign_model_name_is_serv
         assert served.reward == 1.0 and served.requested_models == ["harnessrl-policy"]  # type: ignore[attr-defined]
         assert traj.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED and len(traj.segments) == 1
         assert traj.metadata["requested_models"] == "harnessrl-policy"
+
+
+async def test_a_harness_temperature_the_run_pins_is_counted_on_the_trajectory(tmp_path: Path) -> None:
+    """The proxy pins the run's sampling by default: the harness's own temperature is
+    overridden, counted in the outcome and the trajectory's metadata, recorded on the segment."""
+    task = make_task(tmp_path / "tasks")
+    script = AGENT.replace('"messages"', '"temperature": 0.2, "messages"').format(model="harnessrl-policy", role="user")
+    async with model_stack(tmp_path / "stack", {"main": TURNS, "*": TURNS}) as stack:
+        outcome, traj = await run_trial(stack, tmp_path, task, script)
+    assert outcome.termination_reason == TerminationReason.COMPLETED, outcome  # type: ignore[attr-defined]
+    assert outcome.sampling_overrides == 1  # type: ignore[attr-defined]
+    assert traj.metadata["sampling_overrides"] == "1"
+    (seg,) = traj.segments
+    assert seg.sampling.mode == "pin" and list(seg.sampling.overridden) == ["temperature"]
+    assert seg.sampling.temperature != pytest.approx(0.2)  # the run's, not the harness's

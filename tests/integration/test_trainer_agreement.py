@@ -16,6 +16,7 @@ import torch
 
 from harnessrl import paths
 from harnessrl.localservers import free_port
+from harnessrl.v1 import records_pb2
 from services.trainer.cpu_trainer import load_model
 from tests.trainer_support import capture_store, segment, served, store_trajectory, trajectory
 
@@ -99,6 +100,38 @@ async def test_a_tempered_run_agrees_only_at_its_own_temperature(tmp_path: Path)
         plain = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "b.json")
     assert same["overall"]["agreement/max_abs_diff"] < 1e-3 and same["alerts"] == []
     assert plain["overall"]["agreement/max_abs_diff"] > 0.05
+
+
+async def test_segments_sampled_at_different_temperatures_each_agree_at_their_own(tmp_path: Path) -> None:
+    """A harness that changed its temperature between calls (honour): each segment
+    records its own, and the trainer divides each row by it; with the records
+    dropped, one run-wide temperature cannot match both."""
+    from services.trainer import offline
+    from tests.trainer_support import segment as make_segment
+
+    model = load_model(paths.default_model_dir(), gradient_checkpointing=False).eval()
+    gen = torch.Generator().manual_seed(1)
+
+    def run(recorded: bool) -> records_pb2.Trajectory:
+        segs = []
+        for k, t in enumerate((0.5, 1.4)):
+            prompt = [1, 9690, 198, 19556, 28, 2 + k, 198]
+            ids, lps = sample(model, prompt, 8, gen, t)
+            seg = make_segment(prompt, ids, [1] * 8, lps, [3] * 8, index=k)
+            if recorded:
+                seg.sampling.CopyFrom(records_pb2.SegmentSampling(temperature=t, top_p=1.0, mode="honour"))
+            segs.append(seg)
+        return trajectory("t0", "g0", 1.0, segs, run_id="r1" if recorded else "r2", group_size=1)
+
+    async with capture_store(tmp_path / "store") as target:
+        await store_trajectory(target, run(True))
+        await store_trajectory(target, run(False))
+        own = await offline.run(target, "r1", paths.default_model_dir(), tmp_path / "a.json", temperature=0.9)
+        one = await offline.run(target, "r2", paths.default_model_dir(), tmp_path / "b.json", temperature=0.9)
+    assert own["overall"]["agreement/tokens"] == 16
+    assert own["overall"]["agreement/pearson"] >= 0.9999, own["overall"]
+    assert own["overall"]["agreement/max_abs_diff"] < 1e-3 and own["alerts"] == []
+    assert one["overall"]["agreement/max_abs_diff"] > 0.05  # the run-wide 0.9 fits neither segment
 
 
 async def test_agreement_flags_a_mismatch(tmp_path: Path) -> None:

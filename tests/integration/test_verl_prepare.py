@@ -135,6 +135,14 @@ def test_a_bad_config_path_is_a_clear_error(
     assert code == 2 and "steps" in out
 
 
+def test_honoured_sampling_is_refused_for_verl(tmp_path: Path) -> None:
+    honour = tmp_path / "honour.toml"
+    honour.write_text(QUICKSTART.read_text().replace("[proxy]\n", '[proxy]\nsampling = "honour"\n', 1))
+    with pytest.raises(ConfigError, match="sampling = 'pin' with verl"):
+        verl_prepare.prepare(honour, tmp_path / "o")
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
 def test_a_bad_override_is_refused_naming_it(
     prepared: verl_prepare.Prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

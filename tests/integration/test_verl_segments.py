@@ -166,3 +166,16 @@ async def test_a_real_trials_segments_reach_verl_rows(tmp_path: Path, monkeypatc
         verl_worker(tokenizer, 4096, 32), [r.model_copy(update={"routed_experts": None}) for r in rows]
     )
     assert batch.batch["response_mask"].sum(-1).tolist() == [4, 4, 4]
+
+
+def test_each_row_carries_the_temperature_its_segment_was_sampled_with() -> None:
+    from harnessrl.v1 import records_pb2
+
+    traj = compacted()
+    traj.segments[0].sampling.CopyFrom(records_pb2.SegmentSampling(temperature=0.7, top_p=1.0, mode="pin"))
+    traj.segments[1].sampling.CopyFrom(records_pb2.SegmentSampling(temperature=0.3, top_p=1.0, mode="honour"))
+    outs = vo.trajectory_to_outputs(traj, response_length=8, prompt_length=8)
+    got = {o.extra_fields["harnessrl_segment"]: o.extra_fields["harnessrl_temperature"] for o in outs}
+    assert got == {"sub-1/0": None, "main/0": 0.7, "main/1": 0.3}  # None: a capture that recorded none
+    masked = vo.masked_output("sandbox_error", {"trial_id": "t"}, pad_id=0, version=1)
+    assert masked.extra_fields["harnessrl_temperature"] is None  # the same keys on every row

@@ -124,3 +124,18 @@ def test_micro_batches_respect_the_token_budget_and_left_pad() -> None:
     assert batch.attention_mask[0].tolist() == [0] * 8 + [1] * 4
     assert batch.position_ids[0, -4:].tolist() == [0, 1, 2, 3] and batch.keep == 3
     assert arrays.unpack_i32(segs[0].prompt_ids).tolist() == [1] * 10
+
+
+def test_each_sample_carries_its_segments_sampling_temperature() -> None:
+    from harnessrl.v1 import records_pb2
+
+    segs = [segment([1], [2, 3], [1, 1], [-1, -1], index=i) for i in range(4)]
+    segs[0].sampling.CopyFrom(records_pb2.SegmentSampling(temperature=0.7, top_p=1.0, mode="pin"))
+    segs[1].sampling.CopyFrom(records_pb2.SegmentSampling(temperature=0.0, top_p=1.0, mode="honour"))  # greedy
+    segs[2].sampling.CopyFrom(records_pb2.SegmentSampling(temperature=1.0, top_p=0.95, top_k=64, mode="honour"))
+    rows, counters = build(trajectory("t", "g", 1.0, segs))
+    temps = [s.temperature for s in rows[0].samples]
+    # greedy reported raw log-softmax: trained at 1.0; the last recorded none: the run's (None)
+    assert temps == [pytest.approx(0.7), 1.0, 1.0, None]
+    assert counters.counts["segments/sampling_unrecorded"] == 1
+    assert counters.counts["segments/truncated_sampling"] == 1

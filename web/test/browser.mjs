@@ -126,6 +126,8 @@ async function trajectoryChecks(where) {
   check((await page.$$('.msg.assistant.sampled')).length === cfg.commands.length + 2, `${where}: sampled replies (main + title)`);
   const threads = await page.$$eval('.transcript .segment', (ss) => ss.map((x) => x.dataset.thread));
   check(threads.length === cfg.segments && new Set(threads).size === cfg.segments, `${where}: one block per thread (${threads})`);
+  const sampling = (await page.$$eval('.transcript .segment .sampling', (ss) => ss.map((x) => `${x.dataset.sampling}:${x.dataset.temperature}`))).sort();
+  check(JSON.stringify(sampling) === JSON.stringify(cfg.sampling), `${where}: each segment shows its sampling (${sampling})`);
   await shot(`${where}-transcript`);
   await page.click('button[data-tab="tokens"]');
   await page.waitForSelector('.tok');

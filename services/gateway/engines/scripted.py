@@ -414,6 +414,12 @@ class ScriptedEngine(Engine):
                 "logprobs": logprobs.copy(),
                 "policy_versions": versions.copy(),
                 "finish_reason": finish,
+                # What the caller asked the engine to sample with (a scripted reply ignores it).
+                "sampling": {
+                    "temperature": round(request.sampling.temperature, 6),
+                    "top_p": round(request.sampling.top_p, 6),
+                    "top_k": request.sampling.top_k,
+                },
                 "time": time.time(),
             }
         )

@@ -57,6 +57,8 @@ def append_request(
         req.prompt_ids = part.prompt or b""
         req.task_id = task_id
         req.group_id = group_id
+        if part.sampling is not None:
+            req.sampling.CopyFrom(part.sampling)
     if part.sampled is not None:
         req.usage.CopyFrom(usage)
     return req

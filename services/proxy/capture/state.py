@@ -18,7 +18,10 @@ Invariants 1-4 (docs/architecture.md) and how this module keeps them:
    tool-call id (or the echoed turn id), not by their re-serialised text. Any
    other request opens a new segment whose prompt is the rewritten context;
    the segment it rewrites is closed. A sampled turn is committed to exactly
-   one segment, once.
+   one segment, once. A call sampled with other parameters than its segment's
+   (a harness may change temperature per call) closes the segment the same
+   way: the next one's prompt is the whole context, so each segment has one
+   sampling distribution and the trainer one temperature per segment.
 4. Threads are conversations, told apart by structure (``_place``). A request
    that extends no open segment either carries over a conversation the trial
    already holds, and then it is that conversation rewritten (its open segment
@@ -70,6 +73,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harnessrl.logs import kv
+from harnessrl.v1 import records_pb2
 from services.proxy.chat.conversation import Conversation, Message, ThreadHint, Tool
 from services.proxy.chat.render import Renderer, SampledIds
 
@@ -180,6 +184,9 @@ class Segment:
     parts: int = 0
     version: int = 0
     closed: bool = False
+    # What the engine sampled this segment's turns with (``sampling.Chosen.values``):
+    # a call sampled otherwise opens the next segment, so a segment has one distribution.
+    sampling: tuple[float, ...] = ()
 
     def extended_by(self, conv: Conversation) -> bool:
         """Does ``conv`` continue this segment (same tools, history as its prefix)?
@@ -256,6 +263,7 @@ class Part:
     context: bytes
     sampled: Sampled | None  # None on a closing part
     close: bool
+    sampling: records_pb2.SegmentSampling | None = None  # only on part 0: what the segment was sampled with
 
 
 class TrialCapture:
@@ -397,21 +405,25 @@ class TrialCapture:
 
     # -- committing -----------------------------------------------------------
 
-    def commit(self, plan: Plan, sampled: Sampled, turn: OurTurn) -> list[Part]:
+    def commit(
+        self, plan: Plan, sampled: Sampled, turn: OurTurn, sampling: records_pb2.SegmentSampling | None = None
+    ) -> list[Part]:
         """Records a finished call; returns the parts to append, in order. A call
         that does not extend the thread's open segment (as planned, and still open
-        and unchanged) closes it and opens the next one."""
+        and unchanged) or was sampled with other parameters closes it and opens the
+        next one, whose prompt is the whole context (nothing lost, nothing trained twice)."""
         thread, parts = plan.thread, []
         seg = plan.extends
-        if seg is not None and seg is thread.current and seg.version == plan.base_version:
+        values = _values(sampling)
+        if seg is not None and seg is thread.current and seg.version == plan.base_version and seg.sampling == values:
             parts.append(Part(thread, seg.index, seg.parts, None, plan.delta, sampled, False))
             seg.context += plan.delta
         else:
             if thread.current is not None:
                 parts.append(self._close(thread, thread.current))
-            seg = Segment(len(thread.segments), plan.conv.tools, bytearray(plan.prompt), [])
+            seg = Segment(len(thread.segments), plan.conv.tools, bytearray(plan.prompt), [], sampling=values)
             thread.segments.append(seg)
-            parts.append(Part(thread, seg.index, 0, plan.prompt, b"", sampled, False))
+            parts.append(Part(thread, seg.index, 0, plan.prompt, b"", sampled, False, sampling))
         seg.context += sampled.ids
         seg.history = [*plan.history, turn]
         seg.last_messages = plan.conv.messages
@@ -444,6 +456,13 @@ class TrialCapture:
             for seg in thread.segments:
                 seg.context, seg.history, seg.last_messages = bytearray(), [], ()
         self._ours = OurTurns()
+
+
+def _values(sampling: records_pb2.SegmentSampling | None) -> tuple[float, ...]:
+    """What the engine sampled with (provenance aside): equal values, same distribution."""
+    if sampling is None:
+        return ()
+    return (sampling.temperature, sampling.top_p, float(sampling.top_k), sampling.min_p)
 
 
 def _sampled_list(history: Sequence[Entry]) -> list[SampledIds | None]:

@@ -68,6 +68,7 @@ class ChatRequest(Loose):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # vLLM's extension (-1: off), sent by some harnesses
     stop: str | list[str] | None = None
     # Checked by ``openai.logprobs.chat_request`` for OpenAI's own 400s.
     logprobs: Any = None

@@ -31,6 +31,7 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
+        top_k=None if body.top_k is None else max(body.top_k, 0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         call_id_prefix="call_",
         top_logprobs=top or 0,

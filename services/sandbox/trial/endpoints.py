@@ -51,6 +51,8 @@ class ProxySummary:
     refusals: list[str] = field(default_factory=list)
     # Model names the harness asked for -> calls (every name serves the trial's policy).
     requested_models: dict[str, int] = field(default_factory=dict)
+    # Sampling parameters the harness asked for that the run pinned to its own (calls x fields).
+    sampling_overrides: int = 0
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProxySummary:
@@ -171,6 +173,7 @@ class CaptureFinalizer:
                 "policy_version": str(spec.policy_version),
                 "tamper_events": str(len(outcome.tamper_events)),
                 **({"requested_models": ",".join(outcome.requested_models)[:4096]} if outcome.requested_models else {}),
+                **({"sampling_overrides": str(outcome.sampling_overrides)} if outcome.sampling_overrides else {}),
                 # Stable across attempts: the trace of the submitter (a redelivered trial's
                 # finalize must stay identical), absent when the trial came without one.
                 **({"trace_id": trace_id} if (trace_id := telemetry.trace_id_of(spec.trace_context)) else {}),

@@ -195,6 +195,8 @@ class TrialOutcome(BaseModel):
     task_id: str = ""
     # Model names the harness asked the proxy for (each served the trial's policy).
     requested_models: list[str] = Field(default_factory=list)
+    # Sampling parameters the harness asked for that the run pinned to its own (the proxy's count).
+    sampling_overrides: int = 0
     # A multi-step task's steps that ran, in order, each with its own rewards ([[steps]]);
     # ``rewards`` then combines them by the task's multi_step_reward_strategy.
     steps: list[StepOutcome] = Field(default_factory=list)

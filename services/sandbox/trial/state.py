@@ -116,6 +116,7 @@ def build_outcome(t: Trial) -> TrialOutcome:
         artifacts_dir=str(t.artifacts),
         task_id=t.task_id,
         requested_models=sorted(t.summary.requested_models),
+        sampling_overrides=t.summary.sampling_overrides,
         steps=t.steps,
     )
     try:

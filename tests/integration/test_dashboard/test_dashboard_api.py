@@ -141,6 +141,10 @@ async def test_trajectory_view_shows_exactly_what_the_engine_sampled(runs_root: 
     assert [lp for _, lp in sampled] == pytest.approx([lp for _, lp in from_engine], abs=1e-4)
     assert unpack_f32(stored.response.logprobs).tolist()  # the store holds them too
     assert seg["calls"] == 4 and len(tokens["turn_starts"]) == 3
+    # the segment shows what the engine was asked to sample with, pinned by the run (the proxy's default)
+    asked = {g["sampling"]["temperature"] for g in engine if g["trial_id"] == trial and g["thread"] == seg["thread"]}
+    assert seg["sampling"]["mode"] == "pin" and asked == {seg["sampling"]["temperature"]}
+    assert seg["sampling"]["min_p"] == 0 and seg["sampling"]["top_p"] == stored.sampling.top_p
     messages = seg["transcript"]
     assistant = [m for m in messages if m["role"] == "assistant"]
     assert [m["source"] for m in assistant] == ["sampled"] * 4

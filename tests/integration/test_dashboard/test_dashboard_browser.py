@@ -104,6 +104,8 @@ async def test_dashboard_in_a_browser(
                 "commands": ["ls -la", "cat README.md", "pwd"],
                 "tokens": tokens,
                 "segments": len(segments),
+                # what each segment's sampling line says (mode:temperature), as the capture recorded it
+                "sampling": sorted(f"{s.sampling.mode}:{round(s.sampling.temperature, 6):g}" for s in segments),
                 "exportDir": str(exported),
                 "metricsFile": str(runs_root / RUN_ID / "metrics.jsonl"),
                 "artifacts": str(artifacts),

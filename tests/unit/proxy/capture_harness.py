@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from harnessrl.v1 import records_pb2
 from services.proxy.capture.state import OurTurn, Part, Plan, Sampled, TrialCapture
 from services.proxy.chat.conversation import Conversation, Message, Tool, ToolCall
 from services.proxy.chat.render import SampledIds
@@ -35,7 +36,12 @@ class Harness:
     n: int = 0
 
     def call(
-        self, conv: Conversation, with_tool: bool = True, eos: bool = True, text: str = ""
+        self,
+        conv: Conversation,
+        with_tool: bool = True,
+        eos: bool = True,
+        text: str = "",
+        sampling: records_pb2.SegmentSampling | None = None,
     ) -> tuple[Message, Plan]:
         """One model call; the turn says ``text`` (default ``text <n>``)."""
         plan = self.capture.plan(conv)
@@ -46,7 +52,7 @@ class Harness:
         calls = (ToolCall(cid, "bash", json.dumps({"command": f"echo {self.n}"})),) if with_tool else ()
         text = text or f"text {self.n}"
         turn = OurTurn(f"turn{self.n}", tuple(c.id for c in calls), text, SampledIds(sampled.ids, eos))
-        self.parts += self.capture.commit(plan, sampled, turn)
+        self.parts += self.capture.commit(plan, sampled, turn, sampling)
         self.calls.append((plan, sampled))
         return Message("assistant", text, calls), plan
 

@@ -94,12 +94,26 @@ function segmentTitle(seg) {
   return `thread ${seg.thread} (${seg.kind}${seg.trainable ? '' : ', not trained'}) · segment ${seg.index} · ${seg.calls} model calls · ${seg.prompt_tokens} prompt + ${seg.response_tokens} response tokens (${seg.sampled_tokens} sampled) · ${seg.finish_reason || '—'}${seg.closed ? ' · closed' : ' · open'}`;
 }
 
+// What the engine sampled the segment with, and whose values they were (pin: the run's).
+function samplingNote(seg) {
+  const s = seg.sampling;
+  if (!s) return h('div.sampling', { 'data-sampling': 'unrecorded' }, 'sampling not recorded (the run\'s temperature applies)');
+  const whose = s.mode === 'pin' ? 'pinned by the run' : 'the harness\'s values honoured';
+  const asked = s.from_harness.length ? ` · from the harness: ${s.from_harness.join(', ')}` : '';
+  const over = s.overridden.length ? ` · overrode the harness's ${s.overridden.join(', ')}` : '';
+  return h(
+    'div.sampling',
+    { 'data-sampling': s.mode, 'data-temperature': s.temperature },
+    `sampled at temperature ${fmt(s.temperature)} · top-p ${fmt(s.top_p)} · top-k ${s.top_k || 'off'} · min-p ${s.min_p || 'off'} (${whose})${asked}${over}`,
+  );
+}
+
 function transcriptView(t) {
   if (!t.decoded) return empty('No tokenizer for this run: the transcript cannot be decoded (token ids are in the token view).');
   return h(
     'div.transcript',
     t.segments_detail.map((seg) =>
-      h('div.segment', { 'data-thread': seg.thread, 'data-segment': seg.index }, h('div.seghead', segmentTitle(seg)), seg.transcript.map(message)),
+      h('div.segment', { 'data-thread': seg.thread, 'data-segment': seg.index }, h('div.seghead', segmentTitle(seg)), samplingNote(seg), seg.transcript.map(message)),
     ),
   );
 }
@@ -122,7 +136,7 @@ function tokenView(t) {
       h('span.turnmark', '▸'),
       ' = a new model call',
     ),
-    t.segments_detail.map((seg) => h('div.segment', { 'data-thread': seg.thread, 'data-segment': seg.index }, h('div.seghead', segmentTitle(seg)), tokens(seg.tokens))),
+    t.segments_detail.map((seg) => h('div.segment', { 'data-thread': seg.thread, 'data-segment': seg.index }, h('div.seghead', segmentTitle(seg)), samplingNote(seg), tokens(seg.tokens))),
   );
 }
 
