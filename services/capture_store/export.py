@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harnessrl import arrays
+from harnessrl.captured import segment_sampling
 from harnessrl.v1 import records_pb2
 
 
@@ -27,22 +28,6 @@ def task_steps(traj: records_pb2.Trajectory) -> list[dict[str, Any]]:
 def reason_name(value: int) -> str:
     """``TERMINATION_REASON_MAX_TURNS`` -> ``max_turns``."""
     return records_pb2.TerminationReason.Name(value).removeprefix("TERMINATION_REASON_").lower()
-
-
-def sampling_object(seg: records_pb2.Segment) -> dict[str, Any] | None:
-    """What the engine sampled the segment with; None for a capture made before it was recorded."""
-    if not seg.HasField("sampling"):
-        return None
-    m = seg.sampling
-    return {
-        "temperature": round(m.temperature, 6),  # float32 on the wire: 0.7, not 0.699999988
-        "top_p": round(m.top_p, 6),
-        "top_k": m.top_k,
-        "min_p": round(m.min_p, 6),
-        "mode": m.mode,
-        "from_harness": list(m.from_harness),
-        "overridden": list(m.overridden),
-    }
 
 
 def segment_objects(traj: records_pb2.Trajectory, with_routes: bool = False) -> Iterator[dict[str, Any]]:
@@ -74,7 +59,7 @@ def segment_objects(traj: records_pb2.Trajectory, with_routes: bool = False) -> 
             "model": seg.model,
             "chat_template_sha256": seg.chat_template_sha256,
             # temperature, top_p, top_k, min_p, mode (pin|honour), from_harness, overridden; null if unrecorded
-            "sampling": sampling_object(seg),
+            "sampling": segment_sampling(seg),
             "prompt_ids": arrays.unpack_i32(seg.prompt_ids).tolist(),
             "response_ids": arrays.unpack_i32(r.ids).tolist(),
             "response_mask": np.frombuffer(r.mask, np.uint8).tolist(),
@@ -181,7 +166,7 @@ def metadata_row(traj: records_pb2.Trajectory) -> dict[str, Any]:
         "cached_prompt_tokens": sum(s.usage.cached_prompt_tokens for s in traj.segments),
         "policy_versions_seen": list(traj.policy_versions_seen),
         "segment_sampling": [
-            {"thread": seg.key.thread, "segment_index": seg.key.segment_index, **(sampling_object(seg) or {})}
+            {"thread": seg.key.thread, "segment_index": seg.key.segment_index, **(segment_sampling(seg) or {})}
             for seg in traj.segments
         ],
         "verifier_summary": traj.verifier_summary,

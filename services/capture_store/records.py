@@ -147,19 +147,6 @@ class GroupRec(_Record):
         return len(self.trials) >= self.group_size
 
 
-def sampling_dict(msg: records_pb2.SegmentSampling) -> dict[str, Any]:
-    """A segment's sampling as its index record keeps it (JSON: plain values)."""
-    return {
-        "temperature": round(msg.temperature, 6),  # float32 on the wire: 0.7, not 0.699999988
-        "top_p": round(msg.top_p, 6),
-        "top_k": msg.top_k,
-        "min_p": round(msg.min_p, 6),
-        "mode": msg.mode,
-        "from_harness": list(msg.from_harness),
-        "overridden": list(msg.overridden),
-    }
-
-
 def sampling_proto(data: dict[str, Any]) -> records_pb2.SegmentSampling:
     known = {f.name for f in records_pb2.SegmentSampling.DESCRIPTOR.fields}
     return records_pb2.SegmentSampling(**{k: v for k, v in data.items() if k in known})

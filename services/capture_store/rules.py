@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TypeVar
 
+from harnessrl.captured import sampling_fields
 from harnessrl.errors import FailedPrecondition, HarnessError
 from harnessrl.v1 import capture_pb2
 from services.capture_store import records as rec
@@ -149,7 +150,7 @@ def _open_segment(
         kind=req.thread_kind, trainable=req.trainable, n_prompt=int(p.part.prompt.size), started_at=now, updated_at=now
     )
     if req.HasField("sampling"):
-        seg.sampling = rec.sampling_dict(req.sampling)
+        seg.sampling = sampling_fields(req.sampling)
     return trial, seg
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl.arrays import unpack_f32, unpack_i32
+from harnessrl.captured import segment_sampling
 from harnessrl.v1 import records_pb2
 from services.dashboard.text import IM_END, Decoder, ToolParser, transcript
 
@@ -178,7 +179,7 @@ def _segment_view(
         "closed": seg.closed,
         "model": seg.model,
         "template_sha256": seg.chat_template_sha256,
-        "sampling": _sampling(seg),
+        "sampling": segment_sampling(seg),
         "prompt_tokens": len(prompt),
         "response_tokens": len(ids),
         "sampled_tokens": int(mask.sum()),
@@ -196,22 +197,6 @@ def _segment_view(
             chunks.append(("sampled" if value else "context", decoder.text(ids[a:b].tolist())))
         out["transcript"] = [m.as_json() for m in transcript(chunks, parser)]
     return out
-
-
-def _sampling(seg: records_pb2.Segment) -> dict[str, Any] | None:
-    """What the engine sampled the segment with (None: a capture that recorded none)."""
-    if not seg.HasField("sampling"):
-        return None
-    m = seg.sampling
-    return {
-        "temperature": round(m.temperature, 6),  # float32 on the wire
-        "top_p": round(m.top_p, 6),
-        "top_k": m.top_k,
-        "min_p": round(m.min_p, 6),
-        "mode": m.mode,
-        "from_harness": list(m.from_harness),
-        "overridden": list(m.overridden),
-    }
 
 
 def _start(item: tuple[int, tuple[int, int]]) -> int:
