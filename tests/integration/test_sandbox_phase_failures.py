@@ -23,6 +23,7 @@ from services.sandbox.backends.base import ExecRequest, ExecResult, Sandbox
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.common.errors import LeaseLost
 from services.sandbox.common.settings import Settings
+from services.sandbox.defences.module_shadow import VerifierImports
 from services.sandbox.queue.base import TrialQueue, create_queue
 from services.sandbox.trial.endpoints import CaptureFinalizer
 from services.sandbox.trial.lifecycle import (
@@ -83,9 +84,9 @@ class FaultyBackend(LocalBackend):
         self._at("snapshot_pristine")
         await super().snapshot_pristine(sandbox)
 
-    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
+    async def restore_protected(self, sandbox: Sandbox, imports: VerifierImports | None = None) -> list[str]:
         self._at("restore_protected")
-        return await super().restore_protected(sandbox)
+        return await super().restore_protected(sandbox, imports)
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
         # The oracle's solution is the harness's upload; tests are uploaded for verify only.

@@ -117,7 +117,11 @@ exit 0""",
 
 @pytest.fixture(scope="module")
 def redteam_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("redteam")
+    return build_redteam_task(tmp_path_factory.mktemp("redteam"))
+
+
+def build_redteam_task(root: Path) -> Path:
+    """The pytest-verified task every cheat tries (the other red-team modules build it too)."""
     task = make_task(
         root,
         "calc",

@@ -70,6 +70,8 @@ class ContainerExec:
     # A compose task's holder and sidecars (``docker_compose``), removed at stop.
     services: Any = None
     pristine: Path | None = None
+    # ``docker diff`` of the agent's container, read before the verifier's is made.
+    agent_diff: list[dict[str, object]] = field(default_factory=list)
     stopped: bool = False
     relay: UnixRelay | None = None
     uploaded: set[str] = field(default_factory=set)
