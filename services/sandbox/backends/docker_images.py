@@ -327,15 +327,18 @@ def build_hash(task: Task) -> str:
 
 def base_images(task: Task) -> list[str] | None:
     """The images the task's Dockerfile builds on, in order, once each: every FROM that is
-    not an earlier stage (with the ARG defaults declared before the first FROM substituted,
-    as Docker does; no build args are passed) and every ``COPY --from`` that names an
-    image. ``scratch`` is no image. None where the Dockerfile cannot be read."""
+    not an earlier stage (with the ARGs declared before the first FROM substituted, as Docker
+    does: the build args the build passes, a compose file's ``main`` build args, over their
+    defaults) and every ``COPY --from`` that names an image. ``scratch`` is no image. None
+    where the Dockerfile cannot be read."""
     path = main_dockerfile(task)
     assert path is not None
     try:
         instructions = dockerfile.parse(path.read_text())
     except (dockerfile.DockerfileError, UnicodeDecodeError, OSError):
         return None
+    main = task.compose.main_build if task.compose else None
+    build_args = dict(main.args) if main else {}
     global_args: dict[str, str] = {}
     stages: set[str] = set()
     bases: list[str] = []
@@ -348,7 +351,7 @@ def base_images(task: Task) -> list[str] | None:
 
     for ins in instructions:
         if ins.keyword == "ARG" and not seen_from:
-            global_args.update(_arg_defaults(ins.raw, global_args))
+            global_args.update(_arg_defaults(ins.raw, global_args, build_args))
         elif ins.keyword == "FROM":
             seen_from = True
             words = ins.raw.split()
@@ -360,8 +363,9 @@ def base_images(task: Task) -> list[str] | None:
     return bases
 
 
-def _arg_defaults(raw: str, known: dict[str, str]) -> dict[str, str]:
-    """``ARG A=1 B`` -> {"A": "1"}: only the ARGs with a default (no build args are passed)."""
+def _arg_defaults(raw: str, known: dict[str, str], build_args: dict[str, str] | None = None) -> dict[str, str]:
+    """``ARG A=1 B`` -> {"A": "1"}: each declared ARG's build arg, else its default (an ARG
+    with neither is unset)."""
     try:
         words = shlex.split(raw)
     except ValueError:
@@ -369,7 +373,9 @@ def _arg_defaults(raw: str, known: dict[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for word in words:
         name, sep, value = word.partition("=")
-        if sep:
+        if build_args and name in build_args:
+            out[name] = build_args[name]
+        elif sep:
             out[name] = dockerfile.substitute(value, {**known, **out})
     return out
 
