@@ -23,7 +23,7 @@ from services.sandbox.common import tarsafe
 from services.sandbox.common.errors import CapabilityError
 from services.sandbox.common.paths import SandboxPaths, TrialDirs
 from services.sandbox.common.settings import EnforcedLimit, IntegrityPolicy
-from services.sandbox.defences import module_shadow, path_guard, runner_guard
+from services.sandbox.defences import module_shadow, path_guard, runner_guard, suspicious
 from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class Backend(abc.ABC):
             raise RuntimeError("snapshot_pristine was not called at start")
         await self.download(sandbox, paths.workdir, current)
         events = await asyncio.to_thread(restore_workspace, sandbox, current, pristine, self.integrity, imports)
-        if events:
+        if any(not suspicious.is_event(e) for e in events):  # something was reverted
             await self.upload(sandbox, current, paths.workdir)
         return events
 
@@ -249,7 +249,10 @@ def restore_workspace(
     """Every file defence of a workspace before verify (``current``: it, or its host copy), as
     ``policy`` switches them: ``runner_guard``'s, then the verifier's PATH (``verifier_policy``)."""
     importable = imports.names if imports is not None else frozenset()
-    events = runner_guard.restore_for_verify(current, pristine, policy, importable)
+    # The detector reads the change before the guards revert any of it (``suspicious.PREFIX``
+    # marks its events among the tamper events; the verify phase counts them apart).
+    events = suspicious.scan(current, pristine)
+    events += runner_guard.restore_for_verify(current, pristine, policy, importable)
     if policy.guard_verifier_path:
         task, workdir = sandbox.spec.task, str(sandbox.paths.workdir)
         events += path_guard.guard_workspace(current, pristine, sandbox.env, task, workdir)

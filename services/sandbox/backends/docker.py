@@ -72,7 +72,7 @@ from services.sandbox.common import tarsafe
 from services.sandbox.common.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.common.settings import Settings
-from services.sandbox.defences import module_shadow, path_guard
+from services.sandbox.defences import module_shadow, path_guard, suspicious
 from services.sandbox.task import verifier_policy
 
 log = logging.getLogger(__name__)
@@ -468,7 +468,7 @@ class DockerBackend(Backend):
         # failure; the guard removes the agent's (symlink-escape) instead.
         await self._download(sandbox, paths.workdir, current, "tar")
         events = await asyncio.to_thread(restore_workspace, sandbox, current, handle.pristine, self.integrity, imports)
-        if events:
+        if any(not suspicious.is_event(e) for e in events):  # something was reverted
             await self.upload(sandbox, current, paths.workdir)
         return outside + events
 

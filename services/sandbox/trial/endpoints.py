@@ -170,6 +170,7 @@ class CaptureFinalizer:
             metadata={
                 "policy_version": str(spec.policy_version),
                 "tamper_events": str(len(outcome.tamper_events)),
+                "suspicious_events": str(len(outcome.suspicious_events)),
                 **({"requested_models": ",".join(outcome.requested_models)[:4096]} if outcome.requested_models else {}),
                 # Stable across attempts: the trace of the submitter (a redelivered trial's
                 # finalize must stay identical), absent when the trial came without one.

@@ -379,7 +379,7 @@ class TrialRunner:
         await self._close_proxy(t)
         if t.steps and all(s.verified for s in t.steps):
             combined = task_steps.combine(t.task.config.multi_step_reward_strategy, [s.rewards for s in t.steps])
-            runner_verify.settle(t, combined)
+            runner_verify.settle(t, combined, zero_if_suspicious=self.settings.integrity.suspicious == "zero")
 
     # -- teardown --------------------------------------------------------------
     async def _teardown(self, t: Trial) -> None:

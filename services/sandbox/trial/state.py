@@ -51,6 +51,8 @@ class Trial:
     rewards: dict[str, float] = field(default_factory=dict)
     exit_code: int = 0
     tamper: list[str] = field(default_factory=list)
+    # The detector's hits on the agent's change (``defences/suspicious``), once each.
+    suspicious: list[str] = field(default_factory=list)
     verifier: verifier_policy.VerifierRun | None = None
     events: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -110,6 +112,7 @@ def build_outcome(t: Trial) -> TrialOutcome:
         num_segments=t.summary.num_segments,
         harness_exit_code=t.exit_code,
         tamper_events=t.tamper,
+        suspicious_events=t.suspicious,
         error="; ".join(t.errors),
         events=t.events,
         verifier_summary=t.verifier_summary,

@@ -18,7 +18,7 @@ from pathlib import Path
 from services.sandbox.backends.base import Backend, ExecRequest, ExecResult, Network, Phase, SandboxSpec
 from services.sandbox.common.errors import SandboxLost, VerifierError
 from services.sandbox.common.settings import Settings
-from services.sandbox.defences import integrity, module_shadow, runner_guard
+from services.sandbox.defences import integrity, module_shadow, runner_guard, suspicious
 from services.sandbox.task import verifier_policy
 from services.sandbox.task.steps import Step
 from services.sandbox.trial import artifacts
@@ -64,7 +64,10 @@ async def verify(
             return None
         imports = probed
     if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
-        t.tamper += await backend.restore_protected(sandbox, imports)
+        events = await backend.restore_protected(sandbox, imports)
+        t.tamper += [e for e in events if not suspicious.is_event(e)]
+        # A multi-step trial's later steps see the earlier steps' change again: counted once.
+        t.suspicious += [e for e in events if suspicious.is_event(e) and e not in t.suspicious]
     tests = t.task.tests_dir if step is None else await asyncio.to_thread(_step_tests, sandbox.spec, step)
     await backend.upload(sandbox, tests, sandbox.paths.tests)
     # A step's own timeout (Harbor's default 600 s when unset), never the task's [verifier] one.
@@ -99,7 +102,7 @@ async def verify(
         t.fail("verifier_failed", f"{where}verifier: {e}{detail}")
         return None
     if step is None:
-        settle(t, rewards, detail)
+        settle(t, rewards, detail, zero_if_suspicious=policy.suspicious == "zero")
     return rewards
 
 
@@ -130,13 +133,19 @@ async def _verifier_imports(
     return imports
 
 
-def settle(t: Trial, rewards: dict[str, float], detail: str = "") -> None:
-    """The trial's rewards, and the one of them (or the weighted sum) the run trains on."""
+def settle(t: Trial, rewards: dict[str, float], detail: str = "", zero_if_suspicious: bool = False) -> None:
+    """The trial's rewards, and the one of them (or the weighted sum) the run trains on;
+    0 when the detector flagged the agent's change and the policy says "zero" (``rewards``
+    keep what the verifier wrote)."""
     t.rewards = rewards
     try:
         t.reward = integrity.select_reward(rewards, t.spec.reward_key, t.spec.reward_weights)
     except VerifierError as e:
         t.fail("verifier_failed", f"verifier: {e}{detail}")
+        return
+    if zero_if_suspicious and t.suspicious and t.reward:
+        t.events.append(f"reward {t.reward} zeroed: {len(t.suspicious)} suspicious event(s) (suspicious = zero)")
+        t.reward = 0.0
 
 
 def _step_tests(spec: SandboxSpec, step: Step) -> Path:
