@@ -89,6 +89,20 @@ def phase_env(sandbox: Sandbox, extra: dict[str, str]) -> dict[str, str]:
     return {**base, **sandbox.env, "TMPDIR": "/tmp", **extra}
 
 
+def fallback_outcome(t: Trial, error: str) -> TrialOutcome:
+    """The outcome when ``build_outcome`` itself raised: verifier_error (the trial's result
+    could not be computed, so it is never a reward), with what is known, nothing derived."""
+    return TrialOutcome(
+        termination_reason=TerminationReason.VERIFIER_ERROR,
+        tamper_events=list(t.tamper),
+        suspicious_events=list(t.suspicious),
+        error="; ".join([*t.errors, error]),
+        events=list(t.events),
+        artifacts_dir=str(t.artifacts),
+        task_id=t.spec.task_id,
+    )
+
+
 def build_outcome(t: Trial) -> TrialOutcome:
     """The one outcome of the run, also written to ``result.json`` in its artifacts."""
     f = t.flags
