@@ -112,8 +112,11 @@ class VerifierImports:
 def probe_command(workdir: PurePosixPath) -> list[str]:
     """The probe for every Python interpreter on PATH (the caller gives the verifier's PATH
     without its workspace entries: a planted ``python3`` there is not asked)."""
+    # python and python3 of one directory are usually one interpreter: asked once (a venv's
+    # resolve to its base's binary, so the directory is part of what makes it the same).
     script = (
-        'for py in python3 python; do p=$(command -v "$py") || continue; '
+        'seen=""; for py in python3 python; do p=$(command -v "$py") || continue; '
+        'k="$(dirname "$p"):$(readlink -f "$p")"; case "$seen" in *"|$k|"*) continue;; esac; seen="$seen|$k|"; '
         f'"$p" -I -S -c {shlex.quote(PROBE)} {shlex.quote(str(workdir))} || true; done; true'
     )
     return ["/bin/sh", "-c", script]
