@@ -205,6 +205,7 @@ async def test_the_task_is_sound(
     oracle = await run_trial(tmp_path, cache_dir, redteam_task, "oracle", kind=backend_kind)
     nop = await run_trial(tmp_path, cache_dir, redteam_task, "nop", kind=backend_kind)
     assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle
+    assert oracle.suspicious_events == [] and oracle.tamper_events == []
     assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop
 
 
