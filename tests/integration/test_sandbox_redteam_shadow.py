@@ -6,7 +6,8 @@ that the agent writes in the workspace is what pytest loads, and its hook passes
 The sandbox's own environment names the plugin at verify time (``module_shadow``), the guard
 reverts the module: 0 with the guard, 1 without it. On docker, a plugin directory the
 agent's user may write (outside the workspace) is the same route: its change is reverted
-from the image (``path_guard.lookup_changes``)."""
+from the image (``path_guard.lookup_changes``), and so is a pytest config the agent writes in
+a parent of WORKDIR that its user may write."""
 
 from __future__ import annotations
 
@@ -107,4 +108,32 @@ async def test_a_plugin_directory_the_agent_may_write_is_restored(
     assert oracle.tamper_events == []
     assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
     assert "lookup-route:/opt/pylib/shadowplug/__init__.py (changed)" in defended.tamper_events, defended.tamper_events
+    assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
+
+
+async def test_a_config_above_the_workdir_is_removed(
+    tmp_path: Path, cache_dir: Path, plugin_task: Path, docker_engine: object
+) -> None:
+    """Docker only: the workspace is /home/dev/app and /home/dev is the agent's user's,
+    a parent of WORKDIR where pytest looks for its config (up from its arguments). The
+    agent's ``/home/dev/pytest.ini`` would make it the rootdir and load the agent's plugin;
+    it is removed (the plugin module, a new name, stays)."""
+    task = tmp_path / "task"
+    shutil.copytree(plugin_task, task)
+    for rel in ("environment/Dockerfile", "tests/test.sh", "solution/solve.sh"):
+        (task / rel).write_text((task / rel).read_text().replace("/app", "/home/dev/app"))
+    dockerfile = task / "environment" / "Dockerfile"
+    home = "RUN mkdir -p /home/dev && chown 1000:1000 /home/dev\nWORKDIR /home/dev/app"
+    dockerfile.write_text(dockerfile.read_text().replace("WORKDIR /home/dev/app", home))
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}  # type: ignore[attr-defined]
+    script = (
+        "printf '[pytest]\\naddopts = -p p_root\\n' > /home/dev/pytest.ini\n"
+        f"cat > /home/dev/app/p_root.py <<'EOF'\n{CONFTEST}EOF"
+    )
+    oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
+    defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
+    exposed = await run_trial(tmp_path / "off", cache_dir, task, "shell", script, kind=kind, guard_runner_routes=False)
+    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
+    assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
+    assert "lookup-route:/home/dev/pytest.ini (added)" in defended.tamper_events, defended.tamper_events
     assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
