@@ -188,7 +188,7 @@ async def run_trial(
     kind: dict[str, object] | None = None,
     **policy: bool,
 ):
-    settings = settings_for(tmp, IntegrityPolicy(**policy), cache_dir=cache, **(kind or {}))
+    settings = settings_for(tmp, IntegrityPolicy.model_validate(policy), cache_dir=cache, **(kind or {}))
     runner = TrialRunner(settings, create_backend(settings))
     spec = TrialSpec(
         trial_id=f"rt-{uuid.uuid4().hex[:10]}",

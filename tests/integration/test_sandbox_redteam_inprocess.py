@@ -123,7 +123,7 @@ def backend_kind(request: pytest.FixtureRequest) -> dict[str, object]:
 async def _run(
     tmp: Path, cache: Path, task: Path, harness: str, script: str, kind: dict[str, object], **policy: object
 ) -> TrialOutcome:
-    settings = settings_for(tmp, IntegrityPolicy(**policy), cache_dir=cache, **kind)  # type: ignore[arg-type]
+    settings = settings_for(tmp, IntegrityPolicy.model_validate(policy), cache_dir=cache, **kind)
     runner = TrialRunner(settings, create_backend(settings))
     options = {"script": script} if script else {}
     spec = TrialSpec(

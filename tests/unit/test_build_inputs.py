@@ -35,7 +35,7 @@ def _compose(task: Path, args: str) -> None:
     (task / "environment" / "docker-compose.yaml").write_text(text)
 
 
-CHANGES: dict[str, Callable[[Path], None]] = {
+CHANGES: dict[str, Callable[[Path], object]] = {
     "[environment] workdir": lambda t: _toml(t, 'workdir = "/app"', 'workdir = "/srv/app"'),
     "[environment] env": lambda t: _toml(t, 'A = "1"', 'A = "2"'),
     "[environment] docker_image": lambda t: _toml(t, "[environment]\n", '[environment]\ndocker_image = "x:1"\n'),
