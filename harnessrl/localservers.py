@@ -5,6 +5,7 @@ and the embedded-distributed mode; never a mock."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -14,10 +15,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -56,6 +58,27 @@ def _wait(check: object, timeout: float, what: str, proc: subprocess.Popen[bytes
             return
         time.sleep(0.1)
     raise TimeoutError(f"{what} did not start in {timeout}s: {log.read_text()[-2000:]}")
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child of a fork calls no loader
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A Popen ``preexec_fn`` that makes the server get SIGTERM when the process that started it
+    dies, however it dies (a test worker SIGKILLed by pytest-xdist after an interrupt runs
+    no teardown). Linux ties this to the starting *thread*: from any thread but the main
+    one the server would die with that thread, so there it is None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above: nobody will signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 # Directories the servers made for themselves (no ``dir`` given): removed when
@@ -133,7 +156,9 @@ class RedisServer(_Process):
             str(log),
         ]
         log.touch()
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+        )
         _wait(lambda: _can_connect(self.port), 15, "redis-server", self.proc, log)
         return self
 
@@ -198,7 +223,9 @@ class S3Server(_Process):
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         log = self.dir / "weed.log"
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(args, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                args, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+            )
         _wait(self._s3_answers, timeout, "weed mini", self.proc, log)
         return self
 
@@ -290,7 +317,9 @@ class DockerEngine(_Process):
         ]
         log = self.dir / "dockerd.log"
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent()
+            )
         _wait(self._answers, timeout, "dockerd", self.proc, log)
         if self.data_root is not None:
             # A kept data root may hold containers of a session that was killed.

@@ -36,6 +36,11 @@ FAILURES = Counter(
     "Failures a service detected, by kind (proxy: engine_arrays_mismatch, refused, proxy_error).",
     ["service", "kind"],
 )
+IGNORED_FIELDS = Counter(
+    "harnessrl_ignored_fields",
+    "Request fields accepted and ignored on purpose (proxy: the Gemini API's IGNORED), by protocol and field.",
+    ["service", "protocol", "field"],
+)
 
 _served: set[int] = set()
 _lock = threading.Lock()

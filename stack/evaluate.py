@@ -80,15 +80,23 @@ class EvalResult:
 
 
 def task_row(step: int, task: str, k: int, statuses: list[sandbox_pb2.TrialStatus], threshold: float) -> dict[str, Any]:
-    valid = [s for s in statuses if s.termination_reason in POLICY_REASONS]
-    c = sum(1 for s in valid if s.has_reward and s.reward >= threshold)
+    """A task's row. A trial that completed with several rewards and none chosen ([run]
+    reward_key / reward_weights unset) is ``unscored``: neither a success nor a failure,
+    its keys' means are in ``rewards``."""
+    ended = [s for s in statuses if s.termination_reason in POLICY_REASONS]
+    valid = [s for s in ended if s.has_reward]
+    c = sum(1 for s in valid if s.reward >= threshold)
     n = len(valid)
     reasons: dict[str, int] = {}
     for s in statuses:
         name = records_pb2.TerminationReason.Name(s.termination_reason).removeprefix("TERMINATION_REASON_").lower()
         reasons[name] = reasons.get(name, 0) + 1
     row: dict[str, Any] = {"step": step, "task_id": task, "k": k, "n": n, "successes": c}
-    row["infra_failures"] = len(statuses) - n
+    row["infra_failures"] = len(statuses) - len(ended)
+    row["unscored"] = len(ended) - n
+    keys = sorted({key for s in ended for key in s.rewards})
+    if keys != ["reward"] and keys:
+        row["rewards"] = {key: statistics.fmean(s.rewards[key] for s in ended if key in s.rewards) for key in keys}
     for j in sorted({1, k}):
         row[f"pass@{j}"] = pass_at(n, c, j)
         row[f"pass^{j}"] = pass_hat(n, c, j)
@@ -103,6 +111,7 @@ def overall_row(step: int, k: int, rows: list[dict[str, Any]]) -> dict[str, Any]
     out["n"] = sum(r["n"] for r in rows)
     out["successes"] = sum(r["successes"] for r in rows)
     out["infra_failures"] = sum(r["infra_failures"] for r in rows)
+    out["unscored"] = sum(r.get("unscored", 0) for r in rows)
     for key in rows[0] if rows else []:
         if key.startswith(("pass@", "pass^")):
             values = [r[key] for r in rows if r[key] is not None]
@@ -313,6 +322,14 @@ def summary_lines(result: EvalResult) -> list[str]:
             f"{name[:32]:<32} {row['n']:>3} {row['successes']:>3} {f(row.get('pass@1')):>7} "
             f"{f(row.get(f'pass@{k}')):>7} {f(row.get(f'pass^{k}')):>7} {row['infra_failures']}"
         )
+        if row.get("rewards"):  # a multi-key reward.json: each key's mean over the trials that ended
+            means = ", ".join(f"{key} {value:.3f}" for key, value in row["rewards"].items())
+            lines.append(f"{'':<32} rewards: {means}")
+        if row.get("unscored"):
+            lines.append(
+                f"{'':<32} {row['unscored']} completed trial(s) with several rewards and none chosen: not in n; "
+                "set [run] reward_key or reward_weights to score them"
+            )
     return lines
 
 

@@ -14,13 +14,12 @@ Each failed check says what to change. Warnings are printed, never fatal.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import grpc
 from harnessrl import paths
 from harnessrl.errors import ConfigError, HarnessError
 from harnessrl.rpc import connect
-from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
+from harnessrl.v1 import gateway_pb2, gateway_pb2_grpc, records_pb2, sandbox_pb2_grpc
 from stack.runconfig import RunConfig
 
 # Harness -> (kind, install folder under tools/, package, version variable of scripts/setup_harnesses.sh).
@@ -369,6 +368,8 @@ async def live_checks(
         report.checks[-1].seconds = time.monotonic() - started
     if cfg.run.validate_tasks and report.ok:
         started = time.monotonic()
+        from stack.task_pool import check_pool  # it builds on this module's Check and cache
+
         report.add(await check_pool(cfg, sandbox_target, tasks, token))
         report.checks[-1].seconds = time.monotonic() - started
     return report
@@ -380,13 +381,17 @@ async def check_sandbox(cfg: RunConfig, sandbox_target: str, task: Path, token: 
     try:
         async with connect(sandbox_target, token, service="trainer") as channel:
             stub = sandbox_pb2_grpc.SandboxStub(channel)
-            _, _, status = await _trial(stub, run_id, f"{run_id}-nop-{time.time_ns()}", task, "nop")
+            from stack.task_pool import trial
+
+            _, _, status = await trial(stub, run_id, f"{run_id}-nop-{time.time_ns()}", task, "nop")
     except grpc.aio.AioRpcError as e:
         fix = f"start the sandbox service at {sandbox_target} or correct [run] sandbox_target"
         return Check("sandbox", False, f"sandbox {sandbox_target}: {e.code().name}: {e.details()}", fix)
     if status.termination_reason != records_pb2.TERMINATION_REASON_COMPLETED:
         reason = records_pb2.TerminationReason.Name(status.termination_reason).removeprefix("TERMINATION_REASON_")
         fix = "check bubblewrap and the [sandbox] settings (work_dir, cache_dir, limits) and the error above"
+        if "verify_network" in status.error:  # the task's public verifier: no network to give it
+            fix = "change the verify_network named above, or the task's [verifier] network_mode"
         return Check("sandbox", False, f"a no-op trial ended {reason.lower()}: {status.error[:300]}", fix)
     timings = status.timings
     seconds = timings.setup_s + timings.agent_s + timings.verify_s + timings.teardown_s
@@ -413,64 +418,6 @@ async def check_engine(target: str | None, token: str | None, max_tokens: int | 
         fix = f"lower [proxy] default_max_tokens below {health.context_window}"
         return Check("engine", False, f"default_max_tokens {max_tokens} >= the engine's window", fix)
     return Check("engine", True, f"{health.model} loaded, window {health.context_window}, {len(healthy)} replica(s)")
-
-
-async def check_pool(cfg: RunConfig, sandbox_target: str, tasks: Sequence[Path], token: str | None) -> Check:
-    """A no-op trial per task proves the backend runs; the oracle must score 1, no-op 0."""
-    cache = cache_dir()
-    todo = [t for t in tasks if not (cache / f"{task_digest(t)}.json").exists()]
-    if not todo:
-        return Check("task pool", True, f"{len(tasks)} task(s) validated (cached)")
-    run_id = f"{cfg.run_id}-preflight"
-    async with connect(sandbox_target, token, service="trainer") as channel:
-        stub = sandbox_pb2_grpc.SandboxStub(channel)
-        jobs: list[Awaitable[tuple[Path, str, sandbox_pb2.TrialStatus]]] = []
-        for i, task in enumerate(todo):
-            for harness in ("oracle", "nop"):
-                jobs.append(_trial(stub, run_id, f"{run_id}-{i}-{harness}-{int(time.time())}", task, harness))
-        try:
-            results = await asyncio.gather(*jobs)
-        except grpc.aio.AioRpcError as e:
-            fix = f"start the sandbox service at {sandbox_target} or correct [run] sandbox_target"
-            return Check("task pool", False, f"sandbox {sandbox_target}: {e.code().name}: {e.details()}", fix)
-    return _judge(results, cache, len(tasks))
-
-
-def _judge(results: list[tuple[Path, str, sandbox_pb2.TrialStatus]], cache: Path, total: int) -> Check:
-    problems: dict[Path, list[str]] = {}
-    expected = {"oracle": 1.0, "nop": 0.0}
-    for task, harness, status in results:
-        reason = records_pb2.TerminationReason.Name(status.termination_reason).removeprefix("TERMINATION_REASON_")
-        if status.termination_reason != records_pb2.TERMINATION_REASON_COMPLETED:
-            problems.setdefault(task, []).append(f"{harness} ended {reason.lower()}: {status.error[:200]}")
-        elif not status.has_reward or status.reward != expected[harness]:
-            got = status.reward if status.has_reward else None
-            problems.setdefault(task, []).append(f"{harness} scored {got}, expected {expected[harness]:g}")
-    cache.mkdir(parents=True, exist_ok=True)
-    for task in {t for t, _, _ in results} - set(problems):
-        (cache / f"{task_digest(task)}.json").write_text(json.dumps({"task": str(task), "ok": True}))
-    if problems:
-        shown = "; ".join(f"{t.name}: {', '.join(p)}" for t, p in sorted(problems.items())[:3])
-        fix = "fix the named task(s) (solution/solve.sh must pass, tests must fail untouched) or remove them"
-        if any("env_setup_failed" in p for ps in problems.values() for p in ps):
-            fix = "the sandbox backend cannot run a trial: check bubblewrap and the [sandbox] settings; " + fix
-        return Check("task pool", False, f"{len(problems)} of {total} task(s) rejected: {shown}", fix)
-    return Check("task pool", True, f"{total} task(s): oracle 1, no-op 0")
-
-
-async def _trial(
-    stub: sandbox_pb2_grpc.SandboxStub, run_id: str, trial_id: str, task: Path, harness: str
-) -> tuple[Path, str, sandbox_pb2.TrialStatus]:
-    spec = sandbox_pb2.TrialSpec(
-        trial_id=trial_id, run_id=run_id, task_path=str(task), harness=harness, group_id=trial_id, group_size=1
-    )
-    await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec), timeout=30)
-    watch = stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(trial_ids=[trial_id]), timeout=600)
-    async for status in watch:
-        if status.state == sandbox_pb2.TRIAL_STATE_DONE:
-            watch.cancel()
-            return task, harness, status
-    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "watch ended")
 
 
 def print_report(report: Report, echo: Callable[[str], Any]) -> None:

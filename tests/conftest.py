@@ -3,10 +3,13 @@ contract check (every RPC in the protos is served to some test)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +25,33 @@ from tests.contract import check_rpc_coverage
 from tests.vllm_support import vllm_server  # noqa: F401  (the vllm suite's one shared server)
 
 leftovers.mark_session()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (``kill``, a CI timeout) is taken as Ctrl-C: pytest then tears down every
+    fixture, so the servers they started stop by their PID. Without it the process dies
+    with no teardown; the servers' die_with_parent is the last resort (it also covers
+    SIGKILL), but skips the engines' orderly cleanup. An xdist controller passes it on
+    to its workers at once (execnet would first wait 5 s, then kill them at 10)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    if _CONFIG and _CONFIG[0].pluginmanager.has_plugin("dsession"):
+        import psutil
+
+        for worker in psutil.Process().children():  # a distributing controller runs no test itself
+            with contextlib.suppress(psutil.Error):
+                worker.send_signal(signal.SIGTERM)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
+
+
+if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _interrupt)
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # scripts/test runs the default suite on 2 workers
 if _WORKER:
     # One core per worker: torch's (OpenMP's) two threads per process, with the other worker
@@ -62,25 +92,31 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture(scope="session")
-def docker_engine() -> Iterator[DockerEngine]:
-    """One private dockerd per session (no bridge, no iptables), with the offline
-    base images imported (the rootfs that setup built, or built now). Its data root
-    (images, build cache) is kept under ``$HARNESSRL_HOME/docker-engine/`` for the
-    next session on this machine; a fresh machine, or a second session at the same
-    time, starts cold."""
+def docker_daemon() -> Iterator[DockerEngine]:
+    """One private dockerd per session (no bridge, no iptables), nothing imported. Its
+    data root (images, build cache) is kept under ``$HARNESSRL_HOME/docker-engine/``
+    for the next session on this machine; a fresh machine, or a second session at the
+    same time, starts cold."""
+    with cached_data_root(paths.home()) as data_root, DockerEngine(data_root=data_root) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def docker_engine(docker_daemon: DockerEngine) -> DockerEngine:
+    """The session's dockerd with the offline base images imported (the rootfs that
+    setup built, or built now)."""
     import docker
 
     from services.sandbox import baseimages
 
-    with cached_data_root(paths.home()) as data_root, DockerEngine(data_root=data_root) as engine:
-        client = docker.DockerClient(base_url=engine.host)
-        fs = baseimages.rootfs()
-        if data_root is not None:
-            _untag_foreign_base_images(client, fs.key)
-            client.volumes.prune()  # no container is left to use one (DockerEngine removed them)
-        baseimages.ensure_imported(client, fs)
-        client.close()
-        yield engine
+    client = docker.DockerClient(base_url=docker_daemon.host)
+    fs = baseimages.rootfs()
+    if docker_daemon.data_root is not None:
+        _untag_foreign_base_images(client, fs.key)
+        client.volumes.prune()  # no container is left to use one (DockerEngine removed them)
+    baseimages.ensure_imported(client, fs)
+    client.close()
+    return docker_daemon
 
 
 def _untag_foreign_base_images(client: Any, key: str) -> None:
@@ -128,9 +164,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @functools.cache
 def _uses_docker(path: Path) -> bool:
     text = path.read_text(errors="replace")
-    return "docker_engine" in text or "DockerEngine" in text
+    return any(name in text for name in ("docker_engine", "docker_daemon", "DockerEngine"))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which tears down what an interrupted run left set up
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fails a full default run in which some RPC was never served, and any run that
     left a process of its own alive; removes the record. Under xdist each worker

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+from harnessrl.localservers import die_with_parent
 from services.sandbox_remote.server import RemoteSandboxServer, create_remote_server
 from services.sandbox_remote.settings import Settings as RemoteSettings
 
@@ -38,7 +39,9 @@ class Executor:
     def start(self, timeout_s: float = 60) -> Executor:
         cmd = [sys.executable, "-m", "services.sandbox.executor", "--port", str(self.port)]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             match = _LISTENING.search(self.log.read_bytes())

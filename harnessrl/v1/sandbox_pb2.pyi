@@ -98,7 +98,14 @@ class GetTrialRequest(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ...) -> None: ...
 
 class TrialStatus(_message.Message):
-    __slots__ = ("trial_id", "run_id", "state", "termination_reason", "reward", "has_reward", "timings", "num_segments", "attempt", "worker", "error", "harness_exit_code", "tamper_events", "updated_at")
+    __slots__ = ("trial_id", "run_id", "state", "termination_reason", "reward", "has_reward", "timings", "num_segments", "attempt", "worker", "error", "harness_exit_code", "tamper_events", "updated_at", "rewards")
+    class RewardsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +120,7 @@ class TrialStatus(_message.Message):
     HARNESS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     TAMPER_EVENTS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     run_id: str
     state: TrialState
@@ -127,7 +135,8 @@ class TrialStatus(_message.Message):
     harness_exit_code: int
     tamper_events: _containers.RepeatedScalarFieldContainer[str]
     updated_at: float
-    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., num_segments: _Optional[int] = ..., attempt: _Optional[int] = ..., worker: _Optional[str] = ..., error: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., tamper_events: _Optional[_Iterable[str]] = ..., updated_at: _Optional[float] = ...) -> None: ...
+    rewards: _containers.ScalarMap[str, float]
+    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., num_segments: _Optional[int] = ..., attempt: _Optional[int] = ..., worker: _Optional[str] = ..., error: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., tamper_events: _Optional[_Iterable[str]] = ..., updated_at: _Optional[float] = ..., rewards: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class WatchTrialsRequest(_message.Message):
     __slots__ = ("run_id", "trial_ids")

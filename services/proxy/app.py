@@ -1,10 +1,11 @@
-"""HTTP application factory of the proxy: the three protocol routers, the
+"""HTTP application factory of the proxy: the four protocol routers, the
 admin API, probes, and error handlers that answer every failure in the shape
 the caller's SDK understands (the proxy never crashes on input)."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from services.proxy import admin
 from services.proxy.anthropic import routes as anthropic_routes
 from services.proxy.chat.model import ChatModel
 from services.proxy.errors import BadRequest, error_body, retry_headers, status_of
+from services.proxy.gemini import routes as gemini_routes
 from services.proxy.openai import routes as openai_routes
 from services.proxy.protocol import authenticate, core_of
 from services.proxy.responses import routes as responses_routes
@@ -42,8 +44,17 @@ def load_model(settings: Settings) -> ChatModel:
     )
 
 
+# A Gemini API method: POST .../models/<model>:<method> (an OpenAI model name may hold a colon, on GET).
+_GEMINI_METHOD = re.compile(r"/models/.+:[A-Za-z]+$")
+
+
 def _protocol(request: Request) -> str:
-    return "anthropic" if "/v1/messages" in request.url.path else "openai"
+    path = request.url.path
+    if "/v1/messages" in path:
+        return "anthropic"
+    if request.method == "POST" and _GEMINI_METHOD.search(path):
+        return "gemini"
+    return "openai"
 
 
 def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
@@ -61,6 +72,7 @@ def create_app(settings: Settings, model: ChatModel | None = None) -> FastAPI:
     metrics.instrument_app(app, "proxy")
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(gemini_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(responses_ws.router)  # the same path, over a WebSocket (Codex)
     app.include_router(admin.router)

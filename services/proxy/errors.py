@@ -158,8 +158,21 @@ def anthropic_message(exc: BaseException) -> str:
     return str(exc)
 
 
+def _google_message(exc: BaseException, message: str) -> str:
+    if isinstance(exc, ContextOverflow):
+        # Google's wording for an over-long prompt.
+        return (
+            f"The input token count ({exc.prompt_tokens}) exceeds the maximum number of tokens allowed ({exc.window})."
+        )
+    return message
+
+
 def error_body(exc: BaseException, protocol: str) -> dict[str, Any]:
     message = str(exc) if isinstance(exc, HarnessError) else f"internal error: {type(exc).__name__}"
+    if protocol == "gemini":
+        # Google's shape: the HTTP status, the message, the gRPC status name.
+        status = exc.grpc_code.name if isinstance(exc, HarnessError) else "INTERNAL"
+        return {"error": {"code": status_of(exc, protocol), "message": _google_message(exc, message), "status": status}}
     if protocol == "anthropic":
         return {"type": "error", "error": {"type": _anthropic_type(exc), "message": anthropic_message(exc)}}
     kind, code = _openai_type(exc)

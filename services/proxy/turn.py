@@ -385,6 +385,7 @@ class ModelCall:
             tuple(c.id for c in calls),
             content,
             SampledIds(self.prefill_ids + sampled.ids, sampled.ended_with_eos),  # the turn as the engine saw it
+            tuple(c.name for c in calls),
         )
         parts = trial.capture.commit(self.plan, sampled, turn)
         trial.turns += 1

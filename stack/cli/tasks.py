@@ -203,6 +203,18 @@ def convert(
     typer.echo(f"wrote {len(written)} task(s) under {out}")
 
 
+def oracle_reward_keys(task: Path) -> list[str] | None:
+    """The reward keys the task's oracle wrote in the last preflight of this content, if any."""
+    from stack.preflight import cache_dir, task_digest
+
+    try:
+        entry = json.loads((cache_dir() / f"{task_digest(task)}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    keys = entry.get("keys") if isinstance(entry, dict) else None
+    return [str(k) for k in keys] if isinstance(keys, list) else None
+
+
 @app.command("check-harbor")
 def check_harbor(
     dirs: Annotated[list[Path], typer.Argument(help="Harbor task folders or dataset folders of tasks.")],
@@ -214,6 +226,8 @@ def check_harbor(
     from services.sandbox.task.harbor_check import check, format_report
 
     reports = check(dirs)
+    for r in reports:  # the reward keys of each task whose oracle a preflight ran (its cache)
+        r.reward_keys = oracle_reward_keys(Path(r.path))
     if as_json:
         typer.echo(json.dumps([r.as_json() for r in reports], indent=1))
     else:

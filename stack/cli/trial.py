@@ -223,6 +223,8 @@ def run(
         typer.echo(f"{key:20} {result[key]}")
     if set(result["rewards"]) - {"reward"}:  # reward.json's keys, when they are more than 'reward'
         typer.echo(f"{'rewards':20} {json.dumps(result['rewards'], sort_keys=True)}")
+        if result["reward"] is None and result["termination_reason"] == "completed":
+            typer.echo(f"{'':20} several rewards, none named 'reward': set [run] reward_key or reward_weights to train")
     for step in result["steps"]:
         typer.echo(f"{'step ' + str(step.get('name', '')):20} {json.dumps(step.get('rewards', {}), sort_keys=True)}")
     for phase, seconds in result["timings"].items():

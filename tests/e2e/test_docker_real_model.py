@@ -30,6 +30,7 @@ def test_mini_swe_agent_with_the_real_model_in_a_container(tmp_path: Path, docke
         **os.environ,
         "HARNESSRL_SANDBOX_BACKEND": "docker",
         "HARNESSRL_SANDBOX_DOCKER__HOST": docker_engine.host,
+        "HARNESSRL_SANDBOX_DOCKER__VERIFY_NETWORK": "none",  # this engine has no bridge
         "HARNESSRL_SANDBOX_WORK_DIR": str(tmp_path / "trials"),
         "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
     }

@@ -88,7 +88,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[str], dict[str, Any]]] = {
 def backend_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
     if request.param == "docker":
         engine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     return {"backend": "local"}
 
 

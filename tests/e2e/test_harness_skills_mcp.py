@@ -142,7 +142,7 @@ async def test_the_harness_offers_and_uses_the_tasks_skill_and_mcp_tool(
     backend: dict[str, Any] = {"backend": "local"}
     if on == "docker":
         engine = request.getfixturevalue("docker_engine")
-        backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     outcome, prompts, log = await _run(tmp_path, harness, backend=backend)
     assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)
     assert prompts, log
@@ -238,7 +238,7 @@ async def test_the_harness_reaches_an_http_mcp_server_in_a_compose_sidecar(
     tmp_path: Path, harness: str, request: pytest.FixtureRequest
 ) -> None:
     engine = request.getfixturevalue("docker_engine")
-    backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+    backend = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     main = SIDECAR_MAIN[harness]
     outcome, prompts, log = await _run(tmp_path, harness, SIDECAR_TOML, backend, main, SIDECAR_FILES)
     assert outcome.termination_reason == TerminationReason.COMPLETED, (outcome.error, log)

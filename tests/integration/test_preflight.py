@@ -184,3 +184,49 @@ async def test_preflight_only_reports_a_service_that_cannot_start(tmp_path: Path
     config = write_config(tmp_path, model, make_pool(tmp_path), run={"engine": f"scripted:{tmp_path / 'none.json'}"})
     report = await preflight_only(runconfig.load(config))
     assert not report.ok and "could not start" in checks(report)["services"].detail
+
+
+MULTI_KEY = """\
+#!/bin/bash
+if [ "$(cat /app/hello.txt 2>/dev/null)" = "hello" ]; then v=1; else v=0; fi
+echo "{\\"correctness\\": $v, \\"performance\\": $v}" > /logs/verifier/reward.json
+"""
+
+
+def test_tasks_with_several_rewards_need_the_run_to_choose(tmp_path: Path, model: Path) -> None:
+    """Refused before training, naming the task and its keys; a run that names a key passes,
+    and check-harbor then reports the task's keys and what a run must set."""
+    pool = make_pool(tmp_path, ("single",))
+    make_task(pool, "graded", test_sh=MULTI_KEY, instruction=f"graded {tmp_path.name}")
+    config = write_config(tmp_path, model, pool)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if "task pool" in x)
+    assert "1 task(s) write several rewards" in line and "graded: correctness, performance" in line, line
+    assert "reward_key" in proc.stdout
+    # A run that names a key (every task of its pool writes it) passes.
+    (tmp_path / "chosen").mkdir()
+    graded = make_task(tmp_path / "chosen" / "pool", "graded", test_sh=MULTI_KEY, instruction=f"c {tmp_path.name}")
+    chosen = write_config(tmp_path / "chosen", model, graded.parent, run={"reward_key": "correctness"})
+    again = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "preflight", str(chosen)], capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stdout
+    report = run_cli("tasks", "check-harbor", str(graded))
+    assert "its oracle wrote several rewards (correctness, performance)" in report.stdout, report.stdout
+
+
+def test_a_public_verifier_the_backend_cannot_serve_is_refused_naming_the_setting(tmp_path: Path, model: Path) -> None:
+    """verify_network 'auto' with no network to give (here: local's): every trial of a task whose
+    verifier asks for a public network would be refused, so preflight fails before training, naming
+    the setting; never a run whose verifiers score 0 for want of a network."""
+    config = write_config(tmp_path, model, make_pool(tmp_path), extra='\n[sandbox.local]\nverify_network = "auto"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if " sandbox " in x)
+    assert line.startswith("FAIL") and "env_setup_failed" in line and "verify_network = 'auto'" in line, line
+    assert "fix: change the verify_network named above" in proc.stdout

@@ -36,9 +36,7 @@ from services.sandbox.backends.cgroups import (
     PhaseCgroup,
     container_event_files,
     enable_controllers,
-    parse_proc_cgroup,
     read_keyed,
-    under,
 )
 from services.sandbox.backends.docker_exec import ContainerExec
 from services.sandbox.backends.local import LocalBackend, cgroup_prefix
@@ -46,6 +44,7 @@ from services.sandbox.common.errors import CapabilityError
 from services.sandbox.common.paths import TrialDirs
 from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
 from services.sandbox.task.model import load_task
+from tests.cgroup_support import cgroup2_mount, my_v2_cgroup, read_words, remove_tree
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -123,46 +122,21 @@ def test_this_hosts_default_enforces_every_limit(tmp_path: Path, caplog: pytest.
 # -- cgroup v2 against the host's cgroup2 hierarchy -----------------------------------
 
 
-def _cgroup2_mount() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields, _, fs = line.partition(" - ")
-        if fs.split()[0] == "cgroup2":
-            return Path(fields.split()[4])
-    return None
-
-
-def _my_v2_cgroup(mount: Path) -> Path:
-    _, path = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
-    assert path is not None
-    return under(mount, path)
-
-
-def _remove_tree(group: Path, home: Path) -> None:
-    """Moves whatever is left in ``group`` (this test process, or leftovers) out, then removes it."""
-    for sub in [*sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), group]:
-        for pid in (sub / "cgroup.procs").read_text().split():
-            try:
-                (home / "cgroup.procs").write_text(pid)
-            except OSError as e:
-                assert e.errno == errno.ESRCH
-        sub.rmdir()
-
-
 @pytest.fixture
 def worker_in_v2() -> Iterator[tuple[Path, Path]]:
     """(the cgroup2 mount, a fresh cgroup there holding this test process, as a worker's
     own cgroup would); the process moves back and the cgroup goes after the test."""
-    mount = _cgroup2_mount()
+    mount = cgroup2_mount()
     if mount is None or not os.access(mount / "cgroup.procs", os.W_OK):
         pytest.skip("no writable cgroup2 hierarchy here")
-    home = _my_v2_cgroup(mount)
+    home = my_v2_cgroup(mount)
     own = mount / f"hrl-test-{uuid.uuid4().hex[:8]}"
     own.mkdir()
     try:
         (own / "cgroup.procs").write_text(str(os.getpid()))
         yield mount, own
     finally:
-        _remove_tree(own, home)
+        remove_tree(own, home)
 
 
 async def test_v2_exec_groups_list_and_kill_their_processes(tmp_path: Path, worker_in_v2: tuple[Path, Path]) -> None:
@@ -235,10 +209,6 @@ def hugetlb_delegated(worker_in_v2: tuple[Path, Path]) -> Iterator[tuple[Path, P
             (mount / "cgroup.subtree_control").write_text("-hugetlb")
 
 
-def read_words(path: Path) -> set[str]:
-    return set(path.read_text().split())
-
-
 def test_v2_worker_moves_into_a_leaf_to_delegate_controllers(hugetlb_delegated: tuple[Path, Path]) -> None:
     mount, own = hugetlb_delegated
     # The rule is real here: a cgroup holding a process cannot give its children a controller.
@@ -250,11 +220,11 @@ def test_v2_worker_moves_into_a_leaf_to_delegate_controllers(hugetlb_delegated: 
             os.close(fd)
     assert refused.value.errno == errno.EBUSY
     assert enable_controllers(own, {"hugetlb"}) == {"hugetlb"}
-    assert _my_v2_cgroup(mount) == own / WORKER_LEAF
+    assert my_v2_cgroup(mount) == own / WORKER_LEAF
     assert read_words(own / "cgroup.procs") == set()
     # A second detection (another worker sharing the cgroup, or a restart) uses the leaf's parent.
     support = CgroupSupport.detect(mount)
-    assert support.unified == own / GROUP_DIR and _my_v2_cgroup(mount) == own / WORKER_LEAF
+    assert support.unified == own / GROUP_DIR and my_v2_cgroup(mount) == own / WORKER_LEAF
 
 
 def test_v2_keyed_files_parse_as_the_kernel_writes_them(tmp_path: Path, worker_in_v2: tuple[Path, Path]) -> None:
@@ -322,7 +292,9 @@ async def test_docker_engine_limits_and_the_containers_cgroup(tmp_path: Path, do
     from services.sandbox.backends.docker import DockerBackend
 
     backend = DockerBackend(
-        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+        settings_for(
+            tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="none")
+        )
     )
     info = backend.client.info()
     caps = backend.capabilities

@@ -60,6 +60,13 @@ def test_trial_run_prints_every_reward_key_and_trains_the_one_chosen(tmp_path: P
     assert result["rewards"] == {"correctness": 1.0, "performance": 0.5} and result["reward"] == 0.75
     text = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "oracle", "-c", str(config))
     assert '{"correctness": 1.0, "performance": 0.5}' in text.stdout and "0.75" in text.stdout, text.stdout
+    # No choice: completed with both keys and no trial reward, and the run is told what to set.
+    plain = cli(tmp_path, "trial", "run", "--task", str(task), "--harness", "oracle")
+    assert plain.returncode == 0, plain.stderr
+    lines = {line.split(None, 1)[0]: line for line in plain.stdout.splitlines() if line.strip()}
+    assert lines["reward"].split() == ["reward", "None"] and "completed" in lines["termination_reason"]
+    assert '{"correctness": 1.0, "performance": 0.5}' in plain.stdout
+    assert "set [run] reward_key or reward_weights" in plain.stdout
 
 
 @pytest.mark.skipif(not (default_model_dir() / "tokenizer.json").exists(), reason="default model not prepared")

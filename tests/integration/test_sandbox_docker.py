@@ -61,7 +61,9 @@ def everyday_task(root: Path) -> Path:
 @pytest.fixture
 def backend(tmp_path: Path, docker_engine: DockerEngine) -> DockerBackend:
     return DockerBackend(
-        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+        settings_for(
+            tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="none")
+        )
     )
 
 
@@ -245,7 +247,9 @@ async def test_engine_restart_mid_exec_is_a_lost_sandbox(tmp_path: Path) -> None
         client = docker.DockerClient(base_url=engine.host)
         baseimages.ensure_imported(client, baseimages.rootfs(), names=("debian:bookworm-slim",))
         backend = DockerBackend(
-            settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=engine.host))
+            settings_for(
+                tmp_path, backend="docker", docker=DockerBackendSettings(host=engine.host, verify_network="none")
+            )
         )
         box = await start(backend, make_task(tmp_path / "t"))
         running = asyncio.ensure_future(sh(backend, box, "sleep 60", limit_s=60))

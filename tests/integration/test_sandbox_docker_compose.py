@@ -103,7 +103,9 @@ def compose_task(root: Path, compose: str = COMPOSE, *, toml: str | None = None,
 @pytest.fixture
 def backend(tmp_path: Path, docker_engine: DockerEngine) -> DockerBackend:
     return DockerBackend(
-        settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+        settings_for(
+            tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="none")
+        )
     )
 
 
@@ -198,7 +200,7 @@ async def test_a_killed_workers_services_are_reaped(backend: DockerBackend, tmp_
 
         async def main():
             tmp = Path({str(tmp_path / "worker")!r})
-            docker = DockerBackendSettings(host={backend.cfg.host!r})
+            docker = DockerBackendSettings(host={backend.cfg.host!r}, verify_network="none")
             backend = DockerBackend(settings_for(tmp, backend="docker", docker=docker))
             task = load_task({str(task)!r})
             spec = SandboxSpec(trial_id="cp-orphan", task=task, dirs=TrialDirs(tmp / "t"), limits=Limits())
@@ -278,3 +280,45 @@ if [ "$seen" = "solved net " ]; then echo 1; else echo 0; fi > /logs/verifier/re
     for port in (kv_port, static_port):  # the relays closed with the trial
         with socket.socket() as again:
             assert again.connect_ex(("127.0.0.1", port)) != 0
+
+
+# Harbor's Terminal-Bench mapper's main service (harbor 0.26) and a sidecar on ${MAIN_IMAGE_NAME}.
+HARBOR_VARS = """\
+services:
+  main:
+    build: {context: "${CONTEXT_DIR}"}
+    image: ${MAIN_IMAGE_NAME}
+    command: ["sh", "-c", "sleep infinity"]
+    environment: ["TEST_DIR=${TEST_DIR}", "LOGS=${ENV_VERIFIER_LOGS_PATH}"]
+    deploy: {resources: {limits: {cpus: "${CPUS}", memory: "${MEMORY}"}}}
+  twin:
+    image: ${MAIN_IMAGE_NAME}
+    working_dir: /app
+    entrypoint: ["python3", "-m", "http.server", "--bind", "127.0.0.1", "7000"]
+"""
+
+
+async def test_harbors_compose_variables_on_a_real_engine(backend: DockerBackend, tmp_path: Path) -> None:
+    """main as Harbor's mapper writes it builds and runs; the sidecar on ${MAIN_IMAGE_NAME} runs
+    the trial's own image (it serves main's /app/seed.txt); main sees Harbor's paths."""
+    from tests.sandbox_support import DEFAULT_TOML
+
+    task = make_task(
+        tmp_path / "tasks",
+        "vars",
+        toml=DEFAULT_TOML + "cpus = 1\n",
+        dockerfile="FROM python:3.11-slim\nWORKDIR /app\nCOPY seed.txt .\n",
+        context={"seed.txt": "from main's image\n"},
+    )
+    (task / "environment" / "docker-compose.yaml").write_text(HARBOR_VARS)
+    box = await start(backend, task, "vars")
+    try:
+        fetch = "import urllib.request as u; print(u.urlopen('http://twin:7000/seed.txt').read().decode(), end='')"
+        for _ in range(50):  # the sidecar has no healthcheck: started is all compose promises
+            out = await sh(backend, box, f'python3 -c "{fetch}" 2>/dev/null; echo "$TEST_DIR $LOGS"')
+            if out.startswith("from main"):
+                break
+            await asyncio.sleep(0.2)
+        assert out == "from main's image\n/tests /logs/verifier\n", out
+    finally:
+        await backend.stop(box)

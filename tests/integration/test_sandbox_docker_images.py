@@ -51,7 +51,9 @@ TOML = '[task]\nname = "t/{name}"\n[agent]\ntimeout_sec = 30\n[verifier]\ntimeou
 
 
 def settings(tmp: Path, host: str, **policy: bool):
-    return settings_for(tmp, IntegrityPolicy(**policy), backend="docker", docker=DockerBackendSettings(host=host))
+    return settings_for(
+        tmp, IntegrityPolicy(**policy), backend="docker", docker=DockerBackendSettings(host=host, verify_network="none")
+    )
 
 
 async def run_trial(tmp: Path, host: str, task: Path, harness: str, script: str = "", **policy: bool):
@@ -155,7 +157,7 @@ async def test_a_base_image_replaced_under_its_name_is_built_on_again(
 async def test_a_missing_image_is_named_as_missing(tmp_path: Path, docker_engine: DockerEngine) -> None:
     toml = '[task]\nname = "t/img"\n[environment]\ndocker_image = "harnessrl-test/absent:1"\n'
     task = load_task(make_task(tmp_path / "t", toml=toml, dockerfile=None))
-    off = DockerBackendSettings(host=docker_engine.host, pull=False)
+    off = DockerBackendSettings(host=docker_engine.host, pull=False, verify_network="none")
     for backend, expected in (
         (DockerBackend(settings_for(tmp_path, backend="docker", docker=off)), "is not present and pulling is off"),
         # The engine answers: its registry lookup fails, and its answer is the message.

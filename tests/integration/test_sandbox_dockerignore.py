@@ -114,7 +114,7 @@ async def copied_files(backend: Backend, task_dir: Path, name: str) -> list[str]
 async def test_both_backends_copy_what_dockerignore_lets_through(tmp_path: Path, docker_engine: DockerEngine) -> None:
     task = make_task(tmp_path / "tasks", "ignore", dockerfile=DOCKERFILE, context=CONTEXT)
     local = LocalBackend(settings_for(tmp_path / "local"))
-    docker_settings = DockerBackendSettings(host=docker_engine.host)
+    docker_settings = DockerBackendSettings(host=docker_engine.host, verify_network="none")
     docker = DockerBackend(settings_for(tmp_path / "docker", backend="docker", docker=docker_settings))
     on_local = await copied_files(local, task, "ignore-local")
     on_docker = await copied_files(docker, task, "ignore-docker")

@@ -45,7 +45,7 @@ WARMUP = 'n=$(cat "$HOME/.hc" 2>/dev/null || echo 0); echo $((n+1)) > "$HOME/.hc
 def kind(request: pytest.FixtureRequest) -> dict[str, object]:
     if request.param == "docker":
         engine: DockerEngine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     return {"backend": "local"}
 
 
@@ -134,7 +134,10 @@ if [ "$(cat /app/answer.txt 2>/dev/null)" = "forty-two" ]; then echo 1; else ech
 async def test_a_service_started_by_the_entrypoint_is_waited_for_on_docker(
     tmp_path: Path, docker_engine: DockerEngine
 ) -> None:
-    kind: dict[str, object] = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    kind: dict[str, object] = {
+        "backend": "docker",
+        "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none"),
+    }
     hc = (
         f'command = "python3 -c \\"{FETCH}\\""\n'
         "start_period_sec = 30\nstart_interval_sec = 0.5\ninterval_sec = 1\ntimeout_sec = 5\nretries = 3\n"

@@ -2,7 +2,8 @@
 "performance": 0.25}``) through real trials on the local backend: every key is kept in
 the outcome, the capture store's finalized trajectory, the Parquet export and the
 dashboard's API, and the value that trains is the run's choice (Harbor's default, a
-key, or weights); a choice the verifier's keys cannot meet is verifier_error, never 0."""
+key, or weights); without a choice the trial completes with no trained reward (the
+verifier did its job); a choice the verifier's keys cannot meet is verifier_error, never 0."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def writes(rewards: dict[str, float]) -> str:
 
 # trial -> (task, how the run chooses, expected reason, expected trained reward, error text)
 CASES: dict[str, tuple[str, dict[str, Any], R, float | None, str]] = {
-    "default": ("graded", {}, R.VERIFIER_ERROR, None, "no 'reward': choose what trains with [run] reward_key"),
+    "default": ("graded", {}, R.COMPLETED, None, ""),
     "by-key": ("graded", {"reward_key": "performance"}, R.COMPLETED, 0.25, ""),
     "weighted": ("graded", {"reward_weights": {"correctness": 1.0, "performance": 2.0}}, R.COMPLETED, 1.5, ""),
     "unknown-key": (
@@ -114,6 +115,8 @@ async def test_every_key_is_kept_and_the_run_chooses_what_trains(tmp_path: Path,
         assert (outcome.termination_reason, outcome.reward) == (reason, reward), (trial, outcome)
         assert outcome.rewards == WRITTEN[task], trial  # kept even when the choice failed
         assert error in outcome.error, (trial, outcome.error)
+        status = records[trial].to_status()  # what WatchTrials answers: every key, has_reward as chosen
+        assert dict(status.rewards) == WRITTEN[task] and status.has_reward == (reward is not None), trial
         traj = await stored(target, trial)
         assert traj.finalized and dict(traj.rewards) == WRITTEN[task], trial
         assert (traj.has_reward, traj.reward) == (reward is not None, reward or 0.0), trial

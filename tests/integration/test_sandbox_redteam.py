@@ -174,7 +174,7 @@ def backend_kind(request: pytest.FixtureRequest) -> dict[str, object]:
     """The settings that pick the backend (the Docker one on the session's engine)."""
     if request.param == "docker":
         engine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     return {"backend": "local"}
 
 
@@ -382,7 +382,7 @@ async def test_a_plant_on_roots_path_outside_the_workspace_needs_its_defence_off
     dockerfile = (task / "environment" / "Dockerfile").read_text()
     (task / "environment" / "Dockerfile").write_text(dockerfile.replace("ENV PATH=/app/bin:$PATH", TOOLS))
     (task / "tests" / "test.sh").write_text(TEST_SH.replace("python3 -m pytest", "runtests -m pytest"))
-    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}  # type: ignore[attr-defined]
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}  # type: ignore[attr-defined]
     script = "printf '#!/bin/sh\\nexit 0\\n' > /opt/tools/runtests"
     oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
     defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)

@@ -98,7 +98,7 @@ def push(client: docker.DockerClient, ctx: Path, ref: str, marker: str) -> str:
 
 async def trial(tmp: Path, host: str, image: str, marker: str = ""):
     task = make_task(tmp, toml=TOML.format(image=image), dockerfile=None, test_sh=MARKER_TEST.format(marker=marker))
-    s = settings_for(tmp, backend="docker", docker=DockerBackendSettings(host=host))
+    s = settings_for(tmp, backend="docker", docker=DockerBackendSettings(host=host, verify_network="none"))
     spec = TrialSpec(trial_id=f"pull-{uuid.uuid4().hex[:10]}", task_path=str(task), harness="nop")
     return await TrialRunner(s, create_backend(s)).run(spec)
 

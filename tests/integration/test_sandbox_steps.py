@@ -59,7 +59,7 @@ def host_server() -> Iterator[int]:
 def kind(request: pytest.FixtureRequest) -> dict[str, object]:
     if request.param == "docker":
         engine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     return {"backend": "local"}
 
 

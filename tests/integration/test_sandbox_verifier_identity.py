@@ -130,17 +130,33 @@ async def test_the_verifier_runs_as_harbor_runs_it_and_the_agent_as_before(
 
 
 @pytest.mark.parametrize("backend", ["local", "docker"])
-async def test_by_default_a_public_verifier_never_reaches_the_hosts_loopback(
+async def test_a_public_verifier_without_a_network_is_refused_never_scored(
     tmp_path: Path, host_server: int, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    """The verifier runs the agent's code: with the default settings a task's public
-    verifier gets the engine's bridge network where there is one (this engine has none),
-    never the host's, whose loopback holds the worker's Redis, proxy and capture store."""
-    kind: dict[str, object] = {"backend": "local"}
+    """A task's public verifier gets the engine's bridge network where there is one (this engine
+    has none), never the host's, whose loopback holds the worker's Redis, proxy and capture store.
+    Where verify_network 'auto' finds no network to give (docker's default on this engine; local's
+    'auto'), the trial is refused at start naming the setting: its verifier could fail to fetch its
+    test tools and score 0 (invariant 5). An explicit 'none' (local's default) verifies without one."""
     if backend == "docker":
         engine = request.getfixturevalue("docker_engine")
-        kind = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
-    outcome = await run(tmp_path, task(tmp_path, host_server), kind)
+        auto: dict[str, object] = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        none: dict[str, object] = {
+            "backend": "docker",
+            "docker": DockerBackendSettings(host=engine.host, verify_network="none"),
+        }
+        setting = "[sandbox.docker] verify_network = 'auto'"
+    else:
+        auto = {"backend": "local", "local": LocalBackendSettings(verify_network="auto")}
+        none = {"backend": "local"}
+        setting = "[sandbox.local] verify_network = 'auto'"
+    refused = await run(tmp_path / "auto", task(tmp_path / "auto", host_server), auto)
+    assert refused.termination_reason == TerminationReason.ENV_SETUP_FAILED, refused
+    assert refused.reward is None and setting in refused.error and "network_mode = 'no-network'" in refused.error
+    # A task that says its verifier needs no network runs all the same.
+    quiet = task(tmp_path / "quiet", host_server, verifier='network_mode = "no-network"\n')
+    assert (await run(tmp_path / "quiet", quiet, auto)).termination_reason == TerminationReason.COMPLETED
+    outcome = await run(tmp_path / "none", task(tmp_path / "none", host_server), none)
     assert outcome.termination_reason == TerminationReason.COMPLETED, outcome
     assert outcome.rewards["root"] == 1.0 and outcome.rewards["net"] == 0.0, outcome.verifier_summary
 
@@ -205,7 +221,7 @@ async def test_a_root_verifiers_timeout_is_a_verifier_timeout_and_nothing_is_lef
     at stop the verifier's container and the commit it ran are gone."""
     import docker
 
-    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}
     slow = "#!/bin/bash\nsleep 600 &\nsleep 600\n"
     task_dir = task(tmp_path, 9, verifier="", test_sh=slow)
     toml = (task_dir / "task.toml").read_text().replace("timeout_sec = 60", "timeout_sec = 2")
@@ -246,7 +262,9 @@ async def test_a_dead_workers_verifier_commit_is_reaped(tmp_path: Path, docker_e
 
     import docker
 
-    settings = settings_for(tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host))
+    settings = settings_for(
+        tmp_path, backend="docker", docker=DockerBackendSettings(host=docker_engine.host, verify_network="none")
+    )
     backend = DockerBackend(settings)
     client = docker.DockerClient(base_url=docker_engine.host)
     dead = f"{socket.gethostname()}:{2**22 + 7}:0"  # this host, a pid no process has

@@ -97,7 +97,21 @@ def test_services_start_after_what_they_depend_on(tmp_path: Path) -> None:
             "services.main.environment.AWS_KEY",
             "the worker's own is never passed into a sandbox",
         ),
-        ("services:\n  main: {image: x}\n", "services.main.image", "not supported"),
+        ("services:\n  main: {image: x}\n", "services.main.image", "main runs the task's own image"),
+        ("services:\n  main: {command: [python, app.py]}\n", "services.main.command", "keep-alive"),
+        ("services:\n  main: {deploy: {replicas: 2}}\n", "services.main.deploy", "set [environment] cpus"),
+        (
+            "services:\n  main: {deploy: {resources: {limits: {cpus: '${CPUS}'}}}}\n",
+            "services.main.deploy",
+            "Harbor's compose variable CPUS is set only where the task sets [environment] cpus",
+        ),
+        (
+            "services:\n  main: {volumes: ['${HOST_VERIFIER_LOGS_PATH}:/logs/verifier']}\n",
+            "services.main.volumes",
+            "Harbor's compose variable HOST_VERIFIER_LOGS_PATH is a host folder",
+        ),
+        ("services:\n  api: {image: a, environment: ['C=${DOCKER_CONFIG:-x}']}\n", "api", "DOCKER_CONFIG is"),
+        ("services:\n  api: {image: '${EGRESS_CONTROL_SIDECAR_IMAGE_NAME}'}\n", "api.image", "allowlist"),
         ("services:\n  api: {image: a, ports: ['80:80']}\n", "services.api.ports", "no published port"),
         ("services:\n  api: {image: a, privileged: true}\n", "services.api.privileged", "not supported"),
         ("services:\n  api: {image: a, volumes: ['/:/host']}\n", "services.api.volumes", "not supported"),
@@ -188,3 +202,56 @@ def test_dotenv_and_interpolation_forms(tmp_path: Path) -> None:
     assert spec is not None and spec.services[0].image == "x-1:d"
     with pytest.raises(TaskError, match=r"environment/.env: line 2: not KEY=VALUE: 'oops'"):
         load_compose(task_with(tmp_path / "bad", compose, dotenv="TAG=1\noops\n"))
+
+
+# What Harbor's Terminal-Bench mapper writes for main (harbor 0.26, mappers/terminal_bench.py), plus a
+# sidecar on main's own image and the variables of Harbor's log mounts.
+HARBOR_MAIN = """\
+services:
+  main:
+    build: {context: "${CONTEXT_DIR}"}
+    image: ${MAIN_IMAGE_NAME}
+    command: ["sh", "-c", "sleep infinity"]
+    environment: ["TEST_DIR=${TEST_DIR}", "LOGS=${ENV_VERIFIER_LOGS_PATH}", "AGENT=${ENV_AGENT_LOGS_PATH}"]
+    deploy: {resources: {limits: {cpus: "${CPUS}", memory: "${MEMORY}"}}}
+  twin:
+    image: ${MAIN_IMAGE_NAME}
+    environment: ["OUT=${ENV_ARTIFACTS_PATH}"]
+"""
+
+
+def test_harbors_own_compose_variables_mean_the_same_here(tmp_path: Path) -> None:
+    from services.sandbox.backends.kubernetes_compose import sidecars
+    from services.sandbox.common.settings import KubernetesBackendSettings
+    from services.sandbox.task import compose_env
+    from tests.sandbox_support import DEFAULT_TOML
+
+    root = task_with(tmp_path, HARBOR_MAIN, toml=DEFAULT_TOML + "cpus = 1.5\n")
+    task = load_task(root)
+    compose = task.compose
+    assert compose is not None and compose.main_build is not None
+    assert compose.main_build.context == (root / "environment").resolve()
+    assert compose.main_environment == {"TEST_DIR": "/tests", "LOGS": "/logs/verifier", "AGENT": "/logs/agent"}
+    twin = compose.services[0]
+    assert twin.image == compose_env.MAIN_IMAGE and twin.environment == {"OUT": "/logs/artifacts"}
+    # The sidecar on ${MAIN_IMAGE_NAME} runs the trial's own image, on docker and on kubernetes.
+    spec = SandboxSpec(trial_id="t1", task=task, dirs=TrialDirs(tmp_path / "t"), limits=Limits(memory_mb=512))
+    assert sidecar_spec(spec, twin, "sha256:trial", "container:x")["image"] == "sha256:trial"
+    [pod_twin] = sidecars(spec, KubernetesBackendSettings(), "registry/env:1")
+    assert pod_twin["image"] == "registry/env:1"
+    # Without [environment] cpus, ${CPUS} is unset, as in Harbor: refused by name.
+    bare = task_with(tmp_path / "b", HARBOR_MAIN)
+    with pytest.raises(TaskError, match="variable CPUS is set neither"):
+        load_task(bare)
+
+
+def test_prebuilt_image_name_is_the_tasks_docker_image(tmp_path: Path) -> None:
+    from tests.sandbox_support import DEFAULT_TOML
+
+    compose = "services:\n  main: {image: '${PREBUILT_IMAGE_NAME}'}\n  side: {image: '${PREBUILT_IMAGE_NAME}'}\n"
+    root = task_with(tmp_path, compose, toml=DEFAULT_TOML + 'docker_image = "registry/env:1"\n')
+    task = load_task(root)
+    assert task.compose is not None and task.compose.services[0].image == "registry/env:1"
+    without = task_with(tmp_path / "n", compose)
+    with pytest.raises(TaskError, match="variable PREBUILT_IMAGE_NAME is set neither"):
+        load_task(without)

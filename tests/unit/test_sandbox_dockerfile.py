@@ -26,12 +26,12 @@ def test_continuations_comments_flags_and_forms() -> None:
     assert ins[3].is_exec_form and ins[3].exec_args() == ["python", "-c", "print(1)"]
 
 
-def test_bad_exec_form_and_heredoc_are_errors_naming_the_line() -> None:
+def test_bad_exec_form_and_unterminated_heredoc_are_errors_naming_the_line() -> None:
     (ins,) = dockerfile.parse('RUN ["unterminated"\n')
     with pytest.raises(dockerfile.DockerfileError, match="line 1"):
         ins.exec_args()
-    with pytest.raises(dockerfile.DockerfileError, match="line 2: heredocs"):
-        dockerfile.parse("FROM x\nRUN <<EOF\necho\nEOF\n")
+    with pytest.raises(dockerfile.DockerfileError, match="line 2: heredoc <<EOF is not terminated"):
+        dockerfile.parse("FROM x\nRUN <<EOF\necho\nEO\n")
 
 
 def test_substitution_and_env_forms() -> None:

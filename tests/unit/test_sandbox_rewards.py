@@ -98,7 +98,6 @@ def test_the_run_chooses_what_trains(
 @pytest.mark.parametrize(
     ("key", "weights", "message"),
     [
-        ("", None, "reward.json has keys ['correctness', 'performance'] and no 'reward': choose what trains"),
         ("speed", None, "reward_key 'speed' is not among the verifier's rewards; keys present: ['correctness', "),
         ("", {"correctness": 1.0, "speed": 1.0}, "reward_weights names ['speed'], which the verifier did not write"),
         ("", {"correctness": 1e308, "performance": 1e308 * 8}, "the weighted reward is not finite"),
@@ -110,6 +109,13 @@ def test_a_choice_the_rewards_cannot_meet_is_a_verifier_error(
     with pytest.raises(VerifierError) as info:
         integrity.select_reward(GRADED, key, weights)
     assert message in str(info.value)
+
+
+def test_several_keys_without_a_choice_give_no_scalar_reward_and_no_error() -> None:
+    # The verifier did its job (invariant 5): no error, no made-up 0; the run must choose what trains.
+    assert integrity.select_reward(GRADED) is None
+    assert integrity.multi_key_rewards(GRADED) == ["correctness", "performance"]
+    assert integrity.multi_key_rewards({"reward": 1.0, "x": 0.0}) == integrity.multi_key_rewards({"x": 1.0}) == []
 
 
 def test_the_choice_travels_in_the_trial_spec_and_is_checked() -> None:

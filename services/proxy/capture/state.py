@@ -106,16 +106,25 @@ class OurTurn:
     call_ids: tuple[str, ...]
     text: str
     sampled: SampledIds
+    call_names: tuple[str, ...] = ()  # in the order of call_ids
 
 
 def recognises(m: Message, turn: OurTurn) -> bool:
     """Is ``m`` the harness's copy of ``turn``? By echoed turn id, else by tool-call ids,
-    else (a turn without calls) by its text; never by re-serialised arguments."""
+    else (a turn without calls) by its text; never by re-serialised arguments.
+
+    Calls that carry no ids at all (the Gemini API makes them optional, and a client
+    may drop the ones the proxy gave along with its thought signatures) are matched
+    by name, in order: only where the position is known, a segment's history at the
+    same index (``Segment.extended_by``); ``OurTurns.find`` cannot place them, so a
+    rewrite renders them as context."""
     if m.role != "assistant":
         return False
     if m.turn_ref:
         return m.turn_ref == turn.turn_id
     calls, ids = m.tool_calls, turn.call_ids
+    if ids and calls and not any(c.id for c in calls):
+        return tuple(c.name for c in calls) == turn.call_names
     if ids:
         return len(calls) == len(ids) and all(c.id == i for c, i in zip(calls, ids, strict=True))
     return not calls and m.content.strip() == turn.text.strip()

@@ -157,6 +157,11 @@ class Backend(abc.ABC):
     runs_steps: ClassVar[bool] = False
     # Set by each backend before ``Backend.__init__`` checks it (it may depend on the host).
     capabilities: Capabilities
+    # Non-empty where a verifier that asks for a public network cannot have one and the
+    # operator did not say to verify without it (verify_network 'auto' where the backend has
+    # no network to give): what to change. Such a task's trials are refused at start
+    # (trial/runner.py): its verifier could fail to fetch its test tools and score 0 for it.
+    public_verify_network_missing: str = ""
 
     def __init__(self, integrity: IntegrityPolicy, limits_unenforced_ok: Collection[str] | None = None) -> None:
         self.integrity = integrity

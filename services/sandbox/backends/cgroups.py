@@ -89,26 +89,32 @@ def _words(path: Path) -> set[str]:
 
 
 def enable_controllers(cgroup: Path, wanted: Iterable[str]) -> frozenset[str]:
-    """Enables ``wanted`` controllers for the children of ``cgroup`` (v2), moving its
-    processes into the leaf ``WORKER_LEAF`` when the no-internal-process rule refuses.
+    """Enables ``wanted`` controllers for the children of ``cgroup`` (v2), first moving its
+    processes into the leaf ``WORKER_LEAF``: v2 lets a cgroup hand controllers to its
+    children only while it holds no process. (Not only when refused: cpu and pids are
+    threaded controllers, which a cgroup with processes accepts, and that makes it a
+    thread root, where memory is then refused with EOPNOTSUPP, not EBUSY.)
     Returns those of ``wanted`` that are enabled; a controller the parent did not
     delegate is left out, not an error (the caller reports it)."""
     wanted = set(wanted)
     for _ in range(3):  # processes may appear while others move: move them too
         missing = sorted(wanted - _words(cgroup / "cgroup.subtree_control"))
+        if not missing:
+            break
+        if _words(cgroup / "cgroup.procs"):
+            moved = move_processes(cgroup, cgroup / WORKER_LEAF)
+            log.info("moved processes into a leaf cgroup", extra={"kv": {"cgroup": str(cgroup), "moved": moved}})
         busy = False
         for controller in missing:
             try:
                 _write(cgroup / "cgroup.subtree_control", f"+{controller}")
             except OSError as e:
-                if e.errno != errno.EBUSY:
+                if e.errno not in (errno.EBUSY, errno.EOPNOTSUPP):
                     kv = {"cgroup": str(cgroup), "controller": controller, "error": str(e)}
                     log.warning("cannot enable cgroup controller", extra={"kv": kv})
-                busy = busy or e.errno == errno.EBUSY
+                busy = busy or e.errno in (errno.EBUSY, errno.EOPNOTSUPP)
         if not busy:
             break
-        moved = move_processes(cgroup, cgroup / WORKER_LEAF)
-        log.info("moved processes into a leaf cgroup", extra={"kv": {"cgroup": str(cgroup), "moved": moved}})
     return frozenset(wanted & _words(cgroup / "cgroup.subtree_control"))
 
 

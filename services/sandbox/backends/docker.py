@@ -138,10 +138,11 @@ class DockerBackend(Backend):
             self.client.networks.get(name)
         except NotFound as e:
             if wanted == "auto":
-                log.warning(
-                    "the engine has no 'bridge' network: a task's public verifier gets no network "
-                    "([sandbox.docker] verify_network names one)"
+                self.public_verify_network_missing = (
+                    "[sandbox.docker] verify_network = 'auto' found no 'bridge' network on the engine: name one it "
+                    "has (or 'host'), or 'none' to verify such tasks with no network"
                 )
+                log.warning("public verifiers refused: %s", self.public_verify_network_missing)
                 return "none"
             raise BackendUnavailable(
                 f"[sandbox.docker] verify_network = {wanted!r}: the engine has no such network "

@@ -30,11 +30,13 @@ from typing import Any
 from docker.errors import APIError, BuildError, NotFound
 from requests.exceptions import RequestException
 
+from services.sandbox.backends import docker_images
 from services.sandbox.backends import docker_service_relay as service_relay
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.docker_exec import worker_identity
 from services.sandbox.backends.docker_specs import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER
 from services.sandbox.common.errors import EnvSetupError
+from services.sandbox.task import compose_env, dockerfile
 from services.sandbox.task.compose import MAIN, ComposeSpec, Service
 
 LABEL_SERVICE = "io.harnessrl.service"
@@ -142,7 +144,11 @@ class ComposeRunner:
         """The holder and every sidecar, running (or healthy where checked); on failure nothing is left."""
         compose = spec.task.compose
         assert compose is not None
-        images = {s.name: await self.image_for(spec, s) for s in compose.services}
+        # ${MAIN_IMAGE_NAME} as a sidecar's image: Harbor's name of main's image, so the trial's own.
+        images = {
+            s.name: holder_image if s.image == compose_env.MAIN_IMAGE else await self.image_for(spec, s)
+            for s in compose.services
+        }
         holder = await self._call(
             self.client.containers.create, **holder_spec(spec, compose, holder_image, isolate_network=isolate_network)
         )
@@ -217,7 +223,8 @@ class ComposeRunner:
         build = service.build
         assert build is not None
         try:
-            image, _ = self.client.images.build(
+            image, _ = docker_images.engine_build(
+                self.client,
                 path=str(build.context),
                 dockerfile=build.dockerfile,
                 buildargs=dict(build.args),
@@ -232,6 +239,8 @@ class ComposeRunner:
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.msg}\n{tail}") from e
         except APIError as e:
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.explanation or e}") from e
+        except dockerfile.DockerfileError as e:
+            raise EnvSetupError(f"{_field(service.name, 'build')}: {build.dockerfile}: {e}") from e
         return str(image.id)
 
     # -- readiness -----------------------------------------------------------------------

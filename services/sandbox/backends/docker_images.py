@@ -27,6 +27,7 @@ Engine failures are not the task's: a refused or unanswered engine call is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import json
@@ -36,10 +37,10 @@ import shlex
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from docker.errors import APIError, BuildError, NotFound
 from requests.exceptions import ConnectionError as RequestsConnectionError
@@ -48,7 +49,7 @@ from requests.exceptions import RequestException
 from services.sandbox.common import tarsafe
 from services.sandbox.common.errors import ContainerEngineError, EnvSetupError
 from services.sandbox.defences import integrity
-from services.sandbox.task import dockerfile
+from services.sandbox.task import dockerfile, heredoc
 from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,9 @@ class ImageStore:
 
     def _build(self, task: Task, tag: str) -> Any:
         try:
-            image, _ = self.client.images.build(**self.build_kwargs(task, tag))
+            image, _ = engine_build(self.client, **self.build_kwargs(task, tag))
+        except dockerfile.DockerfileError as e:
+            raise EnvSetupError(f"task {task.task_id}: {main_dockerfile(task)}: {e}") from e
         except BuildError as e:
             tail = "".join(str(part.get("stream") or part.get("error") or "") for part in e.build_log)[-1500:]
             missing = [name for name in base_images(task) or [] if not self._present(name)]
@@ -333,12 +336,20 @@ def base_images(task: Task) -> list[str] | None:
     where the Dockerfile cannot be read."""
     path = main_dockerfile(task)
     assert path is not None
-    try:
-        instructions = dockerfile.parse(path.read_text())
-    except (dockerfile.DockerfileError, UnicodeDecodeError, OSError):
-        return None
     main = task.compose.main_build if task.compose else None
-    build_args = dict(main.args) if main else {}
+    try:
+        return base_images_of(path.read_text(), dict(main.args) if main else None)
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def base_images_of(text: str, build_args: dict[str, str] | None = None) -> list[str] | None:
+    """``base_images`` of a Dockerfile's text (None where it cannot be parsed), with the
+    build args the build passes."""
+    try:
+        instructions = dockerfile.parse(text)
+    except dockerfile.DockerfileError:
+        return None
     global_args: dict[str, str] = {}
     stages: set[str] = set()
     bases: list[str] = []
@@ -378,6 +389,56 @@ def _arg_defaults(raw: str, known: dict[str, str], build_args: dict[str, str] | 
         elif sep:
             out[name] = dockerfile.substitute(value, {**known, **out})
     return out
+
+
+def engine_build(client: Any, **kwargs: Any) -> Any:
+    """``client.images.build(**kwargs)``; a Dockerfile with heredocs, which the engine's classic
+    builder (Debian's docker.io 20.10) cannot read, is rewritten first (``task/heredoc.py``) and
+    sent with the files it needs. Raises DockerfileError for a heredoc it cannot rewrite."""
+    path = Path(kwargs["path"])
+    try:
+        text = (path / (kwargs.get("dockerfile") or "Dockerfile")).read_text()
+    except (OSError, UnicodeDecodeError):
+        return client.images.build(**kwargs)  # the engine names what is wrong with it
+    if "<<" not in text:
+        return client.images.build(**kwargs)
+    variables_of: dict[str, dict[str, str]] = {}
+    for name in base_images_of(text, kwargs.get("buildargs")) or []:  # a COPY heredoc expands the base image's ENV too
+        try:
+            variables_of[name] = image_env(client.api.inspect_image(name))
+        except NotFound:
+            continue  # not present: the build pulls it or fails naming it
+    rewritten = heredoc.classic(text, variables_of, kwargs.get("buildargs") or {})
+    if rewritten is None:
+        return client.images.build(**kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("path", "dockerfile")}
+    with classic_context(path, rewritten) as context:
+        return client.images.build(
+            **kwargs, fileobj=context, custom_context=True, dockerfile=heredoc.CLASSIC_DOCKERFILE
+        )
+
+
+@contextlib.contextmanager
+def classic_context(path: Path, rewritten: heredoc.Classic) -> Iterator[IO[bytes]]:
+    """The build context ``docker build PATH`` would send (less its .dockerignore, read as the
+    SDK reads it), plus the rewritten Dockerfile and the heredoc files (root, 0644)."""
+    from docker.utils.build import tar
+
+    exclude = None
+    ignore = path / ".dockerignore"
+    if ignore.is_file():
+        exclude = [x.strip() for x in ignore.read_text().splitlines() if x.strip() and not x.strip().startswith("#")]
+    context = tar(str(path), exclude=exclude)
+    try:
+        with tarfile.open(fileobj=context, mode="a") as archive:
+            for name, data in [(heredoc.CLASSIC_DOCKERFILE, rewritten.text.encode()), *rewritten.files.items()]:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                archive.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        yield context
+    finally:
+        context.close()
 
 
 def workdir_of(inspect: dict[str, Any], task: Task) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.common.settings import KubernetesBackendSettings
+from services.sandbox.task import compose_env
 from services.sandbox.task.compose import COMPOSE_FILE, ComposeSpec, Healthcheck, Service
 
 PREFIX = "svc-"
@@ -42,8 +43,9 @@ def main_environment(spec: SandboxSpec) -> dict[str, str]:
     return dict(compose.main_environment) if compose else {}
 
 
-def sidecars(spec: SandboxSpec, cfg: KubernetesBackendSettings) -> list[dict[str, Any]]:
-    """One container per service of the task (none without a compose file)."""
+def sidecars(spec: SandboxSpec, cfg: KubernetesBackendSettings, main_image: str) -> list[dict[str, Any]]:
+    """One container per service of the task (none without a compose file); a service whose
+    image is ``${MAIN_IMAGE_NAME}`` (Harbor's name of main's image) runs ``main_image``."""
     compose = spec.task.compose
     if compose is None:
         return []
@@ -55,7 +57,10 @@ def sidecars(spec: SandboxSpec, cfg: KubernetesBackendSettings) -> list[dict[str
                     f"services.{owner}.depends_on.{dep}.condition",
                     "service_completed_successfully: a pod's containers run together, none to completion first",
                 )
-    return [_container(spec, cfg, service) for service in compose.services]
+    return [
+        _container(spec, cfg, s.model_copy(update={"image": main_image}) if s.image == compose_env.MAIN_IMAGE else s)
+        for s in compose.services
+    ]
 
 
 def _container(spec: SandboxSpec, cfg: KubernetesBackendSettings, service: Service) -> dict[str, Any]:

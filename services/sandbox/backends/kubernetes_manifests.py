@@ -314,7 +314,7 @@ def pod_manifest(
             }
         )
     # A compose task's services: more containers of the pod, reachable by name (kubernetes_compose).
-    containers += kubernetes_compose.sidecars(spec, cfg)
+    containers += kubernetes_compose.sidecars(spec, cfg, image)
     init = {
         "name": INIT,
         "image": image,

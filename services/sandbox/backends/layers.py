@@ -18,9 +18,10 @@ install``, ``pip install`` into /usr) fails setup naming the instruction, and
 a base image's own env (beyond the default PATH) and files are not there. What
 RUN steps leave in /tmp is not kept (each phase gets a fresh /tmp; listed in
 the layer's ``ignored``). Anything else that changes the filesystem
-(multi-stage builds, ``COPY --from``, ``ADD <url>``, ONBUILD, SHELL, heredocs)
+(multi-stage builds, ``COPY --from``, ``ADD <url>``, ONBUILD, SHELL)
 is refused with an error naming the instruction and pointing to the docker
-backend, which is the faithful one. The built layer is squashed to a
+backend, which is the faithful one. Heredocs (``RUN <<EOF``, ``COPY <<EOF /path``)
+run as BuildKit runs them (``task/heredoc.py``). The built layer is squashed to a
 one-commit git history when the integrity policy asks (so every trial copies
 an already-clean repo).
 """
@@ -43,7 +44,7 @@ from services.sandbox.common import tarsafe
 from services.sandbox.common.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.common.settings import LocalBackendSettings
 from services.sandbox.defences import integrity
-from services.sandbox.task import dockerfile, dockerignore
+from services.sandbox.task import dockerfile, dockerignore, heredoc
 from services.sandbox.task.build_inputs import BuildInputs
 from services.sandbox.task.model import Task
 
@@ -230,14 +231,26 @@ class _Builder:
         if "from" in ins.flags:
             raise self.fail(ins, "COPY --from (multi-stage) is not supported")
         sources, dest = dockerfile.copy_args(ins, self.variables())
-        await asyncio.to_thread(self.copy, ins, sources, dest, extract=False)
+        await asyncio.to_thread(self.copy, ins, sources, dest, extract=False, inline=self.inline_files(ins))
+
+    def inline_files(self, ins: dockerfile.Instruction) -> list[Path]:
+        """A COPY/ADD's heredocs as files (mode 0644, as BuildKit makes them), outside the context."""
+        out: list[Path] = []
+        for index, doc in enumerate(ins.heredocs):
+            path = self.layer.path / "heredocs" / f"{ins.line}-{index}" / doc.name
+            path.parent.mkdir(parents=True)
+            path.write_bytes(heredoc.copy_file(doc, self.variables()))
+            path.chmod(0o644)
+            out.append(path)
+        return out
 
     async def do_add(self, ins: dockerfile.Instruction) -> None:
         sources, dest = dockerfile.copy_args(ins, self.variables())
         for src in sources:
             if "://" in src or src.startswith("git@"):
                 raise self.fail(ins, "ADD of a URL or git repository is not supported")
-        await asyncio.to_thread(self.copy, ins, sources, dest, extract=True)
+        # A heredoc's file is never unpacked (BuildKit copies it as it is).
+        await asyncio.to_thread(self.copy, ins, sources, dest, extract=True, inline=self.inline_files(ins))
 
     async def do_run(self, ins: dockerfile.Instruction) -> None:
         if "mount" in ins.flags or "network" in ins.flags or "security" in ins.flags:
@@ -246,6 +259,15 @@ class _Builder:
         if self.cwd != "/":
             self.add_root(self.cwd, ins)
         mounts = [bwrap.Mount(self.layer.host_path(r), r, writable=True) for r in self.layer.roots]
+        if ins.heredocs:
+            plan = heredoc.run_plan(ins)
+            argv = plan.argv
+            if plan.pipe is not None:  # BuildKit's read-only /dev/pipes with the #! body, mode 0755
+                pipes = self.layer.path / "pipes" / str(ins.line)
+                pipes.mkdir(parents=True)
+                (pipes / plan.pipe[0]).write_text(plan.pipe[1])
+                (pipes / plan.pipe[0]).chmod(0o755)
+                mounts.append(bwrap.Mount(pipes, heredoc.PIPES, writable=False))
         env = {"HOME": "/tmp", **self.args, **self.layer.env}  # ARGs are RUN's env, as in docker
         # The RUN's / is a capture directory, not bubblewrap's tmpfs: what it writes outside the
         # roots is kept (or refused) by keep_writes, never lost with the tmpfs.
@@ -339,7 +361,9 @@ class _Builder:
         self.layer.roots = [r for r in self.layer.roots if not PurePosixPath(r).is_relative_to(path)] + [path]
         self.layer.host_path(path).mkdir(parents=True, exist_ok=True)
 
-    def copy(self, ins: dockerfile.Instruction, sources: list[str], dest: str, *, extract: bool) -> None:
+    def copy(
+        self, ins: dockerfile.Instruction, sources: list[str], dest: str, *, extract: bool, inline: list[Path]
+    ) -> None:
         target = self.resolve(dest)
         matches: list[Path] = []
         for src in sources:
@@ -354,11 +378,12 @@ class _Builder:
                         "context (or excluded by its .dockerignore)"
                     )
                 matches.append(resolved)
+        matches += inline
         into_dir = dest.endswith("/") or len(matches) > 1 or any(m.is_dir() for m in matches)
         self.add_root(target if into_dir else str(PurePosixPath(target).parent), ins)
         out = self.layer.host_path(target)
         for src_path in matches:
-            if extract and src_path.is_file() and src_path.name.endswith(_TAR_SUFFIXES):
+            if extract and src_path not in inline and src_path.is_file() and src_path.name.endswith(_TAR_SUFFIXES):
                 out.mkdir(parents=True, exist_ok=True)
                 with tarfile.open(src_path) as tar:
                     tarsafe.extractall(tar, out, "data")

@@ -87,6 +87,11 @@ class LocalBackend(Backend):
         # RLIMIT_AS only where the operator chose it: Node and Bun harnesses reserve huge address space.
         self.memory_rlimit = self.cfg.memory_rlimit_fallback and not self.cgroup_support.enforces("memory")
         self.layers = LayerCache(settings.cache_dir, self.cfg)
+        if self.cfg.verify_network == "auto":  # a bubblewrap sandbox has no network of its own to give
+            self.public_verify_network_missing = (
+                "[sandbox.local] verify_network = 'auto': the local backend has no network to give a verifier; set "
+                "'host' (the worker's, which the agent's code would reach too) or 'none' to verify with no network"
+            )
         self.capabilities = Capabilities(
             builds_dockerfile=True,
             prebuilt_images=False,

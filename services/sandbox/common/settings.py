@@ -83,10 +83,12 @@ class LocalBackendSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bwrap: str = Field(default="bwrap", description="bubblewrap binary.")
-    verify_network: Literal["none", "host"] = Field(
+    verify_network: Literal["none", "auto", "host"] = Field(
         default="none",
         description="Network of a verifier whose task asks for a public one: 'none' (it gets none; a "
-        "bubblewrap sandbox has no network of its own to give) or 'host', the worker host's network, "
+        "bubblewrap sandbox has no network of its own to give), 'auto' (such a task's trials are refused at "
+        "start, since its verifier may need the network to fetch its test tools: never a 0 for want of it) "
+        "or 'host', the worker host's network, "
         "which also lets the agent's code, which the verifier runs, reach every loopback service of the "
         "host (Redis, the proxy, the capture store): only where nothing there must be kept from it.",
     )
@@ -160,8 +162,10 @@ class DockerBackendSettings(BaseModel):
         default="auto",
         min_length=1,
         description="Docker network of a verifier whose task asks for a public network (its fresh container; "
-        "the agent's always has none): 'auto' (the engine's 'bridge' network where it has one, else none: "
-        "the task's public verifier then gets no network, logged at start), a network the engine has, or "
+        "the agent's always has none): 'auto' (the engine's 'bridge' network where it has one; an engine "
+        "without one refuses such a task's trials at start, naming this setting: its verifier could fail to "
+        "fetch its test tools and score 0), 'none' (such a verifier runs with no network), a network the "
+        "engine has, or "
         "'host', which also lets the agent's code, which the verifier runs, reach every loopback service of "
         "the worker's host (Redis, the proxy, the capture store): only where nothing there must be kept "
         "from it.",

@@ -234,15 +234,17 @@ def read_rewards(verifier_dir: Path) -> dict[str, float]:
     raise VerifierError("the verifier wrote no reward file (reward.txt or reward.json)")
 
 
-def select_reward(rewards: dict[str, float], key: str = "", weights: dict[str, float] | None = None) -> float:
+def select_reward(rewards: dict[str, float], key: str = "", weights: dict[str, float] | None = None) -> float | None:
     """The value that trains, as the run chose it (``TrialSpec.reward_key`` /
     ``reward_weights``): ``weights`` is the sum of weight x value over its keys (keys it
     does not name count 0); ``key`` is that key's value; neither is what Harbor reports
     as a trial's reward (``harbor/cli/jobs.py`` ``_primary_reward``): the key
     ``reward``, else the only key. Harbor has none for several keys without
-    ``reward`` (it reports each key's mean); a run must then choose, and until it does
-    the trial is a VerifierError naming the keys. A named key the verifier did not
-    write is a VerifierError naming it and the keys present."""
+    ``reward`` (it reports each key's mean), and neither has this: None. The verifier
+    did its job, so the trial completes with every key kept and no scalar reward (a
+    trainer counts it ``missing_reward``, never trains on it); a training run is refused
+    before it starts instead (``multi_key_rewards``, preflight). A named key the verifier
+    did not write is a VerifierError naming it and the keys present."""
     present = sorted(rewards)[:MAX_REWARD_KEYS]
     if weights:
         missing = sorted(set(weights) - set(rewards))
@@ -262,12 +264,16 @@ def select_reward(rewards: dict[str, float], key: str = "", weights: dict[str, f
         return rewards["reward"]
     if len(rewards) == 1:
         return next(iter(rewards.values()))
-    raise VerifierError(
-        f"reward.json has keys {present} and no 'reward': choose what trains with [run] reward_key or reward_weights"
-    )
+    return None
 
 
-def read_reward(verifier_dir: Path, key: str = "", weights: dict[str, float] | None = None) -> float:
+def multi_key_rewards(rewards: dict[str, float]) -> list[str]:
+    """The keys of ``rewards`` when no scalar follows from them without a run's choice
+    (several keys, none named ``reward``); [] otherwise."""
+    return sorted(rewards) if len(rewards) > 1 and "reward" not in rewards else []
+
+
+def read_reward(verifier_dir: Path, key: str = "", weights: dict[str, float] | None = None) -> float | None:
     """The value that trains (``select_reward`` over ``read_rewards``)."""
     return select_reward(read_rewards(verifier_dir), key, weights)
 

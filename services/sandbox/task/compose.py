@@ -47,7 +47,9 @@ _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _TOP_KEYS = {"services", "version", "name"}
-_MAIN_KEYS = {"depends_on", "environment", "build"}
+_MAIN_KEYS = {"depends_on", "environment", "build", "image", "command", "deploy"}
+# Harbor's own keep-alive of main (its compose overlays, and the Terminal-Bench mapper's main service).
+_KEEPALIVES = {("sh", "-c", "sleep infinity"), ("sleep", "infinity"), ("tail", "-f", "/dev/null")}
 _SIDECAR_KEYS = {
     "image",
     "build",
@@ -150,19 +152,23 @@ class ComposeSpec(BaseModel):
         return [MAIN, *(s.name for s in self.services)]
 
 
-def load_compose(task_root: Path, task_env: dict[str, str] | None = None) -> ComposeSpec | None:
-    """The task's compose file, or None without one; TaskError naming file and field."""
+def load_compose(
+    task_root: Path, task_env: dict[str, str] | None = None, harbor: dict[str, str] | None = None
+) -> ComposeSpec | None:
+    """The task's compose file, or None without one; TaskError naming file and field.
+    ``harbor``: Harbor's own compose variables (``compose_env.harbor_variables``)."""
     path = task_root / COMPOSE_FILE
     if not path.exists():
         return None
-    return _Reader(task_root, path, task_env or {}).read()
+    return _Reader(task_root, path, task_env or {}, harbor or {}).read()
 
 
 class _Reader:
-    def __init__(self, task_root: Path, path: Path, task_env: dict[str, str]) -> None:
-        self.root, self.path, self.task_env = task_root, path, task_env
+    def __init__(self, task_root: Path, path: Path, task_env: dict[str, str], harbor: dict[str, str]) -> None:
+        self.root, self.path, self.task_env, self.harbor = task_root, path, task_env, harbor
         dotenv = compose_env.read_dotenv(path.parent / ".env", task_root)
-        self.variables = {**dotenv, **task_env, "CONTEXT_DIR": str(path.parent.resolve())}
+        # Harbor's own variables win over the task's, as in Harbor (merge_compose_env).
+        self.variables = {**dotenv, **task_env, "CONTEXT_DIR": str(path.parent.resolve()), **harbor}
 
     def fail(self, field: str, why: str) -> TaskError:
         where = f"{COMPOSE_FILE}: {field}: " if field else f"{COMPOSE_FILE}: "
@@ -197,6 +203,7 @@ class _Reader:
                 raise self.fail(field, "must be a mapping")
             if name == MAIN:
                 self._check_keys(field, body, _MAIN_KEYS)
+                self.check_main(field, body)
                 main = body
             else:
                 sidecars[name] = self.service(name, body)
@@ -211,6 +218,39 @@ class _Reader:
             main_environment=self.environment(f"services.{MAIN}.environment", main.get("environment")),
             main_build=self.build(f"services.{MAIN}.build", main["build"]) if "build" in main else None,
         )
+
+    def check_main(self, field: str, body: dict[str, Any]) -> None:
+        """main's ``image``, ``command`` and ``deploy`` as Harbor's own compose files and its
+        Terminal-Bench mapper write them (``${MAIN_IMAGE_NAME}``, ``sleep infinity``, limits of
+        ``${CPUS}``/``${MEMORY}``) say what the sandbox does anyway: kept; anything else would
+        change main and is refused naming the field."""
+        image = body.get("image")
+        if image is not None and image not in (compose_env.MAIN_IMAGE, self.harbor.get("PREBUILT_IMAGE_NAME")):
+            raise self.fail(
+                f"{field}.image",
+                f"{image!r}: main runs the task's own image (environment/Dockerfile, or [environment] "
+                "docker_image for a prebuilt one); only ${MAIN_IMAGE_NAME} or ${PREBUILT_IMAGE_NAME} may be named here",
+            )
+        if "command" in body and self.argv(f"{field}.command", body["command"]) not in _KEEPALIVES:
+            raise self.fail(
+                f"{field}.command",
+                "main's process is the sandbox's own keep-alive (Harbor's 'sleep infinity'); another command is "
+                "not supported: start a server in a sidecar or from the task's healthcheck",
+            )
+        deploy = body.get("deploy")
+        if deploy is not None:
+            resources = deploy.get("resources") if isinstance(deploy, dict) else None
+            limits = resources.get("limits") if isinstance(resources, dict) else None
+            want = {"cpus": self.harbor.get("CPUS"), "memory": self.harbor.get("MEMORY")}
+            only_limits = set(deploy) == {"resources"} and isinstance(resources, dict) and set(resources) == {"limits"}
+            if not (only_limits and isinstance(limits, dict)) or any(
+                k not in want or str(v) != want[k] for k, v in limits.items()
+            ):
+                raise self.fail(
+                    f"{field}.deploy",
+                    "only resources.limits of ${CPUS} and ${MEMORY} (the task's own cpus and memory_mb, which "
+                    "the sandbox applies anyway) are supported; set [environment] cpus and memory_mb instead",
+                )
 
     def _check_keys(self, field: str, body: dict[str, Any], allowed: set[str]) -> None:
         for key in body:

@@ -28,6 +28,15 @@ class TaskReport:
     fields: list[FieldReport] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # ignored, as Harbor ignores them
     error: str | None = None  # not a valid task for another reason than a refused field
+    # Does tests/ name reward.json (the verifier may write several keys)? And the keys its oracle
+    # wrote, where a preflight has run it (None: not known without running it).
+    writes_reward_json: bool = False
+    reward_keys: list[str] | None = None
+
+    @property
+    def multi_key(self) -> bool:
+        """Several rewards, none named 'reward': a training run must choose what trains."""
+        return self.reward_keys is not None and len(self.reward_keys) > 1 and "reward" not in self.reward_keys
 
     @property
     def runs(self) -> bool:
@@ -42,6 +51,9 @@ class TaskReport:
             "fields": fields,
             "unknown": self.unknown,
             "error": self.error,
+            "writes_reward_json": self.writes_reward_json,
+            "reward_keys": self.reward_keys,
+            "multi_key": self.multi_key,
         }
 
 
@@ -80,8 +92,19 @@ def check_task(root: Path) -> TaskReport:
             report.error = str(e)
         return report
     report.task_id = task.task_id
+    report.writes_reward_json = _names_reward_json(task.tests_dir)
     _refuse_at_setup(report, task)
     return report
+
+
+def _names_reward_json(tests: Path) -> bool:
+    for path in sorted(tests.rglob("*")) if tests.is_dir() else []:
+        try:
+            if path.is_file() and path.stat().st_size < 1 << 20 and b"reward.json" in path.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _refuse_at_setup(report: TaskReport, task: Task) -> None:
@@ -112,4 +135,16 @@ def format_report(report: TaskReport, *, verbose: bool) -> list[str]:
         lines.append(f"    unknown   {', '.join(report.unknown)}: ignored, as Harbor ignores them")
     if report.error:
         lines.append(f"    error     {report.error}")
+    if report.multi_key:
+        lines.append(
+            f"    rewards   its oracle wrote several rewards ({', '.join(report.reward_keys or [])}), none named "
+            "'reward': a training run must set [run] reward_key or reward_weights (preflight refuses it otherwise); "
+            "trial run and eval complete with each key shown and no trial reward"
+        )
+    elif report.writes_reward_json and report.reward_keys is None:
+        lines.append(
+            "    rewards   tests/ writes reward.json: if it holds several keys and none named 'reward', a training "
+            "run must set [run] reward_key or reward_weights (its keys are known once `harnessrl preflight` ran "
+            "its oracle)"
+        )
     return lines

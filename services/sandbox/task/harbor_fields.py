@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from services.sandbox.task import harbor_notes
 from services.sandbox.task import steps as task_steps
 
 
@@ -170,7 +171,10 @@ FIELDS: dict[str, Rule] = {
         Status.SUPPORTED,
         "the verify phase's network, as Harbor: unset inherits [environment] network_mode (default 'public'); "
         "docker verifies in a fresh container from the agent's final filesystem on docker.verify_network "
-        "(default: the engine's bridge network, else none), local on local.verify_network (default none); "
+        "(default 'auto': the engine's bridge network; an engine without one refuses, at start and naming the "
+        "setting, the trials of a task whose verifier is public, which could otherwise score 0 for want of a "
+        "network; 'none' verifies without one), local on local.verify_network (default 'none': no network; "
+        "'auto' refuses such trials as docker's does); "
         "never the host's network unless set so (the verifier runs the agent's code); "
         "'allowlist' (here or inherited) is refused at setup: no backend has an egress proxy",
     ),
@@ -260,7 +264,7 @@ FILES: dict[str, Rule] = {
     "environment/Dockerfile": Rule(
         Status.SUPPORTED,
         "built with the build network (docker: build_network, default host; local: the host's) whatever the "
-        "task's network_mode, as Harbor builds",
+        "task's network_mode, as Harbor builds; heredocs as BuildKit reads them (see Dockerfile heredocs)",
     ),
     "environment/docker-compose.yaml": Rule(
         Status.MAPPED,
@@ -271,11 +275,12 @@ FILES: dict[str, Rule] = {
         "services' TCP ports relayed into it by the worker (UDP is not); kubernetes runs them as containers of the "
         "trial's pod (prebuilt images only); the local backend refuses the task. main's build (context, "
         "dockerfile, args; [environment] docker_image wins, as Harbor's prebuilt image), depends_on and "
-        "environment, and each service's image, build (context inside the task), command, entrypoint, "
+        "environment (and main's image, command and deploy as Harbor writes them: see Harbor's compose "
+        "variables), and each service's image, build (context inside the task), command, entrypoint, "
         "environment, working_dir, user, healthcheck, depends_on, init and expose are honoured; any other "
         "key (ports, networks, volumes, privileged, cap_add, ...) is refused naming it. ${VAR} is interpolated "
-        "from environment/.env and [environment] env, never the worker's environment (a variable found in "
-        "neither, without a default, is refused by name)",
+        "from Harbor's compose variables (below), environment/.env and [environment] env, never the worker's "
+        "environment (a variable found in none, without a default, is refused by name)",
     ),
     "tests/test.sh": Rule(
         Status.MAPPED,
@@ -338,7 +343,8 @@ def render() -> str:
         "  `network_mode` and `allow_internet` never switch off the image build's network, in Harbor or here.",
         "",
     ]
-    return "\n".join(lines)
+    lines += harbor_notes.sections()
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.config import format_validation_error
 from services.sandbox.common.errors import TaskError
-from services.sandbox.task import build_inputs, harbor_fields
+from services.sandbox.task import build_inputs, compose_env, harbor_fields
 from services.sandbox.task import steps as task_steps
 from services.sandbox.task.agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
 from services.sandbox.task.artifacts import ArtifactEntry, normalize_entries
@@ -281,7 +281,10 @@ def load_task(path: str | Path) -> Task:
     unreachable = unreachable_servers(root, env.mcp_servers)
     if unreachable:
         raise TaskError(name, "task.toml: " + "; ".join(unreachable))
-    compose = load_compose(root.resolve(), config.environment.env)
+    harbor = compose_env.harbor_variables(
+        root.resolve() / "environment", docker_image=env.docker_image, cpus=env.cpus, memory_mb=env.memory_mb
+    )
+    compose = load_compose(root.resolve(), config.environment.env, harbor)
     main_build = compose is not None and compose.main_build is not None  # Harbor: a compose file may build main
     if env.docker_image is None and not (root / "environment" / "Dockerfile").is_file() and not main_build:
         raise TaskError(name, "missing environment/Dockerfile and no [environment] docker_image is set")

@@ -247,6 +247,7 @@ class TrialRecord(BaseModel):
             status.num_segments = out.num_segments
             status.harness_exit_code = out.harness_exit_code
             status.tamper_events.extend(out.tamper_events)
+            status.rewards.update(out.rewards)
         return status
 
 

@@ -187,6 +187,19 @@ class TrialRunner:
         return not (t.flags.get("cancelled") or t.flags.get("setup_failed"))
 
     # -- setup -----------------------------------------------------------------
+    def _refuse_unreachable_verifier(self, task: Task, run: verifier_policy.VerifierRun) -> None:
+        """A verifier that asks for a public network the backend cannot give would fail its
+        apt-get or download and score 0: an infrastructure failure as a reward (invariant 5).
+        Refused before anything starts, naming the setting to change."""
+        missing = self.backend.public_verify_network_missing
+        steps = (verifier_policy.for_step(run, None, s.config.verifier.network_mode) for s in task.steps)
+        if missing and (run.public or any(step.public for step in steps)):
+            raise EnvSetupError(
+                f"task {task.task_id}: {missing}; its verifier asks for a public network ([verifier] network_mode, "
+                "'public' unless the task says otherwise, as in Harbor), which this backend cannot give; or set "
+                "the task's [verifier] network_mode = 'no-network' if its tests need none"
+            )
+
     async def _setup(self, t: Trial) -> None:
         try:
             t.task = load_task(t.spec.task_path)
@@ -197,6 +210,7 @@ class TrialRunner:
                 )
             # Refused before anything starts (an allowlist no backend can enforce).
             t.verifier = verifier_policy.resolve(t.task)
+            self._refuse_unreachable_verifier(t.task, t.verifier)
             t.harness = get_harness(t.spec.harness)
             t.harness.check_installed()
             proxy_socket = await self._open_proxy(t)

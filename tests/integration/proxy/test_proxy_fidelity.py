@@ -7,12 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import openai
 import pytest
-import torch
 
-from harnessrl.paths import default_model_dir
+from tests.integration.proxy.fidelity_support import forward_pass_agreement
 from tests.integration.proxy.stack import MODEL, Stack
 
 pytestmark = pytest.mark.slow
@@ -30,8 +28,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_captured_logprobs_match_a_forward_pass(stack: Stack) -> None:
-    from transformers import AutoModelForCausalLM
-
     base, token = stack.new_trial("fidelity")
     c = openai.OpenAI(base_url=base, api_key=token, max_retries=0, timeout=600)
     messages: list[dict[str, object]] = [
@@ -50,21 +46,7 @@ def test_captured_logprobs_match_a_forward_pass(stack: Stack) -> None:
     segments = stack.export("fidelity")
     assert {s["thread"] for s in segments} == {"main", "side-1"}
 
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
-    captured, recomputed = [], []
-    for seg in segments:
-        ids = seg["prompt_ids"] + seg["response_ids"]
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        p = len(seg["prompt_ids"])
-        for i, m in enumerate(seg["response_mask"]):
-            if m:
-                recomputed.append(float(logprobs[p + i - 1, ids[p + i]]))
-                captured.append(seg["response_logprobs"][i])
-    a, b = np.asarray(captured), np.asarray(recomputed)
-    assert len(a) >= 10
-    pearson = float(np.corrcoef(a, b)[0, 1])
-    max_delta = float(np.abs(a - b).max())
-    print(f"fidelity: {len(a)} tokens, pearson={pearson:.6f}, max|Δ|={max_delta:.2e}")
+    n, pearson, max_delta = forward_pass_agreement(segments)
+    assert n >= 10
+    print(f"fidelity: {n} tokens, pearson={pearson:.6f}, max|Δ|={max_delta:.2e}")
     assert pearson >= 0.9999 and max_delta <= 1e-3

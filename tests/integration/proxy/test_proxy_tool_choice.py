@@ -1,5 +1,5 @@
 """tool_choice, parallel_tool_calls and structured-output formats through the
-official SDKs (OpenAI chat, Anthropic messages, OpenAI responses), each honoured
+official SDKs (OpenAI chat, Anthropic messages, OpenAI responses, Gemini), each honoured
 as documented in ``chat/toolchoice.py`` or refused with a clear 400.
 
 One conversation per protocol changes its tool choice turn by turn (a named
@@ -18,6 +18,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google import genai
+from google.genai import types as genai_types
 
 from harnessrl.paths import default_model_dir
 from services.proxy.chat.tokenizer import Tokenizer
@@ -60,12 +62,12 @@ def engine_prompts(stack: Stack, trial: str) -> list[list[int]]:
     return [g["prompt_ids"] for g in stack.engine_log() if g["trial_id"] == trial]
 
 
-def check_one_segment(stack: Stack, trial: str, prefills: list[str]) -> None:
+def check_one_segment(stack: Stack, trial: str, prefills: list[str], dropped: int = 1) -> None:
     """One segment of five turns; the forced turns' prompts end with the prefill ids."""
     summary = stack.close_trial(trial)
     assert (summary["num_turns"], summary["num_segments"], summary["render_mismatches"]) == (5, 1, 0), summary
     assert summary["refused_requests"] == 0 and summary["malformed_tool_calls"] == 0
-    assert summary["dropped_tool_calls"] == 1, "the second call of the one-call turn"
+    assert summary["dropped_tool_calls"] == dropped, "the second call of the one-call turn"
     segments = stack.export(trial)
     check_faithful(segments, stack.engine_log(), trial)
     tok = Tokenizer(default_model_dir())
@@ -212,6 +214,58 @@ def test_responses_choices_turn_by_turn(stack: Stack) -> None:
         ("Done.", []),
     ]
     check_one_segment(stack, "tc-rs", [NAMED, ANY, "", "", ""])
+
+
+def test_gemini_function_calling_modes_turn_by_turn(stack: Stack) -> None:
+    """The Gemini API has no one-call switch: the third turn returns both calls."""
+    base, token = stack.new_trial("tc-gm")
+    options = genai_types.HttpOptions(base_url=base.removesuffix("/v1"), api_version="v1beta")
+    c = genai.Client(api_key=token, http_options=options)
+    decls = [
+        genai_types.FunctionDeclaration(name="bash", description="Run", parameters_json_schema=PARAMS),
+        genai_types.FunctionDeclaration(name="edit", description="Edit", parameters_json_schema=EDIT_PARAMS),
+    ]
+    modes: list[tuple[str, list[str] | None]] = [
+        ("ANY", ["bash"]),
+        ("ANY", None),
+        ("AUTO", None),
+        ("NONE", None),
+        ("AUTO", None),
+    ]
+    contents: list[Any] = [genai_types.Content(role="user", parts=[genai_types.Part(text="What is here?")])]
+    got = []
+    for i, (mode, allowed) in enumerate(modes):
+        calling = genai_types.FunctionCallingConfig(mode=mode, allowed_function_names=allowed)  # type: ignore[arg-type]
+        config = genai_types.GenerateContentConfig(
+            system_instruction=SYSTEM,
+            tools=[genai_types.Tool(function_declarations=decls)],
+            tool_config=genai_types.ToolConfig(function_calling_config=calling),
+            automatic_function_calling=genai_types.AutomaticFunctionCallingConfig(disable=True),
+        )
+        if i == 1:  # streamed: the same forcing
+            chunks = list(c.models.generate_content_stream(model=MODEL, contents=contents, config=config))
+            parts = [p for ch in chunks for p in ch.candidates[0].content.parts or ()]  # type: ignore[index,union-attr]
+        else:
+            r = c.models.generate_content(model=MODEL, contents=contents, config=config)
+            parts = list(r.candidates[0].content.parts or ())  # type: ignore[index,union-attr]
+        calls = [p.function_call for p in parts if p.function_call is not None]
+        got.append(("".join(p.text or "" for p in parts), [(f.name, f.args) for f in calls]))
+        contents.append(genai_types.Content(role="model", parts=parts))
+        replies = [
+            genai_types.Part(
+                function_response=genai_types.FunctionResponse(id=f.id, name=f.name, response={"output": "ok"})
+            )
+            for f in calls
+        ]
+        contents.append(genai_types.Content(role="user", parts=replies or [genai_types.Part(text="Go on.")]))
+    assert got == [
+        ("", [("bash", {"command": "ls"})]),
+        ("", [("bash", {"command": "cat a.txt"})]),
+        ("Two at once.", [("bash", {"command": "echo 1"}), ("bash", {"command": "echo 2"})]),
+        ("No tools now.", []),
+        ("Done.", []),
+    ]
+    check_one_segment(stack, "tc-gm", [NAMED, ANY, "", "", ""], dropped=0)
 
 
 def post(base: str, token: str, path: str, body: dict[str, Any]) -> httpx.Response:
