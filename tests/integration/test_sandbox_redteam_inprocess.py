@@ -116,7 +116,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backend_kind(request: pytest.FixtureRequest) -> dict[str, object]:
     if request.param == "docker":
         engine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     return {"backend": "local"}
 
 

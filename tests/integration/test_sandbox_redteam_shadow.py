@@ -48,7 +48,7 @@ def plugin_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backend_kind(request: pytest.FixtureRequest) -> dict[str, object]:
     if request.param == "docker":
         engine = request.getfixturevalue("docker_engine")
-        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
+        return {"backend": "docker", "docker": DockerBackendSettings(host=engine.host, verify_network="none")}
     return {"backend": "local"}
 
 
@@ -99,7 +99,7 @@ async def test_a_plugin_directory_the_agent_may_write_is_restored(
     dockerfile.write_text(
         dockerfile.read_text().replace("WORKDIR /app", "RUN chown -R 1000:1000 /opt/pylib\nWORKDIR /app")
     )
-    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}  # type: ignore[attr-defined]
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}  # type: ignore[attr-defined]
     script = f"cat > /opt/pylib/shadowplug/__init__.py <<'EOF'\n{CONFTEST}EOF"
     oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
     defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
@@ -125,7 +125,7 @@ async def test_a_config_above_the_workdir_is_removed(
     dockerfile = task / "environment" / "Dockerfile"
     home = "RUN mkdir -p /home/dev && chown 1000:1000 /home/dev\nWORKDIR /home/dev/app"
     dockerfile.write_text(dockerfile.read_text().replace("WORKDIR /home/dev/app", home))
-    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host)}  # type: ignore[attr-defined]
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}  # type: ignore[attr-defined]
     script = (
         "printf '[pytest]\\naddopts = -p p_root\\n' > /home/dev/pytest.ini\n"
         f"cat > /home/dev/app/p_root.py <<'EOF'\n{CONFTEST}EOF"
