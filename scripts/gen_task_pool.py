@@ -66,11 +66,18 @@ storage_mb = 256
 network_mode = "no-network"
 """
 
+# The checks run the agent's code in their own process, so their exit status alone can be
+# forged by it (``os._exit(0)`` at import: status 0, no check ran). Reward 1 needs the report
+# that the check script's last line writes, after every check: an early exit leaves none.
+# What still gets through (issue 45): code in the process that writes the report itself or
+# patches the checks (``assert`` cannot be patched, but the functions they call can); the
+# sandbox's suspicious-change detector counts those patterns, and can zero the reward.
 PY_TEST_SH = """\
 #!/bin/bash
-# Reward 1 when the checks in {script} pass against /app, else 0.
+# Reward 1 when every check in {script} ran against /app and passed, else 0.
 cd /app || {{ echo 0 > /logs/verifier/reward.txt; exit 0; }}
-if PYTHONDONTWRITEBYTECODE=1 python3 /tests/{script}; then
+rm -f /logs/verifier/checks-passed
+if PYTHONDONTWRITEBYTECODE=1 python3 /tests/{script} && [ -f /logs/verifier/checks-passed ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
@@ -83,6 +90,11 @@ import sys
 
 os.chdir("/app")
 sys.path.insert(0, "/app")
+"""
+PY_TEST_TAIL = """
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\\n")
 """
 
 
@@ -113,7 +125,7 @@ def _py_task(
         family=family,
         description=description,
         instruction=instruction,
-        tests={"test.sh": PY_TEST_SH.format(script="check.py"), "check.py": PY_TEST_HEAD + check},
+        tests={"test.sh": PY_TEST_SH.format(script="check.py"), "check.py": PY_TEST_HEAD + check + PY_TEST_TAIL},
         solve=solve,
         app=app,
         tags=("python",),
@@ -167,7 +179,10 @@ def file_family(rng: random.Random, n: int) -> list[Instance]:
                 family="file",
                 description=f"Create {name} with {len(lines)} given lines.",
                 instruction=f"Create the file `{name}` containing exactly these {len(lines)} lines:\n\n{block}",
-                tests={"test.sh": PY_TEST_SH.format(script="check.py"), "check.py": PY_TEST_HEAD + check},
+                tests={
+                    "test.sh": PY_TEST_SH.format(script="check.py"),
+                    "check.py": PY_TEST_HEAD + check + PY_TEST_TAIL,
+                },
                 solve="#!/bin/bash\nset -e\n" + _heredoc(name, body),
                 tags=("shell",),
                 image="python:3.11-slim-bookworm",

@@ -147,7 +147,7 @@ class _Stopper:
                 await self.obj.stop()
             else:
                 await self.obj.stop(self.grace)
-        except Exception:
+        except Exception:  # broad: one service failing to stop must not keep the others running
             log.exception("stopping %s failed", self.name)
 
 

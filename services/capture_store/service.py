@@ -83,7 +83,7 @@ class CaptureService:
                 del self._pending[: len(batch)]
                 try:
                     outcomes = await asyncio.to_thread(self._commit_parts, [p for p, _ in batch])
-                except Exception as e:
+                except Exception as e:  # broad: every waiter of the batch gets the error, the writer loop goes on
                     if not isinstance(e, HarnessError):
                         log.exception("append batch failed", extra={"kv": {"parts": len(batch)}})
                     for _, fut in batch:

@@ -211,6 +211,38 @@ def failures(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
     return {"by_step": {s: dict(c) for s, c in sorted(by_step.items())}}
 
 
+def integrity(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per step: the sandbox's tamper events (a plant the file guards reverted before the
+    verifier) and suspicious events (a reward-hack pattern in the agent's change, counted or
+    zeroed by ``[sandbox.integrity] suspicious``), from each trajectory's metadata counts,
+    and how many trials had any. A trajectory recorded before these counts existed adds none."""
+    tamper: Counter[int] = Counter()
+    suspicious: Counter[int] = Counter()
+    flagged: Counter[int] = Counter()
+    steps: set[int] = set()
+    for r in rows:
+        meta = r.get("metadata") or {}
+        s = r["step"]
+        steps.add(s)
+        t, q = _count(meta.get("tamper_events")), _count(meta.get("suspicious_events"))
+        tamper[s] += t
+        suspicious[s] += q
+        flagged[s] += int(bool(t or q))
+    order = sorted(steps)
+    return {
+        "tamper": {s: tamper[s] for s in order},
+        "suspicious": {s: suspicious[s] for s in order},
+        "flagged_trials": {s: flagged[s] for s in order},
+    }
+
+
+def _count(value: object) -> int:
+    try:
+        return max(0, int(str(value))) if value is not None else 0
+    except ValueError:
+        return 0
+
+
 def staleness(rows: list[dict[str, Any]], metrics: list[StepRecord]) -> dict[str, int]:
     """How many versions the trainer was ahead of a trajectory's oldest token when it
     was finalized (the trainer's version then: the last step recorded before)."""
@@ -314,6 +346,7 @@ def summarize(
         "groups": groups(rows, threshold, group_size),
         "tasks": task_grid(rows, threshold),
         "behaviour": behaviour(rows, digests),
+        "integrity": integrity(rows),
         "failures": failures(rows, threshold),
         "staleness_hist": staleness(rows, axis),
         "masking": masking(axis),

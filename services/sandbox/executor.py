@@ -204,7 +204,7 @@ class ExecutorService:
                 await self.runner.finalize(spec, outcome)
             execution.outcome = outcome
             execution.state = TrialState.DONE.value
-        except Exception as e:
+        except Exception as e:  # broad: any fault is reported to the front as LOST, which retries or ends it
             log.exception("execution failed", extra={"kv": {"id": spec.trial_id}})
             execution.error = f"executor {self.name}: {type(e).__name__}: {e}"
             execution.state = LOST

@@ -55,7 +55,7 @@ class Worker:
             orphans = await self.runner.backend.cleanup_orphans()
             if orphans:
                 log.warning("removed sandboxes of dead workers", extra={"kv": {"count": orphans}})
-        except Exception:
+        except Exception:  # broad: any backend's sweep may fail; the worker serves anyway, the next start sweeps again
             log.exception("orphan cleanup failed")
         reaper = asyncio.ensure_future(self._reap_forever(stop))
         try:
@@ -64,7 +64,7 @@ class Worker:
                 record = None
                 try:
                     record = await self.queue.claim(self.name, self.settings.lease_s, wait_s=0.5)
-                except Exception:
+                except Exception:  # broad: the serving loop outlives any queue fault (Redis, memory), retries
                     log.exception("claim failed", extra={"kv": {"worker": self.name}})
                     await asyncio.sleep(1)
                 if record is None:
@@ -96,7 +96,7 @@ class Worker:
                     log.warning("reaped expired leases", extra={"kv": {"worker": self.name, "trials": reaped}})
                 for trial_id in reaped:
                     await self._finalize_if_out_of_attempts(trial_id)
-            except Exception:
+            except Exception:  # broad: the reaper loop outlives any queue or capture fault, retries next period
                 log.exception("reap failed")
 
     async def _finalize_if_out_of_attempts(self, trial_id: str) -> None:
@@ -154,7 +154,7 @@ class Worker:
             self.completed += 1
         except LeaseLost:
             log.warning("lease lost at finish", extra={"kv": {"trial": trial_id}})
-        except Exception as e:
+        except Exception as e:  # broad: any fault of the worker's own code is a crash, given back by _crashed
             log.exception("trial crashed in the worker", extra={"kv": {"trial": trial_id}})
             # The heartbeat keeps the lease while the crash is reported (finalize may be slow).
             if not lost.is_set():
@@ -181,13 +181,13 @@ class Worker:
                     await self.runner.finalize(spec, outcome)
                 else:  # the attempt crashed after FinalizeTrajectory: that is the outcome
                     outcome = finalized
-            except Exception:
+            except Exception:  # broad: the queue is still told (finish below), whatever the capture store raised
                 log.exception("finalizing a crashed trial failed", extra={"kv": {"trial": trial_id}})
             await self.queue.finish(trial_id, self.name, outcome)
             log.warning("crashed trial finished", extra={"kv": {"trial": trial_id, "crashes": record.crashes + 1}})
         except LeaseLost:
             log.warning("lease lost after a crash", extra={"kv": {"trial": trial_id}})
-        except Exception:
+        except Exception:  # broad: if the queue cannot be told, the lease expires and the reaper decides
             log.exception("giving a crashed trial back failed", extra={"kv": {"trial": trial_id}})
 
     async def _heartbeat(self, trial_id: str, cancel: asyncio.Event, lost: asyncio.Event) -> None:
@@ -195,7 +195,7 @@ class Worker:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
                 beat = await self.queue.heartbeat(trial_id, self.name, self.settings.lease_s)
-            except Exception:
+            except Exception:  # broad: a missed beat is retried; the lease's expiry is the safety net
                 log.exception("heartbeat failed", extra={"kv": {"trial": trial_id}})
                 continue
             if beat == Heartbeat.LOST:

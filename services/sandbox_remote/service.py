@@ -166,7 +166,7 @@ class RemoteSandbox:
                         return await self._end(trial, records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED, error)
         except asyncio.CancelledError:
             raise
-        except Exception as e:
+        except Exception as e:  # broad: any fault ends the trial once (env_setup_failed), never a hung front
             log.exception("driving the trial failed", extra={"kv": {"trial": trial.spec.trial_id}})
             error = f"front: {type(e).__name__}: {e}"
             await self._end(trial, records_pb2.TERMINATION_REASON_ENV_SETUP_FAILED, error)
@@ -242,7 +242,7 @@ class RemoteSandbox:
         if self.capture is not None and trial.status.state != DONE:
             try:
                 await self.capture.finalize(trial.spec, _execution_id(trial), status, trial.trace_context)
-            except Exception as e:
+            except Exception as e:  # broad: the trial still ends (below) and the error names the failure
                 log.exception("finalize failed", extra={"kv": {"trial": trial.spec.trial_id}})
                 status.error += f"; FinalizeTrajectory failed: {type(e).__name__}: {e}"
         self._move(trial, DONE)

@@ -146,6 +146,7 @@ async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) 
         "num_segments": outcome.num_segments,
         "harness_exit_code": outcome.harness_exit_code,
         "tamper_events": outcome.tamper_events,
+        "suspicious_events": outcome.suspicious_events,
         "events": outcome.events,
         "error": outcome.error,
         "artifacts_dir": outcome.artifacts_dir,

@@ -23,6 +23,7 @@ from services.sandbox.backends.base import ExecRequest, ExecResult, Sandbox
 from services.sandbox.backends.local import LocalBackend
 from services.sandbox.common.errors import LeaseLost
 from services.sandbox.common.settings import Settings
+from services.sandbox.defences.module_shadow import VerifierImports
 from services.sandbox.queue.base import TrialQueue, create_queue
 from services.sandbox.trial.endpoints import CaptureFinalizer
 from services.sandbox.trial.lifecycle import (
@@ -83,9 +84,9 @@ class FaultyBackend(LocalBackend):
         self._at("snapshot_pristine")
         await super().snapshot_pristine(sandbox)
 
-    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
+    async def restore_protected(self, sandbox: Sandbox, imports: VerifierImports | None = None) -> list[str]:
         self._at("restore_protected")
-        return await super().restore_protected(sandbox)
+        return await super().restore_protected(sandbox, imports)
 
     async def upload(self, sandbox: Sandbox, src: Path, dst: PurePosixPath) -> None:
         # The oracle's solution is the harness's upload; tests are uploaded for verify only.
@@ -257,3 +258,41 @@ async def test_requeue_gives_a_leased_trial_back_at_the_front(redis_server: Redi
         assert (await queue.get("b")).state == TrialState.QUEUED
     finally:
         await queue.close()
+
+
+STEPS_EXAMPLE = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "examples" / "steps"
+
+
+@pytest.mark.parametrize("where", ["combining the steps' rewards", "building the outcome"])
+async def test_a_fault_in_the_bookkeeping_between_phases_ends_the_trial_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Outside ``_phase`` (a multi-step trial's bookkeeping, ``build_outcome``) a fault used
+    to escape ``run`` into the worker's crash-retry path: the same deterministic fault ran
+    the trial twice. Now it ends the trial once, verifier_error naming it (its result cannot
+    be computed: never a reward)."""
+    from services.sandbox.task import steps as task_steps
+    from services.sandbox.trial import runner as runner_module
+
+    def fault(*args: object) -> None:
+        raise InjectedFault(f"injected at {where}")
+
+    if where == "building the outcome":
+        monkeypatch.setattr(runner_module, "build_outcome", fault)
+    else:
+        monkeypatch.setattr(task_steps, "combine", fault)
+    settings = settings_for(tmp_path, lease_s=5.0, heartbeat_s=0.5, max_attempts=3)
+    queue = create_queue("memory://")
+    try:
+        spec = TrialSpec(trial_id="b", run_id=RUN, task_path=str(STEPS_EXAMPLE), harness="oracle")
+        await queue.submit(spec)
+        await serve_until_done(
+            Worker(settings, queue, TrialRunner(settings, LocalBackend(settings)), name="w"), queue, "b"
+        )
+        record = await queue.get("b")
+    finally:
+        await queue.close()
+    assert (record.state, record.attempt, record.crashes) == (TrialState.DONE, 1, 0), record.error
+    outcome = record.outcome
+    assert outcome is not None and (outcome.termination_reason, outcome.reward) == (R.VERIFIER_ERROR, None)
+    assert f"InjectedFault: injected at {where}" in outcome.error

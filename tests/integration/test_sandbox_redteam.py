@@ -117,7 +117,8 @@ exit 0""",
 
 
 def build_redteam_task(root: Path) -> Path:
-    """The pytest-verified task every cheat tries (also the warm pool's red-team checks)."""
+    """The pytest-verified task every cheat tries (the other red-team modules and the warm
+    pool's red-team checks build it too)."""
     task = make_task(
         root,
         "calc",
@@ -196,7 +197,7 @@ async def run_trial(
     kind: dict[str, object] | None = None,
     **policy: bool,
 ):
-    settings = settings_for(tmp, IntegrityPolicy(**policy), cache_dir=cache, **(kind or {}))
+    settings = settings_for(tmp, IntegrityPolicy.model_validate(policy), cache_dir=cache, **(kind or {}))
     runner = TrialRunner(settings, create_backend(settings))
     spec = TrialSpec(
         trial_id=f"rt-{uuid.uuid4().hex[:10]}",
@@ -213,6 +214,7 @@ async def test_the_task_is_sound(
     oracle = await run_trial(tmp_path, cache_dir, redteam_task, "oracle", kind=backend_kind)
     nop = await run_trial(tmp_path, cache_dir, redteam_task, "nop", kind=backend_kind)
     assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle
+    assert oracle.suspicious_events == [] and oracle.tamper_events == []
     assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop
 
 

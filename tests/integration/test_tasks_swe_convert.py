@@ -107,6 +107,7 @@ async def test_converted_task_passes_with_the_gold_patch_and_fails_without(tmp_p
     assert meta["fail_to_pass"] == ["tests.test_calc.TestCalc.test_add"]
     report = await validate_task(build_runner(settings_for(tmp_path)), task)
     assert report.ok, report.reasons  # oracle (gold patch) 1, nop 0; the unlisted broken test is not run
+    assert report.outcomes["oracle"].suspicious_events == []  # the detector's false positives: none
 
 
 async def test_an_agent_that_edits_the_tests_gains_nothing(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ class Worker:
                     continue
                 try:
                     self._step()
-                except Exception as e:
+                except Exception as e:  # broad: the engine thread outlives a step; its requests get the error
                     log.exception("local engine step failed")
                     self._fail_running(e)
         self.at_boundary.set()

@@ -23,7 +23,7 @@ from services.sandbox.common import tarsafe
 from services.sandbox.common.errors import CapabilityError
 from services.sandbox.common.paths import SandboxPaths, TrialDirs
 from services.sandbox.common.settings import EnforcedLimit, IntegrityPolicy
-from services.sandbox.defences import path_guard, runner_guard
+from services.sandbox.defences import module_shadow, path_guard, runner_guard, suspicious
 from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
@@ -184,19 +184,22 @@ class Backend(abc.ABC):
     async def download(self, sandbox: Sandbox, src: PurePosixPath, dst: Path) -> None:
         """Copies a sandbox file or directory to the host."""
 
-    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
+    async def restore_protected(
+        self, sandbox: Sandbox, imports: module_shadow.VerifierImports | None = None
+    ) -> list[str]:
         """The file defences before verify, as the integrity policy switches them: the
         workspace's test files restored from the pristine snapshot and every change a
-        test runner would load implicitly reverted (``runner_guard``); returns the
-        tamper events. Generic version: round-trips the workspace through the host
-        (backends override it with something cheaper)."""
+        test runner would load implicitly reverted (``runner_guard``; ``imports``: what
+        the verifier's Python imports from outside the workspace, ``module_shadow``);
+        returns the tamper events. Generic version: round-trips the workspace through
+        the host (backends override it with something cheaper)."""
         dirs, paths = sandbox.spec.dirs, sandbox.paths
         pristine, current = dirs.root / "pristine", dirs.root / "current"
         if not pristine.exists():
             raise RuntimeError("snapshot_pristine was not called at start")
         await self.download(sandbox, paths.workdir, current)
-        events = await asyncio.to_thread(restore_workspace, sandbox, current, pristine, self.integrity)
-        if events:
+        events = await asyncio.to_thread(restore_workspace, sandbox, current, pristine, self.integrity, imports)
+        if any(not suspicious.is_event(e) for e in events):  # something was reverted
             await self.upload(sandbox, current, paths.workdir)
         return events
 
@@ -246,10 +249,20 @@ def empty_dir(path: Path) -> None:
             child.unlink(missing_ok=True)
 
 
-def restore_workspace(sandbox: Sandbox, current: Path, pristine: Path, policy: IntegrityPolicy) -> list[str]:
+def restore_workspace(
+    sandbox: Sandbox,
+    current: Path,
+    pristine: Path,
+    policy: IntegrityPolicy,
+    imports: module_shadow.VerifierImports | None = None,
+) -> list[str]:
     """Every file defence of a workspace before verify (``current``: it, or its host copy), as
     ``policy`` switches them: ``runner_guard``'s, then the verifier's PATH (``verifier_policy``)."""
-    events = runner_guard.restore_for_verify(current, pristine, policy)
+    importable = imports.names if imports is not None else frozenset()
+    # The detector reads the change before the guards revert any of it (``suspicious.PREFIX``
+    # marks its events among the tamper events; the verify phase counts them apart).
+    events = suspicious.scan(current, pristine)
+    events += runner_guard.restore_for_verify(current, pristine, policy, importable)
     if policy.guard_verifier_path:
         task, workdir = sandbox.spec.task, str(sandbox.paths.workdir)
         events += path_guard.guard_workspace(current, pristine, sandbox.env, task, workdir)

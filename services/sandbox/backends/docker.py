@@ -73,7 +73,7 @@ from services.sandbox.backends.limits import watch_disk
 from services.sandbox.common.errors import BackendUnavailable, EnvSetupError, SandboxLost
 from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.common.settings import Settings
-from services.sandbox.defences import path_guard
+from services.sandbox.defences import module_shadow, path_guard
 from services.sandbox.task import verifier_policy
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,9 @@ class DockerBackend(Backend):
         container, with its (no) network."""
         handle, policy = _handle(sandbox), self.integrity
         # What the agent changed outside its mounts, read before its container goes.
-        diff = (await self._api(handle.container.diff) or []) if policy.guard_verifier_path else []
+        guarded = policy.guard_verifier_path or policy.guard_runner_routes
+        diff = (await self._api(handle.container.diff) or []) if guarded else []
+        handle.agent_diff = diff  # the verifier's lookup paths, once known (``restore_protected``)
         if policy.kill_agent_processes:
             await self._fresh_container(sandbox, network)
         owner = _exec_user(user, handle.image_user)
@@ -275,14 +277,19 @@ class DockerBackend(Backend):
             return []
         path = verifier_policy.verifier_path(sandbox.env, sandbox.spec.task)
         changes = path_guard.route_changes(diff, path, sandbox.paths.workdir)
+        return await self._clear(sandbox, changes, path_guard.ROOT_ROUTE)
+
+    async def _clear(self, sandbox: Sandbox, changes: path_guard.RouteChanges, route: str) -> list[str]:
+        """Removes the agent's added files of ``changes`` and restores its changed ones from
+        the image, in the verifier's container, as root; tamper events ``route:PATH``."""
         script = path_guard.clear_script(changes.added, changes.changed, 1000)
-        lines = (await handle.root(script)).decode(errors="replace").splitlines()
+        lines = (await _handle(sandbox).root(script)).decode(errors="replace").splitlines()
         removed = [line[1:] for line in lines if line.startswith("-")]
         changed = [line[1:] for line in lines if line.startswith("~")]
         if changed:
             await self._restore_from_image(sandbox, changed)
-        events = [f"{path_guard.ROOT_ROUTE}:{p} (added)" for p in removed]
-        return events + [f"{path_guard.ROOT_ROUTE}:{p} (changed)" for p in changed]
+        events = [f"{route}:{p} (added)" for p in removed]
+        return events + [f"{route}:{p} (changed)" for p in changed]
 
     async def _restore_from_image(self, sandbox: Sandbox, paths: list[str]) -> None:
         """Copies ``paths`` as the prepared image has them into the verifier's container."""
@@ -454,8 +461,10 @@ class DockerBackend(Backend):
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:
         await files.snapshot_pristine(self, sandbox)
 
-    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
-        return await files.restore_protected(self, sandbox)
+    async def restore_protected(
+        self, sandbox: Sandbox, imports: module_shadow.VerifierImports | None = None
+    ) -> list[str]:
+        return await files.restore_protected(self, sandbox, imports)
 
     async def _api(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """An engine call in a thread; an unreachable engine is a lost sandbox."""

@@ -72,6 +72,8 @@ class ContainerExec:
     pristine: Path | None = None
     # A warm container's slot path (``docker_pool``): a link to the trial's directory, removed at stop.
     slot: Path | None = None
+    # ``docker diff`` of the agent's container, read before the verifier's is made.
+    agent_diff: list[dict[str, object]] = field(default_factory=list)
     stopped: bool = False
     relay: UnixRelay | None = None
     uploaded: set[str] = field(default_factory=set)

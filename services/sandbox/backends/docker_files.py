@@ -17,6 +17,7 @@ from services.sandbox.backends import docker_images as images
 from services.sandbox.backends.base import Sandbox, restore_workspace, unpack_tar
 from services.sandbox.backends.docker_exec import ContainerExec
 from services.sandbox.common import tarsafe
+from services.sandbox.defences import module_shadow, path_guard, suspicious
 
 if TYPE_CHECKING:
     from services.sandbox.backends.docker import DockerBackend
@@ -75,21 +76,30 @@ async def snapshot_pristine(backend: DockerBackend, sandbox: Sandbox) -> None:
     handle.pristine = cache / "tree"
 
 
-async def restore_protected(backend: DockerBackend, sandbox: Sandbox) -> list[str]:
+async def restore_protected(
+    backend: DockerBackend, sandbox: Sandbox, imports: module_shadow.VerifierImports | None = None
+) -> list[str]:
     """The file defences before verify (test files, the runner's routes) on a host copy
-    of the workspace, copied back whole when anything changed."""
+    of the workspace, copied back whole when anything changed; first, outside the
+    workspace, the agent's changes on the verifier's lookup paths (``lookup_changes``:
+    the directories its Python imports from, the config files above WORKDIR)."""
     handle, paths = _handle(sandbox), sandbox.paths
     if handle.pristine is None:
         raise RuntimeError("snapshot_pristine was not called at start")
+    outside: list[str] = []
+    if backend.integrity.guard_runner_routes:
+        dirs = imports.dirs if imports is not None else ()
+        changes = path_guard.lookup_changes(handle.agent_diff, dirs, paths.workdir)
+        outside = await backend._clear(sandbox, changes, path_guard.LOOKUP_ROUTE)
     current = sandbox.spec.dirs.root / "current"
     # Every symlink as it is: one the "data" policy refuses (absolute, or out of the
     # tree) would fail the copy, turning the agent's attempt into an infrastructure
     # failure; the guard removes the agent's (symlink-escape) instead.
     await _download(sandbox, paths.workdir, current, "tar")
-    events = await asyncio.to_thread(restore_workspace, sandbox, current, handle.pristine, backend.integrity)
-    if events:
+    events = await asyncio.to_thread(restore_workspace, sandbox, current, handle.pristine, backend.integrity, imports)
+    if any(not suspicious.is_event(e) for e in events):  # something was reverted
         await upload(backend, sandbox, current, paths.workdir)
-    return events
+    return outside + events
 
 
 def _copy_out(host: Path, dst: Path, trial_id: str, src: PurePosixPath) -> None:

@@ -330,19 +330,22 @@ def build_hash(task: Task) -> str:
 
 def base_images(task: Task) -> list[str] | None:
     """The images the task's Dockerfile builds on, in order, once each: every FROM that is
-    not an earlier stage (with the ARG defaults declared before the first FROM substituted,
-    as Docker does; no build args are passed) and every ``COPY --from`` that names an
-    image. ``scratch`` is no image. None where the Dockerfile cannot be read."""
+    not an earlier stage (with the ARGs declared before the first FROM substituted, as Docker
+    does: the build args the build passes, a compose file's ``main`` build args, over their
+    defaults) and every ``COPY --from`` that names an image. ``scratch`` is no image. None
+    where the Dockerfile cannot be read."""
     path = main_dockerfile(task)
     assert path is not None
+    main = task.compose.main_build if task.compose else None
     try:
-        return base_images_of(path.read_text())
+        return base_images_of(path.read_text(), dict(main.args) if main else None)
     except (UnicodeDecodeError, OSError):
         return None
 
 
-def base_images_of(text: str) -> list[str] | None:
-    """``base_images`` of a Dockerfile's text (None where it cannot be parsed)."""
+def base_images_of(text: str, build_args: dict[str, str] | None = None) -> list[str] | None:
+    """``base_images`` of a Dockerfile's text (None where it cannot be parsed), with the
+    build args the build passes."""
     try:
         instructions = dockerfile.parse(text)
     except dockerfile.DockerfileError:
@@ -359,7 +362,7 @@ def base_images_of(text: str) -> list[str] | None:
 
     for ins in instructions:
         if ins.keyword == "ARG" and not seen_from:
-            global_args.update(_arg_defaults(ins.raw, global_args))
+            global_args.update(_arg_defaults(ins.raw, global_args, build_args))
         elif ins.keyword == "FROM":
             seen_from = True
             words = ins.raw.split()
@@ -371,8 +374,9 @@ def base_images_of(text: str) -> list[str] | None:
     return bases
 
 
-def _arg_defaults(raw: str, known: dict[str, str]) -> dict[str, str]:
-    """``ARG A=1 B`` -> {"A": "1"}: only the ARGs with a default (no build args are passed)."""
+def _arg_defaults(raw: str, known: dict[str, str], build_args: dict[str, str] | None = None) -> dict[str, str]:
+    """``ARG A=1 B`` -> {"A": "1"}: each declared ARG's build arg, else its default (an ARG
+    with neither is unset)."""
     try:
         words = shlex.split(raw)
     except ValueError:
@@ -380,7 +384,9 @@ def _arg_defaults(raw: str, known: dict[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for word in words:
         name, sep, value = word.partition("=")
-        if sep:
+        if build_args and name in build_args:
+            out[name] = build_args[name]
+        elif sep:
             out[name] = dockerfile.substitute(value, {**known, **out})
     return out
 
@@ -397,7 +403,7 @@ def engine_build(client: Any, **kwargs: Any) -> Any:
     if "<<" not in text:
         return client.images.build(**kwargs)
     variables_of: dict[str, dict[str, str]] = {}
-    for name in base_images_of(text) or []:  # a COPY heredoc expands the base image's ENV too
+    for name in base_images_of(text, kwargs.get("buildargs")) or []:  # a COPY heredoc expands the base image's ENV too
         try:
             variables_of[name] = image_env(client.api.inspect_image(name))
         except NotFound:

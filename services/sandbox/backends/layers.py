@@ -45,6 +45,7 @@ from services.sandbox.common.errors import EnvSetupError, UnsupportedInstruction
 from services.sandbox.common.settings import LocalBackendSettings
 from services.sandbox.defences import integrity
 from services.sandbox.task import dockerfile, dockerignore, heredoc
+from services.sandbox.task.build_inputs import BuildInputs
 from services.sandbox.task.model import Task
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class LayerCache:
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def get(self, task: Task, *, squash_git: bool, timeout_s: float | None = None) -> Layer:
-        key = f"{task.environment_hash()[:32]}-{'sq' if squash_git else 'raw'}-v{LAYER_FORMAT}"
+        inputs = task.build_inputs()  # the key and the build read the same inputs
+        key = f"{inputs.digest()[:32]}-{'sq' if squash_git else 'raw'}-v{LAYER_FORMAT}"
         final = self.dir / key
         if (final / "layer.json").exists():
             return Layer.load(final)
@@ -116,8 +118,9 @@ class LayerCache:
                     return Layer.load(final)
                 build_dir = self.dir / f"{key}.build-{uuid.uuid4().hex[:8]}"
                 try:
-                    builder = _Builder(task, build_dir, self.settings)
-                    await asyncio.wait_for(builder.build(), timeout_s or task.config.environment.build_timeout_sec)
+                    limit = task.config.environment.build_timeout_sec
+                    builder = _Builder(task.task_id, inputs, build_dir, self.settings, limit)
+                    await asyncio.wait_for(builder.build(), timeout_s or limit)
                     if squash_git:
                         await integrity.squash_all_git(builder.layer.host_path(builder.layer.workdir))
                     builder.layer.save()
@@ -138,10 +141,17 @@ def _flock(path: Path):  # type: ignore[no-untyped-def]
 
 
 class _Builder:
-    def __init__(self, task: Task, build_dir: Path, settings: LocalBackendSettings) -> None:
-        self.task = task
+    """Reads the task only through ``inputs`` (``task/build_inputs.py``: the cache key's
+    inputs too); ``build_timeout_s`` bounds each RUN."""
+
+    def __init__(
+        self, task_id: str, inputs: BuildInputs, build_dir: Path, settings: LocalBackendSettings, build_timeout_s: float
+    ) -> None:
+        self.task_id = task_id
+        self.inputs = inputs
+        self.build_timeout_s = build_timeout_s
         self.settings = settings
-        self.source = task.environment_dir.resolve()
+        self.source = inputs.context.resolve()
         self.context = self.source  # less what .dockerignore excludes, once build() has filtered it
         # Docker's default env of a base image applies from FROM on (the host is the base image).
         env = {"PATH": dockerfile.DEFAULT_PATH}
@@ -154,22 +164,22 @@ class _Builder:
 
     def fail(self, ins: dockerfile.Instruction, why: str) -> UnsupportedInstruction:
         return UnsupportedInstruction(
-            f"task {self.task.task_id}: Dockerfile line {ins.line}: {ins.describe()!r}: {why}; "
+            f"task {self.task_id}: Dockerfile line {ins.line}: {ins.describe()!r}: {why}; "
             "the local backend cannot honour it, use the docker backend (backend = 'docker')"
         )
 
     async def build(self) -> None:
         (self.layer.path / "root").mkdir(parents=True)
-        dockerfile_path = self.task.dockerfile
+        dockerfile_path = self.inputs.dockerfile
         if dockerfile_path is None:
             raise EnvSetupError(
-                f"task {self.task.task_id}: [environment] docker_image {self.task.config.environment.docker_image!r} "
+                f"task {self.task_id}: [environment] docker_image {self.inputs.docker_image!r} "
                 "has no Dockerfile to replay; the local backend cannot pull images, use the docker backend"
             )
         try:
             instructions = dockerfile.parse(dockerfile_path.read_text())
         except (dockerfile.DockerfileError, UnicodeDecodeError) as e:
-            raise EnvSetupError(f"task {self.task.task_id}: environment/Dockerfile: {e}") from e
+            raise EnvSetupError(f"task {self.task_id}: environment/Dockerfile: {e}") from e
         self.tmp.mkdir()
         self.context = await asyncio.to_thread(dockerignore.filtered_copy, self.source, self.layer.path / "context")
         self.layer.ignored += [note for note in [dockerignore.ignored_note(self.source)] if note]
@@ -178,10 +188,10 @@ class _Builder:
         await asyncio.to_thread(self.drop_tmp)
         if self.context != self.source:
             await asyncio.to_thread(shutil.rmtree, self.context)
-        workdir = self.task.config.environment.workdir or (self.cwd if self.cwd != "/" else DEFAULT_WORKDIR)
+        workdir = self.inputs.workdir or (self.cwd if self.cwd != "/" else DEFAULT_WORKDIR)
         self.add_root(workdir)
         self.layer.workdir = workdir
-        self.layer.env.update(self.task.config.environment.env)
+        self.layer.env.update(dict(self.inputs.env))
 
     async def apply(self, ins: dockerfile.Instruction) -> None:
         kw = ins.keyword
@@ -193,7 +203,7 @@ class _Builder:
         try:
             await getattr(self, f"do_{kw.lower()}")(ins)
         except dockerfile.DockerfileError as e:
-            raise EnvSetupError(f"task {self.task.task_id}: environment/Dockerfile: {e}") from e
+            raise EnvSetupError(f"task {self.task_id}: environment/Dockerfile: {e}") from e
 
     async def do_from(self, ins: dockerfile.Instruction) -> None:
         self.froms += 1
@@ -203,7 +213,9 @@ class _Builder:
 
     async def do_arg(self, ins: dockerfile.Instruction) -> None:
         name, _, default = ins.raw.partition("=")
-        self.args.setdefault(name.strip(), default.strip().strip('"'))
+        # A build arg (a compose file's ``main`` build args) wins over the default, as in docker.
+        build_args = dict(self.inputs.build_args)
+        self.args.setdefault(name.strip(), build_args.get(name.strip(), default.strip().strip('"')))
 
     async def do_env(self, ins: dockerfile.Instruction) -> None:
         self.layer.env.update(dockerfile.parse_env(ins.raw, {**self.args, **self.layer.env}, ins.line))
@@ -275,8 +287,7 @@ class _Builder:
                 root=capture,
                 tmp_dir=self.tmp,
             )
-            limit = self.task.config.environment.build_timeout_sec
-            outcome = await bwrap.run(inv, timeout_s=limit, output_limit=1 << 16)
+            outcome = await bwrap.run(inv, timeout_s=self.build_timeout_s, output_limit=1 << 16)
             output = outcome.output.value().decode(errors="replace")
             # A write into the base system that the RUN tolerated (``|| true``) would have worked in
             # docker: the layer would differ from the image, so it fails setup all the same.
@@ -284,7 +295,7 @@ class _Builder:
             if outcome.exit_code != 0 or read_only:
                 hint = f" ({_READ_ONLY_HINT})" if read_only else ""
                 raise EnvSetupError(
-                    f"task {self.task.task_id}: Dockerfile line {ins.line}: {ins.describe()!r} exited with "
+                    f"task {self.task_id}: Dockerfile line {ins.line}: {ins.describe()!r} exited with "
                     f"{outcome.exit_code}{hint}:\n{output[-1500:]}"
                 )
             await asyncio.to_thread(self.keep_writes, ins, capture, bwrap.mount_points(self.settings, mounts))
@@ -316,7 +327,7 @@ class _Builder:
                 else:
                     src.rename(dest)
                 self.add_root(str(root))
-                log.info("task=%s line=%d kept=%s root=%s", self.task.task_id, ins.line, path, root)
+                log.info("task=%s line=%d kept=%s root=%s", self.task_id, ins.line, path, root)
 
     def drop_tmp(self) -> None:
         """Unlike docker's, the local backend's /tmp is a fresh tmpfs in every phase (it is what
@@ -326,7 +337,7 @@ class _Builder:
         if left:
             shown = ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
             self.layer.ignored.append(f"files RUN steps left in /tmp (each phase gets a fresh /tmp): {shown}")
-            log.warning("task=%s dropped from /tmp after the build: %s", self.task.task_id, shown)
+            log.warning("task=%s dropped from /tmp after the build: %s", self.task_id, shown)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def variables(self) -> dict[str, str]:
@@ -346,7 +357,7 @@ class _Builder:
         if refused:
             if ins is not None:
                 raise self.fail(ins, f"{path} is {refused}")
-            raise EnvSetupError(f"task {self.task.task_id}: the local backend cannot write to {path}: {refused}")
+            raise EnvSetupError(f"task {self.task_id}: the local backend cannot write to {path}: {refused}")
         self.layer.roots = [r for r in self.layer.roots if not PurePosixPath(r).is_relative_to(path)] + [path]
         self.layer.host_path(path).mkdir(parents=True, exist_ok=True)
 
@@ -363,7 +374,7 @@ class _Builder:
                     raise self.fail(ins, f"source {src!r} is outside the build context")
                 if not resolved.exists():
                     raise EnvSetupError(
-                        f"task {self.task.task_id}: Dockerfile line {ins.line}: {src!r} not found in the build "
+                        f"task {self.task_id}: Dockerfile line {ins.line}: {src!r} not found in the build "
                         "context (or excluded by its .dockerignore)"
                     )
                 matches.append(resolved)

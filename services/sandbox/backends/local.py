@@ -49,6 +49,7 @@ from services.sandbox.backends.limits import watch_disk
 from services.sandbox.common.errors import BackendUnavailable, EnvSetupError
 from services.sandbox.common.paths import SandboxPaths
 from services.sandbox.common.settings import Settings
+from services.sandbox.defences import module_shadow
 from services.sandbox.task import verifier_policy
 
 log = logging.getLogger(__name__)
@@ -253,14 +254,16 @@ class LocalBackend(Backend):
     async def snapshot_pristine(self, sandbox: Sandbox) -> None:
         """Nothing to do: the cached layer, read-only, is the pristine snapshot."""
 
-    async def restore_protected(self, sandbox: Sandbox) -> list[str]:
+    async def restore_protected(
+        self, sandbox: Sandbox, imports: module_shadow.VerifierImports | None = None
+    ) -> list[str]:
         """The file defences before verify (test files, the runner's routes), against the
         layer: the pristine snapshot, read-only in the cache. Only the workspace outlives
         a phase here (the rest of the root is the read-only layer, /tmp and HOME are per exec)."""
         layer = _handle(sandbox).layer
         pristine = layer.host_path(layer.workdir)
         return await asyncio.to_thread(
-            restore_workspace, sandbox, sandbox.spec.dirs.workspace, pristine, self.integrity
+            restore_workspace, sandbox, sandbox.spec.dirs.workspace, pristine, self.integrity, imports
         )
 
     async def next_step(self, sandbox: Sandbox) -> None:

@@ -56,6 +56,11 @@ class IntegrityPolicy(BaseModel):
     protect_reward_files: bool = Field(
         default=True, description="/logs/verifier invisible to the agent, fresh for verify."
     )
+    suspicious: Literal["flag", "zero"] = Field(
+        default="flag",
+        description="What a hit of the reward-hack detector on the agent's change does (defences/suspicious.py): "
+        "'flag' counts it (outcome, capture, dashboard); 'zero' also makes the trial's reward 0.",
+    )
     protected_globs: tuple[str, ...] = Field(default=DEFAULT_PROTECTED, description="File-name patterns (fnmatch).")
     protected_dirs: tuple[str, ...] = Field(default=DEFAULT_PROTECTED_DIRS, description="Directory names.")
 

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from services.sandbox.defences.runner_guard import CONFIG_FILES
 from services.sandbox.task.model import Task
 from services.sandbox.task.verifier_policy import verifier_path
 
@@ -24,6 +25,7 @@ ROOT_ROUTES = ("/etc", "/root", "/usr/local", "/var/spool/cron", "/var/lib/dpkg/
 _ENGINE_FILES = frozenset({"/etc/hostname", "/etc/hosts", "/etc/resolv.conf"})
 PATH_SHADOW = "path-shadow"
 ROOT_ROUTE = "root-route"
+LOOKUP_ROUTE = "lookup-route"
 
 
 def workspace_path_dirs(path_value: str, workdir: PurePosixPath) -> list[PurePosixPath]:
@@ -89,6 +91,33 @@ def route_changes(diff: list[dict[str, object]], path_value: str, workdir: PureP
         if path.is_relative_to(workdir) or str(path) in _ENGINE_FILES:
             continue
         if not any(path.is_relative_to(r) and path != r for r in roots):
+            continue
+        if kind == 1:
+            added.append(str(path))
+        elif kind == 0:
+            changed.append(str(path))
+    return RouteChanges(added=added, changed=changed)
+
+
+def lookup_changes(diff: list[dict[str, object]], import_dirs: tuple[str, ...], workdir: PurePosixPath) -> RouteChanges:
+    """The agent's changes (a container's diff) outside the workspace on the verifier's
+    lookup paths, found by mechanism: anything under a directory its Python imports from
+    (``import_dirs``, ``module_shadow``: a site-packages or PYTHONPATH directory the agent's
+    user can write, a uid-1000 venv), and, in every parent of WORKDIR, the files pytest
+    looks for there (its config files, ``runner_guard.CONFIG_FILES``, and ``conftest``):
+    ``locate_config`` walks up from the arguments to ``/``."""
+    roots = [PurePosixPath(d) for d in import_dirs if d.startswith("/")]
+    roots = [r for r in roots if not r.is_relative_to(workdir) and r != PurePosixPath("/")]
+    parents = set(workdir.parents)
+    added: list[str] = []
+    changed: list[str] = []
+    for entry in diff:
+        path, kind = PurePosixPath(str(entry.get("Path", ""))), entry.get("Kind")
+        if path.is_relative_to(workdir) or str(path) in _ENGINE_FILES:
+            continue
+        under_import = any(path.is_relative_to(r) and path != r for r in roots)
+        config_above = path.parent in parents and (path.name in CONFIG_FILES or path.name.startswith("conftest"))
+        if not (under_import or config_above):
             continue
         if kind == 1:
             added.append(str(path))

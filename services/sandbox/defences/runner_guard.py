@@ -48,6 +48,13 @@ stdlib-shadow  an *added* top-level module named like a standard-library module
             (``sys.stdlib_module_names`` of the worker's Python): the runner
             imports the stdlib after the cwd is on sys.path. A pristine one the agent
             edits is the task's own module and stays.
+module-shadow  an *added* module file whose top-level name (the file's, or that of a
+            directory holding it, at any place that can be a sys.path entry) is one the
+            verifier's Python can import from outside the workspace, as the sandbox's own
+            environment reports it at verify time (``module_shadow``: every installed
+            distribution's names, every entry point's module, the stdlib), unless the
+            pristine workspace already had that name there (the task's own module). A
+            new module of a new name is no route.
 unittest    a package ``__init__.py`` defining ``load_tests`` (unittest discovery
             hands it the suite to replace), and added modules matching unittest's
             default discovery pattern ``test*.py``.
@@ -83,7 +90,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from services.sandbox.common.settings import IntegrityPolicy
-from services.sandbox.defences import integrity
+from services.sandbox.defences import integrity, module_shadow
 
 CONFIG_FILES = frozenset(
     {"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"}
@@ -117,15 +124,17 @@ _MODULE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pyd", ".pyw")
 VERIFY_PYCACHE_PREFIX = "/tmp/harnessrl-pycache-"
 
 
-def restore_for_verify(workspace: Path, pristine: Path, policy: IntegrityPolicy) -> list[str]:
+def restore_for_verify(
+    workspace: Path, pristine: Path, policy: IntegrityPolicy, importable: frozenset[str] = frozenset()
+) -> list[str]:
     """Every file defence before verify, as the policy switches them: the test
-    files (``integrity.restore_protected``), then the runner's routes. Returns
-    the tamper events."""
+    files (``integrity.restore_protected``), then the runner's routes (``importable``:
+    the verifier's importable names, ``module_shadow``). Returns the tamper events."""
     events: list[str] = []
     if policy.restore_pristine_files:
         events += integrity.restore_protected(workspace, pristine, policy.protected_globs, policy.protected_dirs)
     if policy.guard_runner_routes:
-        events += guard_routes(workspace, pristine)
+        events += guard_routes(workspace, pristine, importable)
     return events
 
 
@@ -134,10 +143,11 @@ def verifier_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONPYCACHEPREFIX": VERIFY_PYCACHE_PREFIX + uuid.uuid4().hex, "PYTHONNOUSERSITE": "1"}
 
 
-def guard_routes(workspace: Path, pristine: Path) -> list[str]:
+def guard_routes(workspace: Path, pristine: Path, importable: frozenset[str] = frozenset()) -> list[str]:
     """Reverts each of the agent's changes that a route would load implicitly;
     returns one tamper event per file (bytecode and environment: one per route,
-    an agent that runs Python or makes a venv writes many)."""
+    an agent that runs Python or makes a venv writes many). ``importable``: the
+    top-level names the verifier's Python imports from outside the workspace."""
     before, now = integrity.walk_files(pristine), integrity.walk_files(workspace)
     environments = _environments([*before, *now])
     events: list[str] = []
@@ -145,6 +155,8 @@ def guard_routes(workspace: Path, pristine: Path) -> list[str]:
     for rel in sorted(now):
         st, added = now[rel], rel not in before
         route = classify(rel, added=added, workspace=workspace, st=st, environments=environments)
+        if route is None and added and _shadows(rel, workspace, pristine, importable):
+            route = module_shadow.ROUTE
         if route is None or (not added and _unchanged(workspace / rel, pristine / rel, st, before[rel])):
             continue
         if added:
@@ -183,7 +195,8 @@ def classify(
 ) -> str | None:
     """The route through which the runner or the interpreter would load ``rel``
     implicitly, or None for an ordinary file. ``environments``: the workspace's
-    virtual environments (``_environments``)."""
+    virtual environments (``_environments``). A module that shadows an installed
+    one is ``_shadows``'s (it needs the verifier's names and the pristine tree)."""
     parts = rel.split("/")
     name = parts[-1]
     if "__pycache__" in parts[:-1]:
@@ -219,6 +232,39 @@ def classify(
     if added and not is_package and name.startswith("test") and name.endswith(".py"):
         return "unittest"
     return None
+
+
+def _shadows(rel: str, workspace: Path, pristine: Path, importable: frozenset[str]) -> bool:
+    """Whether the added module file ``rel`` provides, at a directory that can be a
+    sys.path entry (``_top_level``), a top-level name of ``importable`` that the
+    pristine workspace did not have there: the file itself (``x.py``, ``x.cpython-*.so``)
+    or any directory holding it (``x/__init__.py``, ``x/sub/y.py``: a package, or a
+    namespace portion of ``x``, which wins over an installed namespace package)."""
+    parts = rel.split("/")
+    if not importable or not parts[-1].endswith(_MODULE_SUFFIXES):
+        return False
+    for depth in range(len(parts)):
+        holder, name = parts[:depth], parts[depth]
+        if depth == len(parts) - 1:
+            name = name.split(".", 1)[0]
+        if name not in importable:
+            continue
+        holder_dir = workspace.joinpath(*holder)
+        if holder and any((holder_dir / f"__init__{suffix}").exists() for suffix in (".py", ".pyc")):
+            continue  # a package's directory: its names are x.name, not top-level
+        if not _pristine_provides(pristine.joinpath(*holder), name):
+            return True
+    return False
+
+
+def _pristine_provides(directory: Path, name: str) -> bool:
+    """Whether the pristine ``directory`` had a module, package or directory named ``name``."""
+    if (directory / name).exists() or (directory / name).is_symlink():
+        return True
+    try:
+        return any(e.startswith(name + ".") and e.endswith(_MODULE_SUFFIXES) for e in os.listdir(directory))
+    except OSError:
+        return False
 
 
 def _module_name(parts: list[str]) -> tuple[str | None, bool]:

@@ -11,7 +11,9 @@ must pass: ``FAIL_TO_PASS`` (fail before the fix, pass after) and
                        (``git archive``: no history, so no future commit to read the fix
                        from), committed once as a fresh repository, then setup_commands
     tests/test.sh      restores the files the test patch touches, applies it, runs exactly
-                       the listed tests (``test_command`` with ``{tests}``), reward 1 iff they pass
+                       the listed tests (``test_command`` with ``{tests}``), reward 1 iff they pass:
+                       under pytest, iff its JUnit report shows each of them passed
+                       (``junit_check.py``, copied beside it: an early exit writes no report)
     solution/solve.sh  applies the gold patch
 
 Optional record fields: ``setup_commands`` (Dockerfile RUN lines, in order),
@@ -47,6 +49,8 @@ from services.sandbox.common import tarsafe
 
 WORKDIR = "/testbed"
 DEFAULT_TEST_COMMAND = "python3 -m pytest -p no:cacheprovider {tests}"
+JUNIT_REPORT = "/logs/verifier/junit.xml"
+JUNIT_CHECK = "junit_check.py"
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
@@ -248,6 +252,19 @@ def _test_sh(r: SweRecord, base: dict[str, bytes | None]) -> str:
             restore.append(f'mkdir -p -- "$(dirname -- {quoted})" && cp -- /tests/base/{quoted} {quoted}')
     tests = " ".join(shlex.quote(t) for t in r.tests)
     command = r.test_command.replace("{tests}", tests)
+    if "pytest" in r.test_command:
+        # The exit status alone can be forged from inside the test process (junit_check.py
+        # says how, and what still gets through): the named tests must be in pytest's report.
+        run = [
+            f"rm -f {JUNIT_REPORT}",
+            f"if {command} --junitxml={JUNIT_REPORT} && python3 -I /tests/{JUNIT_CHECK} {JUNIT_REPORT} {tests}; then",
+            "  reward 1",
+            "fi",
+            "reward 0",
+        ]
+    else:
+        # Not pytest: its exit status is all there is (an os._exit(0) in the code under test passes).
+        run = [f"if {command}; then reward 1; else reward 0; fi"]
     return "\n".join(
         [
             "#!/bin/bash",
@@ -257,7 +274,7 @@ def _test_sh(r: SweRecord, base: dict[str, bytes | None]) -> str:
             "# The agent may have edited the test files: put back their base versions first.",
             *restore,
             "git apply /tests/test.patch || { echo 'test patch does not apply'; reward 0; }",
-            f"if {command}; then reward 1; else reward 0; fi",
+            *run,
             "",
         ]
     )
@@ -284,6 +301,7 @@ def write_task(record: SweRecord, clone: Path, out: Path) -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(content)
     (task / "tests" / "test.sh").write_text(_test_sh(record, base))
+    shutil.copy(Path(__file__).with_name(JUNIT_CHECK), task / "tests" / JUNIT_CHECK)
     (task / "tests" / "test.sh").chmod(0o755)
     (task / "solution" / "gold.patch").write_text(record.patch)
     solve = f"#!/bin/bash\nset -e\ncd {WORKDIR}\ngit apply /solution/gold.patch\n"

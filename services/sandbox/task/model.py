@@ -17,9 +17,7 @@ ignores it, with a warning naming it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
 import tomllib
 from enum import StrEnum
@@ -30,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.config import format_validation_error
 from services.sandbox.common.errors import TaskError
-from services.sandbox.task import compose_env, harbor_fields
+from services.sandbox.task import build_inputs, compose_env, harbor_fields
 from services.sandbox.task import steps as task_steps
 from services.sandbox.task.agent_extras import McpServer, check_servers, check_skills_dir, unreachable_servers
 from services.sandbox.task.artifacts import ArtifactEntry, normalize_entries
@@ -256,24 +254,19 @@ class Task(BaseModel):
             update={"instruction": step.instruction, "solution_path": step.solution_dir, "config": config}
         )
 
+    def build_inputs(self) -> build_inputs.BuildInputs:
+        """Everything that decides the built environment, gathered once for the layer key and
+        the local builder alike (``build_inputs``)."""
+        env = self.config.environment
+        main = self.compose.main_build if self.compose else None
+        return build_inputs.gather(
+            self.environment_dir, env.docker_image, env.workdir, env.env, dict(main.args) if main else None
+        )
+
     def environment_hash(self) -> str:
-        """sha256 of everything that decides the built environment (Dockerfile,
-        build context, image name, env), so a layer cache keyed by it is never stale."""
-        h = hashlib.sha256()
-        h.update(f"image={self.config.environment.docker_image}\n".encode())
-        for key, value in sorted(self.config.environment.env.items()):
-            h.update(f"env {key}={value}\n".encode())
-        if self.environment_dir.is_dir():
-            for path in sorted(self.environment_dir.rglob("*")):
-                rel = path.relative_to(self.environment_dir).as_posix()
-                if path.is_symlink():
-                    h.update(f"link {rel} {os.readlink(path)}\n".encode())
-                elif path.is_file():
-                    h.update(f"file {rel} {path.stat().st_mode & 0o777:o}\n".encode())
-                    h.update(hashlib.sha256(path.read_bytes()).digest())
-                elif path.is_dir():
-                    h.update(f"dir {rel}\n".encode())
-        return h.hexdigest()
+        """sha256 of everything that decides the built environment (``build_inputs``), so a
+        layer cache keyed by it is never stale."""
+        return self.build_inputs().digest()
 
 
 def load_task(path: str | Path) -> Task:

@@ -70,7 +70,7 @@ async def collect(backend: Backend, sandbox: Sandbox, task: Task, out_dir: Path)
     root = out_dir / FOLDER
     try:
         probes = await _probe(backend, sandbox, entries)
-    except Exception as e:
+    except Exception as e:  # broad: best effort, as Harbor (the docstring): never a reason for the task's sake
         log.warning("probing artifacts failed", exc_info=True, extra={"kv": {"trial": sandbox.spec.trial_id}})
         probes = [("failed", f"probing the sandbox failed: {type(e).__name__}: {e}")] * len(entries)
     manifest: list[dict[str, Any]] = []
@@ -173,7 +173,7 @@ async def _fetch(
         fetched = staging / "x"
         try:
             await backend.download(sandbox, PurePosixPath(resolved), fetched)
-        except Exception as e:
+        except Exception as e:  # broad: any backend's download fault is this entry's 'failed' status, no more
             kv = {"trial": sandbox.spec.trial_id, "source": entry.source}
             log.info("an artifact could not be copied out", exc_info=True, extra={"kv": kv})
             where = "" if resolved == str(entry.path) else f" (resolved to {resolved})"

@@ -172,6 +172,7 @@ class CaptureFinalizer:
             metadata={
                 "policy_version": str(spec.policy_version),
                 "tamper_events": str(len(outcome.tamper_events)),
+                "suspicious_events": str(len(outcome.suspicious_events)),
                 **({"requested_models": ",".join(outcome.requested_models)[:4096]} if outcome.requested_models else {}),
                 **({"sampling_overrides": str(outcome.sampling_overrides)} if outcome.sampling_overrides else {}),
                 # Stable across attempts: the trace of the submitter (a redelivered trial's

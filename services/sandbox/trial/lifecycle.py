@@ -188,6 +188,9 @@ class TrialOutcome(BaseModel):
     num_segments: int = 0
     harness_exit_code: int = 0
     tamper_events: list[str] = Field(default_factory=list)
+    # Patterns of reward hacks in the agent's change (``defences/suspicious``): counted,
+    # and the reward zeroed where ``[sandbox.integrity] suspicious = "zero"``.
+    suspicious_events: list[str] = Field(default_factory=list)
     error: str = ""
     events: list[str] = Field(default_factory=list)
     verifier_summary: str = ""

@@ -51,6 +51,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from opentelemetry import context as otel_context
 
@@ -74,12 +75,13 @@ from services.sandbox.trial.artifacts import collect_published
 from services.sandbox.trial.endpoints import CaptureFinalizer, ProxyAdmin
 from services.sandbox.trial.healthcheck import wait_until_healthy
 from services.sandbox.trial.lifecycle import TrialOutcome, TrialSpec, TrialState
-from services.sandbox.trial.state import Trial, build_outcome, phase_env
+from services.sandbox.trial.state import Trial, build_outcome, fallback_outcome, phase_env
 from services.sandbox.trial.verify import run_exec
 
 log = logging.getLogger(__name__)
 
 StateCallback = Callable[[TrialState], Awaitable[None]]
+_T = TypeVar("_T")
 _TEARDOWN = "teardown"
 # The flag an unexpected exception in each phase sets (None: the reason stands, the
 # error is recorded). Why each: the module docstring.
@@ -89,6 +91,19 @@ _PHASE_FAILURE: dict[str, str | None] = {
     Phase.VERIFY: "verifier_failed",
     _TEARDOWN: None,
 }
+
+
+def _bookkeeping(t: Trial, what: str, fn: Callable[..., _T], *args: object) -> _T | None:
+    """A multi-step trial's bookkeeping between its phases (``_phase`` guards those): a
+    fault there (a bug, a value no step wrote) makes the trial's result unknowable, so it
+    ends the trial once as verifier_error naming it, instead of escaping ``run`` into the
+    worker's crash-retry path, where a deterministic fault would fail again."""
+    try:
+        return fn(*args)
+    except Exception as e:  # broad: any fault here is one, see the docstring
+        log.exception("trial bookkeeping raised", extra={"kv": {"trial": t.spec.trial_id, "what": what}})
+        t.fail("verifier_failed", f"{what}: {type(e).__name__}: {e}")
+        return None
 
 
 class TrialRunner:
@@ -135,7 +150,11 @@ class TrialRunner:
             finally:
                 await self._phase(t, _TEARDOWN, self._teardown(t))
         t.flags["cancelled"] = t.flags.get("cancelled", False) or cancel.is_set()
-        return build_outcome(t)
+        try:
+            return build_outcome(t)
+        except Exception as e:  # broad: any bug here must end the trial once, not crash-retry it
+            log.exception("building the outcome raised", extra={"kv": {"trial": t.spec.trial_id}})
+            return fallback_outcome(t, f"outcome: {type(e).__name__}: {e}")
 
     @classmethod
     async def _phase(cls, t: Trial, phase: str, work: Awaitable[None]) -> None:
@@ -149,7 +168,7 @@ class TrialRunner:
         ) as span:
             try:
                 await work
-            except Exception as e:
+            except Exception as e:  # broad: the module docstring's table (any fault ends the phase, once)
                 log.exception("trial phase raised", extra={"kv": {"trial": t.spec.trial_id, "phase": phase}})
                 span.record_exception(e)
                 message = f"{phase}: {type(e).__name__}: {e}"
@@ -330,7 +349,7 @@ class TrialRunner:
             # Segments may not be durable: an infrastructure failure, never a reward.
             t.fail("engine_error", f"proxy close: {e}")
             return
-        except Exception as e:
+        except Exception as e:  # broad: whatever the close raised, segments may not be durable
             log.exception("proxy close raised", extra={"kv": {"trial": t.spec.trial_id}})
             t.fail("engine_error", f"proxy close: {type(e).__name__}: {e}")
             return
@@ -361,7 +380,7 @@ class TrialRunner:
             return
         try:
             t.events += await collect_published(self.backend, t.sandbox, t.task, t.artifacts / prefix)
-        except Exception as e:
+        except Exception as e:  # broad: artifacts only, never a reason (as the agent's logs)
             log.warning("collecting /logs/artifacts failed", exc_info=True, extra={"kv": {"trial": t.spec.trial_id}})
             t.events.append(f"collecting /logs/artifacts failed: {type(e).__name__}: {e}")
 
@@ -386,21 +405,27 @@ class TrialRunner:
             await self._collect_published(t, f"steps/{step.name}/")
             if not record.verified:
                 break  # as Harbor: no result, the rest is skipped (here the trial is an infra failure)
-            failure = task_steps.min_reward_failure(record.rewards, step.config.min_reward)
+            failure = _bookkeeping(t, "steps", task_steps.min_reward_failure, record.rewards, step.config.min_reward)
+            if t.flags.get("verifier_failed"):
+                break
             if failure is not None and index + 1 < len(steps):
                 t.events.append(f"step {step.name!r}: {failure}: the remaining steps are skipped (min_reward)")
                 break
         await self._close_proxy(t)
-        if t.steps and all(s.verified for s in t.steps):
-            combined = task_steps.combine(t.task.config.multi_step_reward_strategy, [s.rewards for s in t.steps])
-            runner_verify.settle(t, combined)
+        if t.steps and all(s.verified for s in t.steps) and not t.flags.get("verifier_failed"):
+            _bookkeeping(t, "steps", self._combine_steps, t)
+
+    def _combine_steps(self, t: Trial) -> None:
+        assert t.task is not None
+        combined = task_steps.combine(t.task.config.multi_step_reward_strategy, [s.rewards for s in t.steps])
+        runner_verify.settle(t, combined, zero_if_suspicious=self.settings.integrity.suspicious == "zero")
 
     # -- teardown --------------------------------------------------------------
     async def _teardown(self, t: Trial) -> None:
         if t.sandbox is not None:
             try:
                 await self.backend.stop(t.sandbox)
-            except Exception as e:
+            except Exception as e:  # broad: the reward stands; a leaked sandbox is reaped by cleanup_orphans
                 log.exception("stop failed", extra={"kv": {"trial": t.spec.trial_id}})
                 t.errors.append(f"teardown: {type(e).__name__}: {e}")
         elif not self.settings.keep_trial_dirs:

@@ -51,6 +51,8 @@ class Trial:
     rewards: dict[str, float] = field(default_factory=dict)
     exit_code: int = 0
     tamper: list[str] = field(default_factory=list)
+    # The detector's hits on the agent's change (``defences/suspicious``), once each.
+    suspicious: list[str] = field(default_factory=list)
     verifier: verifier_policy.VerifierRun | None = None
     events: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -87,6 +89,20 @@ def phase_env(sandbox: Sandbox, extra: dict[str, str]) -> dict[str, str]:
     return {**base, **sandbox.env, "TMPDIR": "/tmp", **extra}
 
 
+def fallback_outcome(t: Trial, error: str) -> TrialOutcome:
+    """The outcome when ``build_outcome`` itself raised: verifier_error (the trial's result
+    could not be computed, so it is never a reward), with what is known, nothing derived."""
+    return TrialOutcome(
+        termination_reason=TerminationReason.VERIFIER_ERROR,
+        tamper_events=list(t.tamper),
+        suspicious_events=list(t.suspicious),
+        error="; ".join([*t.errors, error]),
+        events=list(t.events),
+        artifacts_dir=str(t.artifacts),
+        task_id=t.spec.task_id,
+    )
+
+
 def build_outcome(t: Trial) -> TrialOutcome:
     """The one outcome of the run, also written to ``result.json`` in its artifacts."""
     f = t.flags
@@ -110,6 +126,7 @@ def build_outcome(t: Trial) -> TrialOutcome:
         num_segments=t.summary.num_segments,
         harness_exit_code=t.exit_code,
         tamper_events=t.tamper,
+        suspicious_events=t.suspicious,
         error="; ".join(t.errors),
         events=t.events,
         verifier_summary=t.verifier_summary,

@@ -18,7 +18,7 @@ from pathlib import Path
 from services.sandbox.backends.base import Backend, ExecRequest, ExecResult, Network, Phase, SandboxSpec
 from services.sandbox.common.errors import SandboxLost, VerifierError
 from services.sandbox.common.settings import Settings
-from services.sandbox.defences import integrity, runner_guard
+from services.sandbox.defences import integrity, module_shadow, runner_guard, suspicious
 from services.sandbox.task import verifier_policy
 from services.sandbox.task.steps import Step
 from services.sandbox.trial import artifacts
@@ -55,12 +55,21 @@ async def verify(
     network = Network.PUBLIC if run.public else Network.NONE
     t.tamper += await backend.prepare_verify(sandbox, run.user, network)
     t.tamper += await asyncio.to_thread(artifacts.drop_planted, sandbox.spec.dirs.published)
-    if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
-        t.tamper += await backend.restore_protected(sandbox)
-    tests = t.task.tests_dir if step is None else await asyncio.to_thread(_step_tests, sandbox.spec, step)
-    await backend.upload(sandbox, tests, sandbox.paths.tests)
     # Harbor's order: [verifier] env, then the step's.
     env = {**phase_env(sandbox, {}), **cfg.env, **(step.config.verifier.env if step else {})}
+    imports = module_shadow.VerifierImports()
+    if policy.guard_runner_routes:
+        probed = await _verifier_imports(backend, t, env, run.user, cancel)
+        if probed is None:
+            return None
+        imports = probed
+    if policy.restore_pristine_files or policy.guard_runner_routes or policy.guard_verifier_path:
+        events = await backend.restore_protected(sandbox, imports)
+        t.tamper += [e for e in events if not suspicious.is_event(e)]
+        # A multi-step trial's later steps see the earlier steps' change again: counted once.
+        t.suspicious += [e for e in events if suspicious.is_event(e) and e not in t.suspicious]
+    tests = t.task.tests_dir if step is None else await asyncio.to_thread(_step_tests, sandbox.spec, step)
+    await backend.upload(sandbox, tests, sandbox.paths.tests)
     # A step's own timeout (Harbor's default 600 s when unset), never the task's [verifier] one.
     timeout = step.config.verifier.timeout_sec if step else cfg.timeout_sec
     request = ExecRequest(
@@ -93,17 +102,50 @@ async def verify(
         t.fail("verifier_failed", f"{where}verifier: {e}{detail}")
         return None
     if step is None:
-        settle(t, rewards, detail)
+        settle(t, rewards, detail, zero_if_suspicious=policy.suspicious == "zero")
     return rewards
 
 
-def settle(t: Trial, rewards: dict[str, float], detail: str = "") -> None:
-    """The trial's rewards, and the one of them (or the weighted sum) the run trains on."""
+async def _verifier_imports(
+    backend: Backend, t: Trial, env: dict[str, str], user: str, cancel: asyncio.Event
+) -> module_shadow.VerifierImports | None:
+    """What the verifier's Python imports from outside the workspace, asked of the sandbox
+    itself as the verifier, before it runs (``module_shadow``); None when the sandbox was
+    lost. A probe that answers nothing (no Python in the image) leaves the worker's stdlib
+    names to ``runner_guard``, and says so in an event."""
+    assert t.sandbox is not None
+    workdir = t.sandbox.paths.workdir
+    probe_env = {**env, "PATH": module_shadow.path_outside(env.get("PATH", "/usr/bin:/bin"), workdir)}
+    request = ExecRequest(
+        argv=module_shadow.probe_command(workdir),
+        phase=Phase.VERIFY,
+        env=probe_env,
+        timeout_s=module_shadow.PROBE_TIMEOUT_S,
+        network=Network.NONE,
+        user=user,
+    )
+    result = await run_exec(backend, t, request, cancel)
+    if result is None:
+        return None
+    imports = module_shadow.parse(result.output)
+    if not imports.pythons:
+        t.events.append(f"verifier imports probe: no Python answered (exit {result.exit_code}, {result.timed_out=})")
+    return imports
+
+
+def settle(t: Trial, rewards: dict[str, float], detail: str = "", zero_if_suspicious: bool = False) -> None:
+    """The trial's rewards, and the one of them (or the weighted sum) the run trains on;
+    0 when the detector flagged the agent's change and the policy says "zero" (``rewards``
+    keep what the verifier wrote)."""
     t.rewards = rewards
     try:
         t.reward = integrity.select_reward(rewards, t.spec.reward_key, t.spec.reward_weights)
     except VerifierError as e:
         t.fail("verifier_failed", f"verifier: {e}{detail}")
+        return
+    if zero_if_suspicious and t.suspicious and t.reward:
+        t.events.append(f"reward {t.reward} zeroed: {len(t.suspicious)} suspicious event(s) (suspicious = zero)")
+        t.reward = 0.0
 
 
 def _step_tests(spec: SandboxSpec, step: Step) -> Path:

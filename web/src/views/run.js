@@ -307,6 +307,22 @@ function behaviourPanel(summary) {
   );
 }
 
+function integrityPanel(summary) {
+  const g = summary.integrity || { tamper: {}, suspicious: {}, flagged_trials: {} };
+  const st = steps(g.tamper);
+  if (!st.length) return panel('integrity', 'Reward integrity', empty('No trials yet.'));
+  return panel(
+    'integrity',
+    'Reward integrity',
+    h(
+      'div.grid3',
+      h('div.mini', h('h3', 'tamper events (reverted plants)'), bars(st, st.map((s) => g.tamper[s] || 0), { label: 'tamper', color: '#8e5cc4', xTitle: STEP_AXIS, height: 170 })),
+      h('div.mini', h('h3', 'suspicious events (hack patterns)'), bars(st, st.map((s) => g.suspicious[s] || 0), { label: 'suspicious', color: '#c0392b', xTitle: STEP_AXIS, height: 170 })),
+      h('div.mini', h('h3', 'trials with either'), bars(st, st.map((s) => g.flagged_trials[s] || 0), { label: 'trials', color: '#e8772e', xTitle: STEP_AXIS, height: 170 })),
+    ),
+  );
+}
+
 function failuresPanel(summary) {
   const f = summary.failures.by_step;
   const st = steps(f);
@@ -352,6 +368,7 @@ export async function renderRun(view, runId) {
       agreementPanel(summary),
       h('div.pair', tasksPanel(summary, runId), failuresPanel(summary)),
       behaviourPanel(summary),
+      integrityPanel(summary),
       heldoutPanel(summary),
       asyncPanel(run, summary),
       trajectoriesPanel(runId, rows, links),

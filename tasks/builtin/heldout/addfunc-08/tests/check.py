@@ -12,3 +12,7 @@ assert evens([-5, 13, -5, -12, 25]) == [-12], 'evens([-5, 13, -5, -12, 25])'
 from calc import identity
 
 assert identity(5) == 5
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")

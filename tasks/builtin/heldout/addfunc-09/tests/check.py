@@ -12,3 +12,7 @@ assert smallest([9, 20, 28, 26]) == 9, 'smallest([9, 20, 28, 26])'
 from tools import identity
 
 assert identity(5) == 5
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")

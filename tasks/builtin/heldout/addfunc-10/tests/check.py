@@ -12,3 +12,7 @@ assert difference(33, 17) == 16, 'difference(33, 17)'
 from utils import identity
 
 assert identity(5) == 5
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")

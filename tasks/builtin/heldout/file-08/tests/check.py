@@ -7,3 +7,7 @@ path = 'notes/tulip.txt'
 assert os.path.isfile(path), f"{path} is missing"
 text = open(path).read()
 assert text.rstrip("\n") == 'kiwi indigo\nheron harbor\niris juniper', repr(text)
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")

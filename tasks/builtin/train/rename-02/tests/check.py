@@ -15,3 +15,7 @@ assert core.calc_score(3) == 33
 assert report.summary() == 113
 out = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, check=True).stdout
 assert out.strip() == "105", out
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")

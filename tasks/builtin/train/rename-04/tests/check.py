@@ -15,3 +15,7 @@ assert calc.get_rate(3) == 34
 assert report.summary() == 64
 out = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, check=True).stdout
 assert out.strip() == "58", out
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")

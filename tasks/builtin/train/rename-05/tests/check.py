@@ -15,3 +15,7 @@ assert textops.compute_result(3) == 28
 assert report.summary() == 124
 out = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, check=True).stdout
 assert out.strip() == "116", out
+
+# Written only when every check above ran (test.sh reads it: an early exit leaves none).
+with open("/logs/verifier/checks-passed", "w") as report:
+    report.write("all checks ran\n")
