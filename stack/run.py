@@ -136,18 +136,13 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
 
 
 def peak_memory() -> dict[str, float]:
-    """Peak resident set sizes (MiB): this process (engine, trainer, services) and its
-    largest finished child (a harness, the calibration); Linux reports KiB."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"peak_rss_mib": round(own, 1), "peak_rss_children_mib": round(child, 1)}
+    """This process's peak resident set (MiB; engine, trainer, services). Not its children's:
+    a child's ru_maxrss counts the pages it shared with this process when it was forked."""
+    return {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def memory_line(peak: dict[str, float]) -> str:
-    return (
-        f"peak resident memory: {peak['peak_rss_mib'] / 1024:.2f} GiB "
-        f"(largest child process: {peak['peak_rss_children_mib'] / 1024:.2f} GiB)"
-    )
+    return f"peak resident memory: {peak['peak_rss_mib'] / 1024:.2f} GiB (this process: engine, trainer, services)"
 
 
 def _say(console: Console, text: str) -> None:
