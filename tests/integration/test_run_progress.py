@@ -21,7 +21,7 @@ from tests.run_support import AGENT, make_pool, tiny_model, write_config
 from tests.sandbox_support import make_task
 
 pytestmark = pytest.mark.skipif(not paths.default_model_dir().exists(), reason="default model not prepared")
-ROLLOUT = re.compile(r"^(rollouts|eval) of step 0: done (\d+)/(\d+)  (rewards [\d.]+/\d+|rewards -)  running \[.*\]")
+ROLLOUT = re.compile(r"^(rollouts|eval) of step \d+: done (\d+)/(\d+)  (rewards [\d.]+/\d+|rewards -)  running \[.*\]")
 
 
 def harnessrl(*args: str) -> subprocess.CompletedProcess[str]:
