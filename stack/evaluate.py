@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from rich.console import Console
 
 from harnessrl.captured import list_trajectories
 from harnessrl.errors import ConfigError, FailedPrecondition
@@ -40,7 +41,8 @@ from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
 from stack import preflight
 from stack.embedded import services
-from stack.launcher import PlannedTrial, TrialTemplate
+from stack.launcher import PlannedTrial, TrialTemplate, board_update
+from stack.progress import TrialBoard, heartbeat
 from stack.run import check_overlap, resolve_tasks
 from stack.runconfig import RunConfig
 from stack.rundir import RunDirectory
@@ -136,7 +138,7 @@ def _eval_config(cfg: RunConfig, store_dir: Path | None = None) -> tuple[RunConf
     return dataclasses.replace(cfg, **update, dashboard=None), step, name
 
 
-async def evaluate_run(cfg: RunConfig) -> EvalResult:
+async def evaluate_run(cfg: RunConfig, console: Console | None = None) -> EvalResult:
     train, evaluation = resolve_tasks(cfg)
     if not evaluation:
         raise ConfigError(f"{cfg.path}: [run] eval_tasks is empty: nothing to evaluate")
@@ -155,9 +157,15 @@ async def evaluate_run(cfg: RunConfig) -> EvalResult:
         run_dir.write_info("done", steps_planned=0)
     eval_cfg, step, ckpt = _eval_config(cfg)
     k = cfg.run.eval_k
+    board = TrialBoard()
     async with services(eval_cfg) as ends:
         assert ends.sandbox_target is not None
-        trials = await _run_trials(eval_cfg, ends.sandbox_target, evaluation, step, k)
+        lines = asyncio.ensure_future(heartbeat(board, console or Console(), cfg.run.progress_every_s, "eval of step"))
+        try:
+            trials = await _run_trials(eval_cfg, ends.sandbox_target, evaluation, step, k, board=board)
+        finally:
+            lines.cancel()
+            await asyncio.gather(lines, return_exceptions=True)
         versions = await versions_seen(ends.capture_target, cfg.token(), trials)
     rows = eval_rows(cfg, step, k, evaluation, trials.statuses, ckpt, versions)
     run_dir.append_jsonl("eval.jsonl", rows)
@@ -254,6 +262,7 @@ async def _run_trials(
     step: int,
     k: int,
     record: list[str] | None = None,
+    board: TrialBoard | None = None,
 ) -> EvalTrials:
     eval_run = f"{cfg.run_id}-eval"
     # The run's own template (harness, limits, which reward counts) under the eval run's id.
@@ -269,7 +278,9 @@ async def _run_trials(
             await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec), timeout=30)
             if record is not None:
                 record.append(spec.trial_id)
-        done = await _wait_done(stub, [s.trial_id for s in specs])
+            if board is not None:
+                board.submitted(spec.trial_id, step)
+        done = await _wait_done(stub, [s.trial_id for s in specs], board)
     out: dict[str, list[sandbox_pb2.TrialStatus]] = {t.name: [] for t in tasks}
     for spec in specs:
         out[Path(spec.task_path).name].append(done[spec.trial_id])
@@ -294,11 +305,15 @@ async def versions_seen(target: str, token: str | None, trials: EvalTrials) -> d
     return {task: sorted(versions) for task, versions in seen.items()}
 
 
-async def _wait_done(stub: sandbox_pb2_grpc.SandboxStub, ids: list[str]) -> dict[str, sandbox_pb2.TrialStatus]:
+async def _wait_done(
+    stub: sandbox_pb2_grpc.SandboxStub, ids: list[str], board: TrialBoard | None = None
+) -> dict[str, sandbox_pb2.TrialStatus]:
     done: dict[str, sandbox_pb2.TrialStatus] = {}
     watch = stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(trial_ids=ids))
     try:
         async for status in watch:
+            if board is not None:
+                board_update(board, status)
             if status.state == sandbox_pb2.TRIAL_STATE_DONE:
                 done[status.trial_id] = status
                 if len(done) == len(ids):

@@ -33,6 +33,7 @@ from harnessrl.captured import list_trajectories
 from harnessrl.errors import Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
+from stack.progress import TrialBoard
 
 if TYPE_CHECKING:
     from stack.runconfig import RunConfig
@@ -127,6 +128,11 @@ class TrialTemplate:
         )
 
 
+def board_update(board: TrialBoard, status: sandbox_pb2.TrialStatus) -> None:
+    state = sandbox_pb2.TrialState.Name(status.state).removeprefix("TRIAL_STATE_").lower()
+    board.update(status.trial_id, state, status.reward if status.has_reward else None)
+
+
 class SandboxLauncher:
     """Submits each step's batch to the sandbox; knows every trial's last status."""
 
@@ -154,6 +160,7 @@ class SandboxLauncher:
         self.launched_steps: list[int] = []
         self._watch: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self.board = TrialBoard(groups_per_step * template.group_size)  # what the progress lines report
 
     @property
     def _stub(self) -> sandbox_pb2_grpc.SandboxStub:
@@ -169,6 +176,7 @@ class SandboxLauncher:
                 call = self._stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(run_id=self.template.run_id))
                 async for status in call:
                     self.status[status.trial_id] = status
+                    board_update(self.board, status)
                     self._changed.set()
             except grpc.aio.AioRpcError as e:
                 log.warning("WatchTrials interrupted: %s", e.code().name)
@@ -198,7 +206,7 @@ class SandboxLauncher:
             ):
                 for trial in group:
                     if trial.trial_id in done:
-                        self.skipped.append(trial.trial_id)
+                        self._skip(trial)
                         continue
                     await self._submit(self.template.spec(trial, policy_version))
         self.launched_steps.append(step)
@@ -222,11 +230,17 @@ class SandboxLauncher:
             for i in range(self.template.group_size):
                 trial = PlannedTrial(f"{group_id}-{i}", group_id, task, step, i)
                 if trial.trial_id in done:
-                    self.skipped.append(trial.trial_id)
+                    self._skip(trial)
                     continue
                 await self._submit(self.template.spec(trial, policy_version))
         if step not in self.launched_steps:
             self.launched_steps.append(step)
+
+    def _skip(self, trial: PlannedTrial) -> None:
+        """A trial the capture store holds finalized (a resumed run): not run again, counted done."""
+        self.skipped.append(trial.trial_id)
+        self.board.submitted(trial.trial_id, trial.step)
+        self.board.update(trial.trial_id, "done")
 
     async def _submit(self, spec: sandbox_pb2.TrialSpec) -> None:
         with telemetry.trial_trace("trainer.enqueue", "trainer", telemetry.trial_attributes(spec)):
@@ -235,6 +249,7 @@ class SandboxLauncher:
             except grpc.aio.AioRpcError as e:
                 raise Unavailable(f"sandbox: SubmitTrial {spec.trial_id}: {e.code().name}: {e.details()}") from e
         self.submitted.append(spec.trial_id)
+        self.board.submitted(spec.trial_id, spec.step)
 
     def in_flight(self) -> list[str]:
         done = sandbox_pb2.TRIAL_STATE_DONE

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import shutil
 import signal
 import time
@@ -37,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from harnessrl import paths
 from harnessrl.errors import ConfigError
 from stack import pool, preflight
+from stack.calibrate import calibrate
 from stack.disjoint import find_overlaps
 from stack.embedded import Endpoints, services
 from stack.launcher import SandboxLauncher, TrialTemplate
@@ -105,6 +108,10 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
     run_dir.create(resume=resume)
     run_dir.write_info("running")
     _say(console, f"run {cfg.run_id}: {run_dir.path}")
+    if cfg.run.calibrate:
+        result, text = await asyncio.to_thread(calibrate, paths.default_model_dir())
+        _say(console, text)
+        run_dir.write_info("running", calibration=result)
     outcome = Outcome("failed", EXIT_FAILED)
     try:
         with _Stop() as stop:
@@ -119,11 +126,23 @@ async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | No
         outcome = Outcome("failed", EXIT_FAILED, error=f"{type(e).__name__}: {e}")
         _say(console, f"run failed: {outcome.error}")
     finally:
+        peak = peak_memory()
         if outcome.status:
-            run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done)
+            run_dir.write_info(outcome.status, error=outcome.error or None, steps_done=outcome.steps_done, **peak)
+        _say(console, memory_line(peak))
     if not cfg.run.dashboard:
         _say(console, f"dashboard: harnessrl dashboard serve --run {run_dir.path}")
     return outcome
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak resident set (MiB; engine, trainer, services). Not its children's:
+    a child's ru_maxrss counts the pages it shared with this process when it was forked."""
+    return {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def memory_line(peak: dict[str, float]) -> str:
+    return f"peak resident memory: {peak['peak_rss_mib'] / 1024:.2f} GiB (this process: engine, trainer, services)"
 
 
 def _say(console: Console, text: str) -> None:
@@ -307,9 +326,10 @@ async def _drive(
             service.last_values,
             status.state,
             time.monotonic() - started,
+            launcher.board.rollouts(),
         )
 
-    progress = asyncio.ensure_future(Progress(snapshot, console).run())
+    progress = asyncio.ensure_future(Progress(snapshot, console, line_every_s=cfg.run.progress_every_s).run())
     periodic.maybe_start(service.status().step)  # the weights the run starts from
     service.on_step = periodic.maybe_start
     training = asyncio.ensure_future(loop.run())

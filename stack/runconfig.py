@@ -74,6 +74,18 @@ class RunSection(BaseModel):
     preflight: bool = Field(True, description="Run the preflight checks before training.")
     validate_tasks: bool = Field(True, description="Preflight runs each task's oracle (1) and a no-op (0), cached.")
     dashboard: bool = Field(False, description="Serve the dashboard over the runs dir while the run lasts.")
+    calibrate: bool = Field(
+        True,
+        description="Measure the default model's plain generate tokens/s at the start (a few seconds; "
+        "printed and kept in run.json): read the run's times against it.",
+    )
+    progress_every_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Without a terminal (a log, CI, nohup): a rollout progress line at least this often "
+        "while trials run (run and eval).",
+    )
     seed: int = Field(0, ge=0, description="Seed of the task choice per step.")
     eval_k: int = Field(4, ge=1, le=1024, description="Trials per eval task (pass@k, pass^k).")
     eval_every: int = Field(0, ge=0, description="Evaluate during the run at steps 0, N, 2N...; 0: never.")

@@ -78,6 +78,7 @@ def write_config(tmp: Path, model: Path, pool: Path, *, run: dict[str, Any] | No
         "train_tasks": [str(pool)],
         "max_turns": 4,
         "seed": 1,
+        "calibrate": False,  # seconds of the default model per run; test_run_progress.py checks it
     } | (run or {})
     lines = ["[run]"] + [f"{k} = {json.dumps(v)}" for k, v in fields.items()]
     lines.append(f'harness_options = {{ script_path = "{tmp / "agent.sh"}" }}')

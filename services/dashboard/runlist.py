@@ -83,12 +83,14 @@ def _trial_facts(run: RunDir, info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _result_json(run: RunDir) -> dict[str, Any]:
-    path = run.path / "artifacts" / run.run_id / run.run_id / "result.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    # artifacts/ is the trial's folder; single trials kept before that nested it as artifacts/<id>/<id>/.
+    for path in (run.path / "artifacts", run.path / "artifacts" / run.run_id / run.run_id):
+        try:
+            data = json.loads((path / "result.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        return data if isinstance(data, dict) else {}
+    return {}
 
 
 def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

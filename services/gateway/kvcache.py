@@ -130,17 +130,29 @@ def common_prefix(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def cache_bytes(cache: DynamicCache) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers_of(cache))
+
+
 class PrefixStore:
     """KV caches of finished turns by (trial, thread), reused when the next turn's
-    prompt extends them. LRU, bounded by entries and by total tokens."""
+    prompt extends them. LRU, bounded by entries, by total tokens and by bytes
+    (a token's keys and values take 46 KB in SmolLM2-135M's 30 fp32 layers: 16
+    trials of 1,500 tokens hold 1.1 GB)."""
 
-    def __init__(self, max_entries: int, max_tokens: int) -> None:
+    def __init__(self, max_entries: int, max_tokens: int, max_bytes: int | None = None) -> None:
         self.max_entries = max_entries
         self.max_tokens = max_tokens
-        self._entries: collections.OrderedDict[Hashable, tuple[npt.NDArray[np.int32], DynamicCache]] = (
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[Hashable, tuple[npt.NDArray[np.int32], DynamicCache, int]] = (
             collections.OrderedDict()
         )
         self._tokens = 0
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -151,25 +163,36 @@ class PrefixStore:
         entry = self._entries.pop(key, None)
         if entry is None:
             return None, 0
-        tokens, cache = entry
+        tokens, cache, size = entry
         self._tokens -= tokens.shape[0]
+        self._bytes -= size
         reuse = min(common_prefix(tokens, prompt), prompt.shape[0] - 1)
         if reuse <= 0:
             return None, 0
         return (cache if reuse == tokens.shape[0] else crop(cache, reuse)), reuse
 
     def put(self, key: Hashable, tokens: npt.NDArray[np.int32], cache: DynamicCache) -> None:
-        if self.max_entries == 0 or tokens.shape[0] > self.max_tokens:
-            return
         old = self._entries.pop(key, None)
         if old is not None:
             self._tokens -= old[0].shape[0]
-        self._entries[key] = (tokens, cache)
+            self._bytes -= old[2]
+        size = cache_bytes(cache)
+        too_big = self.max_bytes is not None and size > self.max_bytes
+        if self.max_entries == 0 or tokens.shape[0] > self.max_tokens or too_big:
+            return
+        self._entries[key] = (tokens, cache, size)
         self._tokens += tokens.shape[0]
-        while self._entries and (len(self._entries) > self.max_entries or self._tokens > self.max_tokens):
-            _, (evicted, _) = self._entries.popitem(last=False)
+        self._bytes += size
+        while self._entries and self._over():
+            _, (evicted, _, evicted_size) = self._entries.popitem(last=False)
             self._tokens -= evicted.shape[0]
+            self._bytes -= evicted_size
+
+    def _over(self) -> bool:
+        over_bytes = self.max_bytes is not None and self._bytes > self.max_bytes
+        return len(self._entries) > self.max_entries or self._tokens > self.max_tokens or over_bytes
 
     def clear(self) -> None:
         self._entries.clear()
         self._tokens = 0
+        self._bytes = 0

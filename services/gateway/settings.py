@@ -82,6 +82,12 @@ class Settings(ServiceSettings):
     prefix_cache_tokens: int = Field(
         131_072, ge=0, description="Bound on the tokens held by the cross-turn KV caches of the local engine."
     )
+    prefix_cache_mib: int = Field(
+        1024,
+        ge=0,
+        description="Bound on the memory (MiB) the cross-turn KV caches of the local engine hold; least "
+        "recently used first out (a trial whose cache left prefills its next turn again).",
+    )
     torch_threads: int | None = Field(None, ge=1, le=1024, description="torch.set_num_threads; default: torch's.")
     device: str = Field("cpu", description=f"Where the local engine runs: {DEVICE_HELP}.")
     dtype: Literal["fp32", "bf16"] = Field(

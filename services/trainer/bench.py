@@ -100,10 +100,39 @@ def measure_trainer(tokens: int, samples: int, checkpointing: bool) -> TrainerRo
     return TrainerRow(tokens, samples, checkpointing, **data)
 
 
-def _child(tokens: int, samples: int, checkpointing: bool) -> None:
-    """Times a warm training step (the second) on ``samples`` random-token samples of ``tokens`` tokens."""
+def random_group(
+    rng: np.random.Generator, step: int, samples: int, prompt_len: int, response_len: int
+) -> tuple[str, list[Any]]:
+    """One group of ``samples`` one-segment trajectories of random tokens, every response token sampled."""
     from harnessrl import arrays
     from harnessrl.v1 import records_pb2
+
+    trajs = []
+    for i in range(samples):
+        seg = records_pb2.Segment(trainable=True, prompt_ids=arrays.pack_i32(rng.integers(3, 40000, prompt_len)))
+        seg.response.CopyFrom(
+            arrays.make_tokens(
+                rng.integers(3, 40000, response_len),
+                np.ones(response_len, dtype=np.int32),
+                -rng.exponential(2.0, response_len),
+                np.zeros(response_len, dtype=np.int32),
+            )
+        )
+        trajs.append(
+            records_pb2.Trajectory(
+                trial_id=f"{step}-{i}",
+                group_id=f"g{step}",
+                reward=float(i % 2),
+                has_reward=True,
+                termination_reason=records_pb2.TERMINATION_REASON_COMPLETED,
+                segments=[seg],
+            )
+        )
+    return f"g{step}", trajs
+
+
+def _child(tokens: int, samples: int, checkpointing: bool) -> None:
+    """Times a warm training step (the second) on ``samples`` random-token samples of ``tokens`` tokens."""
     from services.trainer.cpu_trainer import CpuTrainer
     from services.trainer.settings import Settings
 
@@ -111,32 +140,9 @@ def _child(tokens: int, samples: int, checkpointing: bool) -> None:
     settings = Settings.model_validate({"optim": optim})
     trainer = CpuTrainer(settings)
     rng = np.random.default_rng(0)
-    prompt_len = tokens // 2
-    response_len = tokens - prompt_len
 
-    def group(step: int) -> tuple[str, list[records_pb2.Trajectory]]:
-        trajs = []
-        for i in range(samples):
-            seg = records_pb2.Segment(trainable=True, prompt_ids=arrays.pack_i32(rng.integers(3, 40000, prompt_len)))
-            seg.response.CopyFrom(
-                arrays.make_tokens(
-                    rng.integers(3, 40000, response_len),
-                    np.ones(response_len, dtype=np.int32),
-                    -rng.exponential(2.0, response_len),
-                    np.zeros(response_len, dtype=np.int32),
-                )
-            )
-            trajs.append(
-                records_pb2.Trajectory(
-                    trial_id=f"{step}-{i}",
-                    group_id=f"g{step}",
-                    reward=float(i % 2),
-                    has_reward=True,
-                    termination_reason=records_pb2.TERMINATION_REASON_COMPLETED,
-                    segments=[seg],
-                )
-            )
-        return f"g{step}", trajs
+    def group(step: int) -> tuple[str, list[Any]]:
+        return random_group(rng, step, samples, tokens // 2, tokens - tokens // 2)
 
     trainer.train_step([group(0)])
     started = time.monotonic()

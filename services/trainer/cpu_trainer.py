@@ -127,8 +127,9 @@ class CpuTrainer:
             result.updated = True
 
     def _logprobs(self, model: torch.nn.Module, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        opt = self.settings.optim
         return forward.logprobs_no_grad(
-            model, samples, self.settings.optim.token_budget, self.routes, self.settings.rollout.temperature
+            model, samples, opt.token_budget, self.routes, self.settings.rollout.temperature, opt.logit_chunk_tokens
         )
 
     def _agreement(self, samples: Sequence[Sample], train: Sequence[torch.Tensor], result: StepResult) -> dict:
@@ -171,7 +172,13 @@ class CpuTrainer:
             result.metrics["step/skipped_nan"] = 1.0
             return None
         forward.backward_through(
-            self.model, samples, layout.gather(grad), opt.token_budget, self.routes, self.settings.rollout.temperature
+            self.model,
+            samples,
+            layout.gather(grad),
+            opt.token_budget,
+            self.routes,
+            self.settings.rollout.temperature,
+            opt.logit_chunk_tokens,
         )
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), opt.grad_clip)
         if not torch.isfinite(norm):

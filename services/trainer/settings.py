@@ -84,6 +84,12 @@ class OptimSettings(BaseModel):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     token_budget: int = Field(4096, ge=16, description="Padded tokens per micro-batch.")
+    logit_chunk_tokens: int = Field(
+        256,
+        ge=0,
+        description="Positions whose [positions x vocab] logits exist at once (output head and log-softmax in "
+        "chunks, recomputed in the backward); 0 = a whole micro-batch's at once.",
+    )
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per training step (groups split evenly).")
     gradient_checkpointing: bool = True
     seed: int = 0

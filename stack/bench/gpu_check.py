@@ -96,6 +96,7 @@ class EngineOptions:
     prefill_chunk_tokens: int = 512
     prefix_cache_entries: int = 16
     prefix_cache_tokens: int = 131_072
+    prefix_cache_mib: int = 1024
     logprobs_mode: str = "processed"
 
 

@@ -146,6 +146,33 @@ def trainer(
     trainer_bench.print_trainer(samples)
 
 
+@app.command("engine")
+def engine(
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests at once (the quickstart: 16 trials).")] = 16,
+    prompt: Annotated[int, typer.Option(min=1, help="Prompt tokens per request.")] = 500,
+    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request.")] = 64,
+) -> None:
+    """The local engine's tokens/s at the quickstart's concurrency beside plain batched transformers generate."""
+    from services.gateway.bench_engine import print_engine
+
+    print_engine(concurrency, prompt, new_tokens)
+
+
+@app.command("trainer-memory")
+def trainer_memory(
+    samples: Annotated[int, typer.Option(min=2, help="Samples in the step (the quickstart: 16 trials).")] = 16,
+    prompt: Annotated[int, typer.Option(min=1, help="Prompt tokens per sample.")] = 900,
+    response: Annotated[int, typer.Option(min=1, help="Response tokens per sample.")] = 600,
+    token_budget: Annotated[int, typer.Option(min=16, help="Padded tokens per micro-batch.")] = 2048,
+    checkpointing: Annotated[bool, typer.Option(help="Gradient checkpointing (the quickstart: off).")] = False,
+    chunk_tokens: Annotated[int, typer.Option(min=1, help="Positions per chunk of the chunked row.")] = 256,
+) -> None:
+    """A trainer step's peak memory: the output head over whole micro-batches beside the chunked head."""
+    from services.trainer.bench_memory import Shape, print_memory
+
+    print_memory(Shape(samples, prompt, response, token_budget, checkpointing), chunk_tokens)
+
+
 @app.command("vllm-path")
 def vllm_path(
     short_calls: Annotated[

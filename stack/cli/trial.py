@@ -114,7 +114,11 @@ async def run_trial(*, task: Path, cfg: TrialConfig, agent_script: Path | None) 
                 proxy_fields=cfg.proxy_fields,
                 gateway_fields=cfg.gateway_fields,
             ) as ends:
-                update: dict[str, Any] = {"capture_target": ends.capture_target, "artifacts_dir": run_dir / "artifacts"}
+                update: dict[str, Any] = {
+                    "capture_target": ends.capture_target,
+                    "artifacts_dir": run_dir / "artifacts",  # this trial's own folder, not a root of runs
+                    "artifacts_flat": True,
+                }
                 if ends.proxy_url:
                     update |= {"proxy_url": ends.proxy_url, "proxy_admin_token": SecretStr(ends.admin_token or "")}
                     update["proxy_uds_path"] = ends.proxy_uds

@@ -93,7 +93,9 @@ def test_a_trial_keeps_its_capture_and_is_found_by_its_id(tmp_path: Path) -> Non
     info = json.loads((run_dir / "run.json").read_text())
     assert info["kind"] == "trial" and info["status"] == "done" and info["run_id"] == trial_id
     assert (run_dir / "capture" / "index.sqlite3").exists()
-    assert (run_dir / "artifacts" / trial_id / trial_id / "result.json").exists()
+    # The trial's artifacts are the run's artifacts/ folder, not artifacts/<trial>/<trial>/.
+    assert result["artifacts_dir"] == str(run_dir / "artifacts") and (run_dir / "artifacts" / "result.json").exists()
+    assert not (run_dir / "artifacts" / trial_id).exists()
 
     exported = tmp_path / "trial.jsonl"
     out = cli(tmp_path, "capture", "export", "--trial", trial_id, "--out", str(exported))
@@ -145,5 +147,5 @@ def test_mini_swe_agent_without_a_model_name_completes(tmp_path: Path) -> None:
     result = json.loads(out.stdout)
     assert result["termination_reason"] == "completed" and result["reward"] == 1.0, result
     run_dir = Path(result["run_dir"])
-    trial = json.loads((run_dir / "artifacts" / result["trial_id"] / result["trial_id"] / "result.json").read_text())
+    trial = json.loads((run_dir / "artifacts" / "result.json").read_text())
     assert trial["requested_models"] == ["harnessrl-policy"]

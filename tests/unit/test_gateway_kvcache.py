@@ -8,7 +8,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from services.gateway.kvcache import BatchCache, PrefixStore, cache_length, common_prefix, crop
+from services.gateway.kvcache import (
+    BatchCache,
+    PrefixStore,
+    cache_bytes,
+    cache_length,
+    common_prefix,
+    crop,
+    layers_of,
+)
 from tests.test_gateway_support import tiny_llama
 
 
@@ -110,3 +118,20 @@ def test_prefix_store_reuses_crops_and_bounds(model) -> None:
     assert store.take("x", np.asarray(tokens, np.int32)) == (None, 0)
     store.put("big", np.asarray(list(range(13)), np.int32), crop(cache, 5))
     assert store.take("big", np.asarray(tokens, np.int32)) == (None, 0)
+
+
+@torch.inference_mode()
+def test_prefix_store_bounds_bytes(model) -> None:
+    tokens = np.asarray([5, 6, 7, 8, 9], np.int32)
+    cache, _ = prefill(model, tokens.tolist())
+    size = cache_bytes(cache)
+    assert size == sum(2 * k.numel() * k.element_size() for k, _ in layers_of(cache)) > 0
+    store = PrefixStore(max_entries=10, max_tokens=1000, max_bytes=2 * size)
+    for key in ("x", "y", "z"):
+        store.put(key, tokens, crop(cache, 5))
+    assert len(store) == 2 and store.nbytes == 2 * size  # the least recently used went
+    assert store.take("x", tokens) == (None, 0) and store.take("z", tokens)[1] == 4
+    assert store.nbytes == size
+    small = PrefixStore(10, 1000, max_bytes=size - 1)
+    small.put("big", tokens, cache)  # over the bound alone: not kept
+    assert len(small) == 0 and small.nbytes == 0

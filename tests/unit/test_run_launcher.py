@@ -1,13 +1,16 @@
 """The launcher's plan: deterministic ids and task choice (a resumed run plans the
-same groups), every task used equally often; the progress line."""
+same groups), every task used equally often; the progress lines."""
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from pathlib import Path
 
+from rich.console import Console
+
 from stack.launcher import TrialTemplate, plan_step, task_for
-from stack.progress import Snapshot, step_line
+from stack.progress import Progress, Rollouts, Snapshot, TrialBoard, rollout_line, step_line
 
 TASKS = [Path(f"/pool/t{i}") for i in range(5)]
 
@@ -44,3 +47,41 @@ def test_progress_line() -> None:
     assert "reasons [agent_timeout 2, completed 6]" in line and line.endswith("61s")
     snap.values = {"reward/mean": 0.125, "agreement/pearson": float("nan")}
     assert "pearson -" in step_line(snap)
+
+
+def test_rollout_line_follows_the_oldest_unfinished_step() -> None:
+    board = TrialBoard()
+    assert board.rollouts() is None
+    for i in range(4):
+        board.submitted(f"s0-{i}", 0)
+    board.update("s1-0", "queued")  # a status before its submit returned: placed when the submit comes
+    board.submitted("s1-0", 1)
+    board.update("s0-0", "done", 1.0)
+    board.update("s0-1", "done", 0.0)
+    board.update("s0-2", "agent")
+    board.update("s0-3", "verify")
+    r = board.rollouts()
+    assert r is not None and (r.step, r.done, r.total, r.rewards) == (0, 2, 4, (1.0, 0.0))
+    assert r.running == {"agent": 1, "verify": 1} and r.slowest is not None and r.slowest[:2] == ("s0-2", "agent")
+    line = rollout_line(r)
+    assert line.startswith("rollouts of step 0: done 2/4  rewards 1/2  running [agent 1, verify 1]")
+    assert "slowest s0-2 in agent" in line
+    board.update("s0-2", "done", 0.5)
+    board.update("s0-3", "done", None)  # an infra failure: no reward
+    r = board.rollouts()
+    assert r is not None and (r.step, r.done, r.total, r.running) == (1, 0, 1, {"queued": 1})
+    assert rollout_line(Rollouts(0, 2, 2, (0.25, 0.75), {}, None)).endswith("reward mean 0.500 (2)  running [-]")
+
+
+def test_without_a_terminal_a_rollout_line_comes_between_step_lines() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=300)
+    rollouts = Rollouts(0, 1, 4, (1.0,), {"agent": 3}, ("t-2", "agent", 95.0))
+    snap = Snapshot(0, 3, {}, {}, {}, "", 12, rollouts)
+    progress = Progress(lambda: snap, console, line_every_s=0)
+    progress.tick(None)
+    snap.step, snap.values = 1, {"reward/mean": 0.25}
+    progress.tick(None)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("rollouts of step 0: done 1/4  rewards 1/1  running [agent 3]  slowest t-2 in agent 95s")
+    assert lines[1].startswith("step 1/3  reward 0.250") and len(lines) == 2

@@ -1,7 +1,7 @@
 // Chart.js wrappers. Every chart records what it drew on its canvas
 // (data-series="label:points;...") so browser tests can check the data, not pixels.
 import { Chart, registerables } from 'chart.js';
-import { h } from './dom.js';
+import { h, tickLabel } from './dom.js';
 
 Chart.register(...registerables);
 Chart.defaults.font.family = 'system-ui, sans-serif';
@@ -31,7 +31,19 @@ function describe(datasets) {
   return datasets.map((d) => `${d.label}:${d.data.filter((v) => v !== null && v !== undefined).length}`).join(';');
 }
 
+// Every value axis (not the x axis of steps or names) labels its ticks with tickLabel.
+function withTickLabels(options) {
+  const scales = { ...(options.scales || {}) };
+  for (const id of new Set(['y', ...Object.keys(scales)])) {
+    if (id === 'x') continue;
+    const scale = scales[id] || {};
+    scales[id] = { ...scale, ticks: { callback: tickLabel, ...(scale.ticks || {}) } };
+  }
+  return { ...options, scales };
+}
+
 function make(type, labels, datasets, options = {}, height = 190) {
+  options = withTickLabels(options);
   const canvas = h('canvas');
   canvas.dataset.series = describe(datasets);
   const x = options.scales && options.scales.x;

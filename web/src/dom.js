@@ -35,6 +35,17 @@ export function fmt(v, digits = 3) {
   return v.toFixed(digits).replace(/\.?0+$/, '') || '0';
 }
 
+// A chart axis tick as people write numbers: 0.25, 1,200, 4.5e-6 (Chart.js's own
+// labels turn small axes into 4.50000000E-6). Four significant digits drop float noise.
+export function tickLabel(v) {
+  if (typeof v !== 'number' || !Number.isFinite(v)) return String(v);
+  if (v === 0) return '0';
+  const n = Number(v.toPrecision(4));
+  const a = Math.abs(n);
+  if (a < 1e-3 || a >= 1e6) return n.toExponential().replace('e+', 'e');
+  return n.toLocaleString('en', { maximumFractionDigits: 6 });
+}
+
 export function pct(v) {
   return v === null || v === undefined ? '—' : `${(v * 100).toFixed(0)}%`;
 }

@@ -91,6 +91,12 @@ async function runPageChecks(where) {
   check((await page.$$('[data-panel="groups"] .badge')).length === 6, `${where}: six groups`);
   check((await series('agreement')).includes('pearson:3'), `${where}: agreement per step`);
   check((await page.$$('[data-panel="agreement"] [data-alert="agreement_drop"]')).length === 1, `${where}: agreement drop alert`);
+  // Axis labels as people write numbers: the |Δ| axis of 4.5e-6..9.3e-6 reads '6e-6', not '6.00000000E-6'.
+  const ticks = await page.$$eval('[data-panel="agreement"] canvas', (cs) =>
+    cs.flatMap((c) => Object.values(c._chart.scales).filter((s) => s.axis === 'y').flatMap((s) => s.ticks.map((t) => t.label))).join('|'),
+  );
+  const labels = ticks.split('|');
+  check(labels.some((t) => /^\d(\.\d+)?e-6$/.test(t)) && labels.every((t) => !/E|0000/.test(t) && t.length <= 8), `${where}: agreement axis ticks read as numbers (${ticks})`);
   const grid = await page.$$eval('[data-panel="tasks"] tr', (rows) => rows.map((r) => r.textContent));
   check(grid.some((r) => r.startsWith('hello') && r.includes('2/3')) && grid.some((r) => r.startsWith('greet')), `${where}: task grid`);
   check((await series('failures')).includes('agent/infra:3'), `${where}: failures by stage`);

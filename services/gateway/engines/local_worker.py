@@ -73,7 +73,9 @@ class Worker:
         self.prefilling: list[Seq] = []
         self.decoding: list[Seq] = []
         self.batch = BatchCache()
-        self.prefix = PrefixStore(settings.prefix_cache_entries, settings.prefix_cache_tokens)
+        self.prefix = PrefixStore(
+            settings.prefix_cache_entries, settings.prefix_cache_tokens, settings.prefix_cache_mib * 2**20
+        )
         self.ops: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = collections.deque()
         self.paused = False
         self.stopped = False

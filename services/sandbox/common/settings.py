@@ -310,7 +310,13 @@ class Settings(ServiceSettings):
     work_dir: Path = Field(default_factory=lambda: paths.home() / "sandbox" / "trials", description="Trial dirs.")
     cache_dir: Path = Field(default_factory=lambda: paths.home() / "sandbox" / "cache", description="Layer cache.")
     artifacts_dir: Path = Field(
-        default_factory=lambda: paths.home() / "sandbox" / "artifacts", description="Logs kept per trial."
+        default_factory=lambda: paths.home() / "sandbox" / "artifacts",
+        description="Logs kept per trial, in <artifacts_dir>/<run id>/<trial id>.",
+    )
+    artifacts_flat: bool = Field(
+        default=False,
+        description="artifacts_dir is the folder of the one trial this runner runs (harnessrl trial run: "
+        "<run dir>/artifacts), not a root of run and trial folders.",
     )
     keep_trial_dirs: bool = Field(default=False, description="Keep workspaces after teardown (debugging).")
     lease_s: float = Field(default=30.0, gt=0, description="A worker that misses heartbeats this long loses its trial.")

@@ -124,7 +124,9 @@ class TrialRunner:
     ) -> TrialOutcome:
         cancel = cancel or asyncio.Event()
         dirs = TrialDirs(self.settings.work_dir / f"{spec.trial_id}-{uuid.uuid4().hex[:8]}")
-        artifacts = self.settings.artifacts_dir / (spec.run_id or "_") / spec.trial_id
+        artifacts = self.settings.artifacts_dir
+        if not self.settings.artifacts_flat:
+            artifacts = artifacts / (spec.run_id or "_") / spec.trial_id
         t = Trial(spec=spec, dirs=dirs, artifacts=artifacts, trace_context=otel_context.get_current())
 
         async def enter(state: TrialState) -> None:
