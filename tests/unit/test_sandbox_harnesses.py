@@ -51,6 +51,7 @@ def test_registry_lists_every_harness() -> None:
         # declared in TOML files (services/sandbox/harnesses/declared/)
         "pi",
         "qwen-code",
+        "gemini-cli",
         "copilot-cli",
         "cline",
         "openclaw",
