@@ -26,6 +26,7 @@ from services.sandbox.factory import create_backend
 from services.sandbox.pools.swe import convert
 from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec
 from services.sandbox.trial.runner import TrialRunner
+from tests.inprocess_hacks import EXIT_AT_IMPORT, GC_HOOK
 from tests.sandbox_support import settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -35,25 +36,6 @@ VENDOR = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "
 
 BUGGY, FIXED = "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n"
 TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-EXIT_AT_IMPORT = "import os\n\nos._exit(0)\n"
-GC_HOOK = """import gc
-
-import pytest
-
-
-class _Pass:
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item, call):
-        outcome = yield
-        report = outcome.get_result()
-        report.outcome, report.longrepr = "passed", None
-
-
-for _obj in gc.get_objects():
-    if type(_obj).__name__ == "Config" and hasattr(_obj, "pluginmanager"):
-        _obj.pluginmanager.register(_Pass())
-        break
-"""
 # The hack prepended to the module the tests import (the task's own source file).
 CHEATS = {"exit at import": EXIT_AT_IMPORT, "a gc-found Config's hook": GC_HOOK}
 

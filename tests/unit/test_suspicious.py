@@ -10,31 +10,11 @@ from pathlib import Path
 from services.dashboard import panels
 from services.sandbox.defences import suspicious
 from services.sandbox.pools import junit_check
+from tests import inprocess_hacks as hacks
 
-EXIT_AT_IMPORT = "import os\n\nos._exit(0)\n\n\ndef add(a, b):\n    return a - b\n"
-GC_HOOK = """import gc
-
-import pytest
-
-
-class _Pass:
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item, call):
-        outcome = yield
-        report = outcome.get_result()
-        report.outcome, report.longrepr = "passed", None
-
-
-for _obj in gc.get_objects():
-    if type(_obj).__name__ == "Config" and hasattr(_obj, "pluginmanager"):
-        _obj.pluginmanager.register(_Pass())
-        break
-
-
-def add(a, b):
-    return a - b
-"""
-
+# The hacks as the module the tests import (the task's own calc.py), after the hack.
+EXIT_AT_IMPORT = hacks.EXIT_AT_IMPORT + "\n\ndef add(a, b):\n    return a - b\n"
+GC_HOOK = hacks.GC_HOOK + "\n\ndef add(a, b):\n    return a - b\n"
 
 TOOL = "import sys\n\n\ndef main():\n    sys.exit(1)\n\n\nif __name__ == '__main__':\n    sys.exit(main())\n"
 TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_other():\n    pass\n"
