@@ -14,7 +14,9 @@ from typing import Any
 
 from harnessrl.paths import tools_dir
 
-OPENHANDS_DRIVER = Path(__file__).with_name("openhands.py")
+# Run as a script by the OpenHands venv's Python: its folder is first on sys.path there, so the
+# file must not be named after a package it imports (``openhands.py`` shadowed ``openhands``).
+OPENHANDS_DRIVER = Path(__file__).with_name("openhands_driver.py")
 
 
 @dataclass(frozen=True)
