@@ -208,6 +208,30 @@ async def run_trial(
     return await runner.run(spec)
 
 
+async def check_defence(
+    tmp_path: Path,
+    cache_dir: Path,
+    task: Path,
+    script: str,
+    kind: dict[str, object],
+    off: dict[str, bool],
+    event: str,
+    *,
+    oracle_clean: bool = True,
+) -> None:
+    """The oracle scores 1; the cheat scores 0 with every defence on (``event`` among its
+    tamper events) and 1 with the defences ``off`` turned off."""
+    oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
+    defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
+    exposed = await run_trial(tmp_path / "off", cache_dir, task, "shell", script, kind=kind, **off)
+    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
+    if oracle_clean:
+        assert oracle.tamper_events == []
+    assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
+    assert event in defended.tamper_events, defended.tamper_events
+    assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
+
+
 async def test_the_task_is_sound(
     tmp_path: Path, cache_dir: Path, redteam_task: Path, backend_kind: dict[str, object]
 ) -> None:
@@ -393,11 +417,5 @@ async def test_a_plant_on_roots_path_outside_the_workspace_needs_its_defence_off
     (task / "tests" / "test.sh").write_text(TEST_SH.replace("python3 -m pytest", "runtests -m pytest"))
     kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}  # type: ignore[attr-defined]
     script = "printf '#!/bin/sh\\nexit 0\\n' > /opt/tools/runtests"
-    oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
-    defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
-    exposed = await run_trial(tmp_path / "off", cache_dir, task, "shell", script, kind=kind, guard_verifier_path=False)
-    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
-    assert oracle.tamper_events == []
-    assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
-    assert "root-route:/opt/tools/runtests (changed)" in defended.tamper_events, defended.tamper_events
-    assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
+    off = {"guard_verifier_path": False}
+    await check_defence(tmp_path, cache_dir, task, script, kind, off, "root-route:/opt/tools/runtests (changed)")

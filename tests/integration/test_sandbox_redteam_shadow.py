@@ -18,7 +18,7 @@ import pytest
 
 from services.sandbox.common.settings import DockerBackendSettings
 from services.sandbox.trial.lifecycle import TerminationReason
-from tests.integration.test_sandbox_redteam import BACKENDS, CONFTEST, build_redteam_task, run_trial
+from tests.integration.test_sandbox_redteam import BACKENDS, CONFTEST, build_redteam_task, check_defence, run_trial
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -101,14 +101,8 @@ async def test_a_plugin_directory_the_agent_may_write_is_restored(
     )
     kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}  # type: ignore[attr-defined]
     script = f"cat > /opt/pylib/shadowplug/__init__.py <<'EOF'\n{CONFTEST}EOF"
-    oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
-    defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
-    exposed = await run_trial(tmp_path / "off", cache_dir, task, "shell", script, kind=kind, guard_runner_routes=False)
-    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
-    assert oracle.tamper_events == []
-    assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
-    assert "lookup-route:/opt/pylib/shadowplug/__init__.py (changed)" in defended.tamper_events, defended.tamper_events
-    assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
+    event = "lookup-route:/opt/pylib/shadowplug/__init__.py (changed)"
+    await check_defence(tmp_path, cache_dir, task, script, kind, {"guard_runner_routes": False}, event)
 
 
 async def test_a_config_above_the_workdir_is_removed(
@@ -130,10 +124,6 @@ async def test_a_config_above_the_workdir_is_removed(
         "printf '[pytest]\\naddopts = -p p_root\\n' > /home/dev/pytest.ini\n"
         f"cat > /home/dev/app/p_root.py <<'EOF'\n{CONFTEST}EOF"
     )
-    oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
-    defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
-    exposed = await run_trial(tmp_path / "off", cache_dir, task, "shell", script, kind=kind, guard_runner_routes=False)
-    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
-    assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
-    assert "lookup-route:/home/dev/pytest.ini (added)" in defended.tamper_events, defended.tamper_events
-    assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
+    event = "lookup-route:/home/dev/pytest.ini (added)"
+    off = {"guard_runner_routes": False}
+    await check_defence(tmp_path, cache_dir, task, script, kind, off, event, oracle_clean=False)
