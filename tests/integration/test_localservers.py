@@ -3,10 +3,15 @@ scratch directories removed when they stop, a caller's directory kept."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 
-from harnessrl.localservers import RedisServer, S3Server
+import pytest
+
+from harnessrl.localservers import S3_PORT_FLAGS, RedisServer, S3Server, restartable_ports
 
 
 def test_s3_server_takes_a_session_worth_of_buckets() -> None:
@@ -27,3 +32,59 @@ def test_scratch_directories_go_with_the_server_and_a_given_one_stays(tmp_path: 
         assert own.dir.is_dir() and (own.dir / "redis.log").exists()
     assert not own.dir.exists()
     assert (given.dir / "redis.log").exists()
+
+
+def test_a_server_s_ports_are_drawn_distinct() -> None:
+    # Drawn one by one, weed mini's twelve ports held a duplicate about once in 200
+    # starts, and weed died on "bind: address already in use" (a CI run failed so).
+    for _ in range(50):
+        ports = restartable_ports(len(S3_PORT_FLAGS))
+        assert len(set(ports)) == len(ports)
+
+
+def test_s3_server_draws_again_when_a_port_is_taken_between_weeds_check_and_its_bind(monkeypatch) -> None:
+    # weed replaces a port that is busy when it starts, but not one that is free then and
+    # taken before its own bind (CI: another worker's server took S3's gRPC port). A thread
+    # here takes S3's gRPC port once weed's master is up, before S3 starts.
+    import harnessrl.localservers as localservers
+
+    real = localservers.restartable_ports
+    draws: list[list[int]] = []
+    took: list[socket.socket] = []
+
+    def take_s3_grpc_once_the_master_is_up(port: int, log: Path) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if log.exists() and "Master       ready" in log.read_text():
+                sock = socket.socket()
+                try:
+                    sock.bind(("127.0.0.1", port))
+                    sock.listen()
+                except OSError:
+                    sock.close()  # weed was first: nothing was taken
+                    return
+                took.append(sock)
+                return
+            time.sleep(0.002)
+
+    def first_draw_gets_taken(count: int) -> list[int]:
+        ports = real(count)
+        if not draws:
+            grpc = ports[S3_PORT_FLAGS.index("s3.port.grpc")]
+            log = server.dir / "weed.log"
+            log.unlink(missing_ok=True)
+            threading.Thread(target=take_s3_grpc_once_the_master_is_up, args=(grpc, log), daemon=True).start()
+        draws.append(ports)
+        return ports
+
+    monkeypatch.setattr(localservers, "restartable_ports", first_draw_gets_taken)
+    server = S3Server()
+    try:
+        with server:
+            server.client().create_bucket(Bucket="after-a-redraw")
+    finally:
+        for sock in took:
+            sock.close()
+    if not took:
+        pytest.skip("weed bound S3's gRPC port before this test could take it")
+    assert len(draws) == 2
