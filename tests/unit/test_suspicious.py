@@ -119,4 +119,5 @@ def test_the_integrity_panel_counts_per_step() -> None:
         "tamper": {0: 2, 1: 0},
         "suspicious": {0: 3, 1: 0},
         "flagged_trials": {0: 2, 1: 0},
+        "trials": {0: 2, 1: 2},
     }
