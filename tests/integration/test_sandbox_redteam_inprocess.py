@@ -51,9 +51,12 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def swe_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A converted SWE task run by pytest (vendored in the repository: the local backend's
-    base is the host, whose Python has none)."""
-    root = tmp_path_factory.mktemp("swe-inprocess")
+    return build_swe_task(tmp_path_factory.mktemp("swe-inprocess"))
+
+
+def build_swe_task(root: Path) -> Path:
+    """A converted SWE task run by ``python3 -m pytest`` (vendored in the repository: the
+    local backend's base is the host, whose Python has none), converted under ``root``."""
     repo = root / "repos" / "acme__calc"
     (repo / "tests").mkdir(parents=True)
     for name in VENDOR:
