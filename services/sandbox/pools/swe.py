@@ -261,6 +261,7 @@ def _test_sh(r: SweRecord, base: dict[str, bytes | None]) -> str:
     if _MODULE_PYTEST.search(r.test_command):
         # Our plugin (grade_plugin.py) under a name drawn now: the working directory is first on
         # sys.path under `python -m pytest`, and nothing there can shadow a name nobody knew.
+        # A command that changes directory first does not find it: its oracle scores 0 (validate).
         run = [
             f"rm -f {JUNIT_REPORT} {GRADE_VERDICT}",
             "grade=\"harnessrl_grade_$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
