@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from harnessrl.v1 import records_pb2 as harnessrl_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/sandbox.proto\x12\x0charnessrl.v1\x1a\x1aharnessrl/v1/records.proto\"\xa8\x04\n\tTrialSpec\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\ttask_path\x18\x03 \x01(\t\x12\x0f\n\x07task_id\x18\x04 \x01(\t\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12\x12\n\ngroup_size\x18\x06 \x01(\r\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x0f\n\x07harness\x18\x08 \x01(\t\x12\x16\n\x0epolicy_version\x18\t \x01(\x03\x12\x11\n\tmax_turns\x18\n \x01(\r\x12\x17\n\x0f\x61gent_timeout_s\x18\x0b \x01(\x01\x12\x1a\n\x12verifier_timeout_s\x18\x0c \x01(\x01\x12\x44\n\x0fharness_options\x18\r \x03(\x0b\x32+.harnessrl.v1.TrialSpec.HarnessOptionsEntry\x12\r\n\x05model\x18\x0e \x01(\t\x12\x16\n\x0egateway_target\x18\x0f \x01(\t\x12\x12\n\nreward_key\x18\x10 \x01(\t\x12\x42\n\x0ereward_weights\x18\x11 \x03(\x0b\x32*.harnessrl.v1.TrialSpec.RewardWeightsEntry\x1a\x35\n\x13HarnessOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x34\n\x12RewardWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\x12SubmitTrialRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.harnessrl.v1.TrialSpec\"8\n\x13SubmitTrialResponse\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"#\n\x0fGetTrialRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\t\"\xdb\x03\n\x0bTrialStatus\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.harnessrl.v1.TrialState\x12;\n\x12termination_reason\x18\x04 \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\x12+\n\x07timings\x18\x07 \x01(\x0b\x32\x1a.harnessrl.v1.PhaseTimings\x12\x14\n\x0cnum_segments\x18\x08 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x0e\n\x06worker\x18\n \x01(\t\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12\x19\n\x11harness_exit_code\x18\x0c \x01(\x05\x12\x15\n\rtamper_events\x18\r \x03(\t\x12\x12\n\nupdated_at\x18\x0e \x01(\x01\x12\x37\n\x07rewards\x18\x0f \x03(\x0b\x32&.harnessrl.v1.TrialStatus.RewardsEntry\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"7\n\x12WatchTrialsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttrial_ids\x18\x02 \x03(\t\"&\n\x12\x43\x61ncelTrialRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\t\"(\n\x13\x43\x61ncelTrialResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08*\xb7\x01\n\nTrialState\x12\x1b\n\x17TRIAL_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TRIAL_STATE_QUEUED\x10\x01\x12\x15\n\x11TRIAL_STATE_SETUP\x10\x02\x12\x15\n\x11TRIAL_STATE_AGENT\x10\x03\x12\x16\n\x12TRIAL_STATE_VERIFY\x10\x04\x12\x18\n\x14TRIAL_STATE_TEARDOWN\x10\x05\x12\x14\n\x10TRIAL_STATE_DONE\x10\x06\x32\xc5\x02\n\x07Sandbox\x12R\n\x0bSubmitTrial\x12 .harnessrl.v1.SubmitTrialRequest\x1a!.harnessrl.v1.SubmitTrialResponse\x12\x44\n\x08GetTrial\x12\x1d.harnessrl.v1.GetTrialRequest\x1a\x19.harnessrl.v1.TrialStatus\x12L\n\x0bWatchTrials\x12 .harnessrl.v1.WatchTrialsRequest\x1a\x19.harnessrl.v1.TrialStatus0\x01\x12R\n\x0b\x43\x61ncelTrial\x12 .harnessrl.v1.CancelTrialRequest\x1a!.harnessrl.v1.CancelTrialResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aharnessrl/v1/sandbox.proto\x12\x0charnessrl.v1\x1a\x1aharnessrl/v1/records.proto\"\xa8\x04\n\tTrialSpec\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\ttask_path\x18\x03 \x01(\t\x12\x0f\n\x07task_id\x18\x04 \x01(\t\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12\x12\n\ngroup_size\x18\x06 \x01(\r\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x0f\n\x07harness\x18\x08 \x01(\t\x12\x16\n\x0epolicy_version\x18\t \x01(\x03\x12\x11\n\tmax_turns\x18\n \x01(\r\x12\x17\n\x0f\x61gent_timeout_s\x18\x0b \x01(\x01\x12\x1a\n\x12verifier_timeout_s\x18\x0c \x01(\x01\x12\x44\n\x0fharness_options\x18\r \x03(\x0b\x32+.harnessrl.v1.TrialSpec.HarnessOptionsEntry\x12\r\n\x05model\x18\x0e \x01(\t\x12\x16\n\x0egateway_target\x18\x0f \x01(\t\x12\x12\n\nreward_key\x18\x10 \x01(\t\x12\x42\n\x0ereward_weights\x18\x11 \x03(\x0b\x32*.harnessrl.v1.TrialSpec.RewardWeightsEntry\x1a\x35\n\x13HarnessOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x34\n\x12RewardWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\x12SubmitTrialRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.harnessrl.v1.TrialSpec\"8\n\x13SubmitTrialResponse\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"#\n\x0fGetTrialRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\t\"\xf6\x03\n\x0bTrialStatus\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.harnessrl.v1.TrialState\x12;\n\x12termination_reason\x18\x04 \x01(\x0e\x32\x1f.harnessrl.v1.TerminationReason\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\x12+\n\x07timings\x18\x07 \x01(\x0b\x32\x1a.harnessrl.v1.PhaseTimings\x12\x14\n\x0cnum_segments\x18\x08 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\x12\x0e\n\x06worker\x18\n \x01(\t\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12\x19\n\x11harness_exit_code\x18\x0c \x01(\x05\x12\x15\n\rtamper_events\x18\r \x03(\t\x12\x12\n\nupdated_at\x18\x0e \x01(\x01\x12\x37\n\x07rewards\x18\x0f \x03(\x0b\x32&.harnessrl.v1.TrialStatus.RewardsEntry\x12\x19\n\x11suspicious_events\x18\x10 \x03(\t\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"7\n\x12WatchTrialsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttrial_ids\x18\x02 \x03(\t\"&\n\x12\x43\x61ncelTrialRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\t\"(\n\x13\x43\x61ncelTrialResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08*\xb7\x01\n\nTrialState\x12\x1b\n\x17TRIAL_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TRIAL_STATE_QUEUED\x10\x01\x12\x15\n\x11TRIAL_STATE_SETUP\x10\x02\x12\x15\n\x11TRIAL_STATE_AGENT\x10\x03\x12\x16\n\x12TRIAL_STATE_VERIFY\x10\x04\x12\x18\n\x14TRIAL_STATE_TEARDOWN\x10\x05\x12\x14\n\x10TRIAL_STATE_DONE\x10\x06\x32\xc5\x02\n\x07Sandbox\x12R\n\x0bSubmitTrial\x12 .harnessrl.v1.SubmitTrialRequest\x1a!.harnessrl.v1.SubmitTrialResponse\x12\x44\n\x08GetTrial\x12\x1d.harnessrl.v1.GetTrialRequest\x1a\x19.harnessrl.v1.TrialStatus\x12L\n\x0bWatchTrials\x12 .harnessrl.v1.WatchTrialsRequest\x1a\x19.harnessrl.v1.TrialStatus0\x01\x12R\n\x0b\x43\x61ncelTrial\x12 .harnessrl.v1.CancelTrialRequest\x1a!.harnessrl.v1.CancelTrialResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,8 +38,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRIALSPEC_REWARDWEIGHTSENTRY']._serialized_options = b'8\001'
   _globals['_TRIALSTATUS_REWARDSENTRY']._loaded_options = None
   _globals['_TRIALSTATUS_REWARDSENTRY']._serialized_options = b'8\001'
-  _globals['_TRIALSTATE']._serialized_start=1401
-  _globals['_TRIALSTATE']._serialized_end=1584
+  _globals['_TRIALSTATE']._serialized_start=1428
+  _globals['_TRIALSTATE']._serialized_end=1611
   _globals['_TRIALSPEC']._serialized_start=73
   _globals['_TRIALSPEC']._serialized_end=625
   _globals['_TRIALSPEC_HARNESSOPTIONSENTRY']._serialized_start=518
@@ -53,15 +53,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTRIALREQUEST']._serialized_start=746
   _globals['_GETTRIALREQUEST']._serialized_end=781
   _globals['_TRIALSTATUS']._serialized_start=784
-  _globals['_TRIALSTATUS']._serialized_end=1259
-  _globals['_TRIALSTATUS_REWARDSENTRY']._serialized_start=1213
-  _globals['_TRIALSTATUS_REWARDSENTRY']._serialized_end=1259
-  _globals['_WATCHTRIALSREQUEST']._serialized_start=1261
-  _globals['_WATCHTRIALSREQUEST']._serialized_end=1316
-  _globals['_CANCELTRIALREQUEST']._serialized_start=1318
-  _globals['_CANCELTRIALREQUEST']._serialized_end=1356
-  _globals['_CANCELTRIALRESPONSE']._serialized_start=1358
-  _globals['_CANCELTRIALRESPONSE']._serialized_end=1398
-  _globals['_SANDBOX']._serialized_start=1587
-  _globals['_SANDBOX']._serialized_end=1912
+  _globals['_TRIALSTATUS']._serialized_end=1286
+  _globals['_TRIALSTATUS_REWARDSENTRY']._serialized_start=1240
+  _globals['_TRIALSTATUS_REWARDSENTRY']._serialized_end=1286
+  _globals['_WATCHTRIALSREQUEST']._serialized_start=1288
+  _globals['_WATCHTRIALSREQUEST']._serialized_end=1343
+  _globals['_CANCELTRIALREQUEST']._serialized_start=1345
+  _globals['_CANCELTRIALREQUEST']._serialized_end=1383
+  _globals['_CANCELTRIALRESPONSE']._serialized_start=1385
+  _globals['_CANCELTRIALRESPONSE']._serialized_end=1425
+  _globals['_SANDBOX']._serialized_start=1614
+  _globals['_SANDBOX']._serialized_end=1939
 # @@protoc_insertion_point(module_scope)

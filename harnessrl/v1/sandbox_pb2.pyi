@@ -98,7 +98,7 @@ class GetTrialRequest(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ...) -> None: ...
 
 class TrialStatus(_message.Message):
-    __slots__ = ("trial_id", "run_id", "state", "termination_reason", "reward", "has_reward", "timings", "num_segments", "attempt", "worker", "error", "harness_exit_code", "tamper_events", "updated_at", "rewards")
+    __slots__ = ("trial_id", "run_id", "state", "termination_reason", "reward", "has_reward", "timings", "num_segments", "attempt", "worker", "error", "harness_exit_code", "tamper_events", "updated_at", "rewards", "suspicious_events")
     class RewardsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class TrialStatus(_message.Message):
     TAMPER_EVENTS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    SUSPICIOUS_EVENTS_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     run_id: str
     state: TrialState
@@ -136,7 +137,8 @@ class TrialStatus(_message.Message):
     tamper_events: _containers.RepeatedScalarFieldContainer[str]
     updated_at: float
     rewards: _containers.ScalarMap[str, float]
-    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., num_segments: _Optional[int] = ..., attempt: _Optional[int] = ..., worker: _Optional[str] = ..., error: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., tamper_events: _Optional[_Iterable[str]] = ..., updated_at: _Optional[float] = ..., rewards: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    suspicious_events: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trial_id: _Optional[str] = ..., run_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., termination_reason: _Optional[_Union[_records_pb2.TerminationReason, str]] = ..., reward: _Optional[float] = ..., has_reward: _Optional[bool] = ..., timings: _Optional[_Union[_records_pb2.PhaseTimings, _Mapping]] = ..., num_segments: _Optional[int] = ..., attempt: _Optional[int] = ..., worker: _Optional[str] = ..., error: _Optional[str] = ..., harness_exit_code: _Optional[int] = ..., tamper_events: _Optional[_Iterable[str]] = ..., updated_at: _Optional[float] = ..., rewards: _Optional[_Mapping[str, float]] = ..., suspicious_events: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchTrialsRequest(_message.Message):
     __slots__ = ("run_id", "trial_ids")

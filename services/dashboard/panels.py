@@ -215,24 +215,26 @@ def integrity(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per step: the sandbox's tamper events (a plant the file guards reverted before the
     verifier) and suspicious events (a reward-hack pattern in the agent's change, counted or
     zeroed by ``[sandbox.integrity] suspicious``), from each trajectory's metadata counts,
-    and how many trials had any. A trajectory recorded before these counts existed adds none."""
+    how many trials had any, and how many trials each step had. A trajectory recorded before
+    these counts existed adds none."""
     tamper: Counter[int] = Counter()
     suspicious: Counter[int] = Counter()
     flagged: Counter[int] = Counter()
-    steps: set[int] = set()
+    trials: Counter[int] = Counter()
     for r in rows:
         meta = r.get("metadata") or {}
         s = r["step"]
-        steps.add(s)
+        trials[s] += 1
         t, q = _count(meta.get("tamper_events")), _count(meta.get("suspicious_events"))
         tamper[s] += t
         suspicious[s] += q
         flagged[s] += int(bool(t or q))
-    order = sorted(steps)
+    order = sorted(trials)
     return {
         "tamper": {s: tamper[s] for s in order},
         "suspicious": {s: suspicious[s] for s in order},
         "flagged_trials": {s: flagged[s] for s in order},
+        "trials": {s: trials[s] for s in order},
     }
 
 

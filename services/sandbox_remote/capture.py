@@ -21,7 +21,7 @@ class CaptureFinalizer:
         self, spec: sandbox_pb2.TrialSpec, trial_id: str, status: sandbox_pb2.TrialStatus, trace: dict[str, str]
     ) -> None:
         """The trajectory of ``trial_id`` (the last attempt's id) with ``status``'s reason and no reward."""
-        metadata = {"policy_version": str(spec.policy_version), "tamper_events": "0"}
+        metadata = {"policy_version": str(spec.policy_version), "tamper_events": "0", "suspicious_events": "0"}
         if trace_id := telemetry.trace_id_of(trace):
             metadata["trace_id"] = trace_id
         request = capture_pb2.FinalizeTrajectoryRequest(

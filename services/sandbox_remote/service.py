@@ -230,6 +230,8 @@ class RemoteSandbox:
         status.harness_exit_code = int(outcome.get("harness_exit_code", 0))
         del status.tamper_events[:]
         status.tamper_events.extend(str(e) for e in outcome.get("tamper_events", []))
+        del status.suspicious_events[:]
+        status.suspicious_events.extend(str(e) for e in outcome.get("suspicious_events", []))
         status.error = str(outcome.get("error", ""))
         self._move(trial, DONE)
 

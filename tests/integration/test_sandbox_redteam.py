@@ -218,17 +218,21 @@ async def check_defence(
     event: str,
     *,
     oracle_clean: bool = True,
+    exposed_task: Path | None = None,
 ) -> None:
     """The oracle scores 1; the cheat scores 0 with every defence on (``event`` among its
-    tamper events) and 1 with the defences ``off`` turned off."""
+    tamper events) and 1 with the defences ``off`` turned off. A defence of the task's own
+    grader is off in ``exposed_task`` (the task with the grader before it); its ``event``
+    is in the verifier's output."""
     oracle = await run_trial(tmp_path / "oracle", cache_dir, task, "oracle", kind=kind)
     defended = await run_trial(tmp_path / "on", cache_dir, task, "shell", script, kind=kind)
-    exposed = await run_trial(tmp_path / "off", cache_dir, task, "shell", script, kind=kind, **off)
+    exposed = await run_trial(tmp_path / "off", cache_dir, exposed_task or task, "shell", script, kind=kind, **off)
     assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
     if oracle_clean:
         assert oracle.tamper_events == []
     assert (defended.termination_reason, defended.reward) == (TerminationReason.COMPLETED, 0.0), defended.error
-    assert event in defended.tamper_events, defended.tamper_events
+    seen = defended.verifier_summary if exposed_task else defended.tamper_events
+    assert event in seen, seen
     assert (exposed.termination_reason, exposed.reward) == (TerminationReason.COMPLETED, 1.0), exposed.verifier_summary
 
 

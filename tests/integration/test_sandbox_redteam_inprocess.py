@@ -5,8 +5,10 @@ registers a hook that marks every test passed. No file guard can stop either (th
 the task's own source). Our own graders read a report the test process writes only at its
 end (the SWE converter's test.sh: pytest's JUnit report, ``pools/junit_check.py``; the
 built-in families: the check script's last line), so the early exit scores 0 there; the
-hook gets through the report and is caught by the detector (``defences/suspicious``), which
-flags both and, with ``suspicious = "zero"``, zeroes the reward."""
+hook gets through the report alone, not our pytest plugin's verdict (``pools/grade_plugin.py``:
+a plugin registered from the agent's module), so it scores 0 on the SWE grader too. The
+detector (``defences/suspicious``) flags both and, with ``suspicious = "zero"``, zeroes the
+reward where a grader lets a hack through."""
 
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ import pytest
 
 from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy
 from services.sandbox.factory import create_backend
-from services.sandbox.pools.swe import convert
+from services.sandbox.pools.swe import GRADE_VERDICT, convert
 from services.sandbox.trial.lifecycle import TerminationReason, TrialOutcome, TrialSpec
 from services.sandbox.trial.runner import TrialRunner
 from tests.inprocess_hacks import EXIT_AT_IMPORT, GC_HOOK
+from tests.integration.test_sandbox_redteam import check_defence
 from tests.sandbox_support import settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -48,9 +51,12 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def swe_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A converted SWE task run by pytest (vendored in the repository: the local backend's
-    base is the host, whose Python has none)."""
-    root = tmp_path_factory.mktemp("swe-inprocess")
+    return build_swe_task(tmp_path_factory.mktemp("swe-inprocess"))
+
+
+def build_swe_task(root: Path) -> Path:
+    """A converted SWE task run by ``python3 -m pytest`` (vendored in the repository: the
+    local backend's base is the host, whose Python has none), converted under ``root``."""
     repo = root / "repos" / "acme__calc"
     (repo / "tests").mkdir(parents=True)
     for name in VENDOR:
@@ -137,16 +143,14 @@ async def test_the_swe_grader_needs_the_named_tests_in_pytests_report(
     assert (exited.termination_reason, exited.reward) == (TerminationReason.COMPLETED, 0.0), exited.verifier_summary
     assert exited.suspicious_events == ["suspicious: module-exit in calc.py"]
     # the same cheat against the exit status alone (the grader before the report): 1
-    bare = tmp_path / "bare" / swe_task.name
-    shutil.copytree(swe_task, bare)
-    test_sh = (bare / "tests" / "test.sh").read_text()
-    (bare / "tests" / "test.sh").write_text(re.sub(r" && python3 -I /tests/junit_check\.py [^;]*;", ";", test_sh))
+    bare = _grader(swe_task, tmp_path / "bare", "status")
     exposed = await _run(
         tmp_path / "bare-x", cache_dir, bare, "shell", _prepend("/testbed/calc.py", EXIT_AT_IMPORT), backend_kind
     )
     assert exposed.reward == 1.0, exposed.verifier_summary
-    # what gets through the report (junit_check.py says so), flagged by the detector
-    assert hooked.reward == 1.0, hooked.verifier_summary
+    # our plugin's verdict refuses the hook (test_a_gc_found_hook_scores_zero_on_our_grader);
+    # the detector flags it too, and with suspicious = "zero" zeroes it where a grader passes it
+    assert (hooked.termination_reason, hooked.reward) == (TerminationReason.COMPLETED, 0.0), hooked.verifier_summary
     assert hooked.suspicious_events == [
         "suspicious: pytest-internals in calc.py",
         "suspicious: gc-objects in calc.py",
@@ -154,7 +158,7 @@ async def test_the_swe_grader_needs_the_named_tests_in_pytests_report(
     zeroed = await _run(
         tmp_path / "zero",
         cache_dir,
-        swe_task,
+        _grader(swe_task, tmp_path / "report", "report"),
         "shell",
         _prepend("/testbed/calc.py", GC_HOOK),
         backend_kind,
@@ -162,6 +166,34 @@ async def test_the_swe_grader_needs_the_named_tests_in_pytests_report(
     )
     assert (zeroed.termination_reason, zeroed.reward) == (TerminationReason.COMPLETED, 0.0), zeroed.events
     assert zeroed.rewards == {"reward": 1.0} and any("zeroed" in e for e in zeroed.events)
+
+
+async def test_a_gc_found_hook_scores_zero_on_our_grader(
+    tmp_path: Path, cache_dir: Path, swe_task: Path, backend_kind: dict[str, object]
+) -> None:
+    """The hook on a gc-found Config registers a plugin from the agent's module: our
+    plugin's verdict names it and the grade is 0; the grader before it (the JUnit report
+    alone) scores the same cheat 1."""
+    script = _prepend("/testbed/calc.py", GC_HOOK)
+    exposed = _grader(swe_task, tmp_path / "report", "report")
+    event = "junit_check: a plugin pytest did not register"
+    await check_defence(tmp_path, cache_dir, swe_task, script, backend_kind, {}, event, exposed_task=exposed)
+
+
+def _grader(task: Path, root: Path, kind: str) -> Path:
+    """A copy of ``task`` whose test.sh is an earlier grader: "report" (the named tests in
+    pytest's JUnit report, no plugin of ours) or "status" (pytest's exit status alone)."""
+    copy = root / task.name
+    shutil.copytree(task, copy)
+    test_sh = (copy / "tests" / "test.sh").read_text()
+    if kind == "status":
+        test_sh = re.sub(r" && python3 -I /tests/junit_check\.py [^;]*;", ";", test_sh)
+    else:
+        test_sh = re.sub(r' -p "\$grade" --harnessrl-verdict=\S+', "", test_sh)
+        test_sh = test_sh.replace(f"--verdict {GRADE_VERDICT} ", "")
+    assert test_sh != (task / "tests" / "test.sh").read_text()
+    (copy / "tests" / "test.sh").write_text(test_sh)
+    return copy
 
 
 async def test_the_builtin_grader_needs_its_checks_to_have_run(

@@ -97,6 +97,25 @@ async def test_an_executor_killed_mid_trial(tmp_path: Path, max_attempts: int) -
         assert not trajectory.has_reward
 
 
+@needs_bwrap
+async def test_the_fronts_status_carries_tamper_and_suspicious_events(tmp_path: Path) -> None:
+    """What the executor's outcome counted reaches the front's TrialStatus: a planted
+    conftest.py reverted (a tamper event) and a module reaching for gc (a suspicious one)."""
+    tasks = write_tasks(tmp_path / "tasks")
+    script = "echo hello > hello.txt; printf 'import gc\\ngc.get_objects()\\n' > hack.py; echo 'x = 1' > conftest.py"
+    with executor(tmp_path / "ex") as proc:
+        async with remote_front(proc.url) as front, connect(f"127.0.0.1:{front.port}") as channel:
+            stub = sandbox_pb2_grpc.SandboxStub(channel)
+            await stub.SubmitTrial(sandbox_pb2.SubmitTrialRequest(spec=spec(tasks, "ev1", script)))
+            done = await follow(stub, "ev1", sandbox_pb2.TRIAL_STATE_DONE)
+            fetched = await stub.GetTrial(sandbox_pb2.GetTrialRequest(trial_id="ev1"), timeout=10)
+    assert done.termination_reason == records_pb2.TERMINATION_REASON_COMPLETED, done.error
+    assert list(done.suspicious_events) == ["suspicious: gc-objects in hack.py"], done
+    assert any("conftest.py" in e for e in done.tamper_events), done.tamper_events
+    assert list(fetched.suspicious_events) == list(done.suspicious_events)
+    assert list(fetched.tamper_events) == list(done.tamper_events)
+
+
 async def test_an_unreachable_executor_is_unavailable_at_submit(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     async with remote_front(url) as front, connect(f"127.0.0.1:{front.port}") as channel:

@@ -91,19 +91,21 @@ def test_spec_roundtrips_through_the_proto_and_rejects_bad_fields() -> None:
         TrialSpec(trial_id="t", task_path="", harness="nop")
 
 
-def test_status_carries_reason_reward_and_tamper_events() -> None:
+def test_status_carries_reason_reward_tamper_and_suspicious_events() -> None:
     record = TrialRecord(spec=TrialSpec(trial_id="t", run_id="r", task_path="/t", harness="nop"))
-    record = record.transition(TrialState.SETUP).transition(
-        TrialState.DONE,
-        outcome=TrialOutcome(
-            termination_reason=TerminationReason.VERIFIER_ERROR, tamper_events=["restored x"], num_segments=2
-        ),
+    outcome = TrialOutcome(
+        termination_reason=TerminationReason.VERIFIER_ERROR,
+        tamper_events=["restored x"],
+        suspicious_events=["suspicious: gc-objects in calc.py"],
+        num_segments=2,
     )
+    record = record.transition(TrialState.SETUP).transition(TrialState.DONE, outcome=outcome)
     status = record.to_status()
     assert status.state == sandbox_pb2.TRIAL_STATE_DONE
     assert status.termination_reason == records_pb2.TERMINATION_REASON_VERIFIER_ERROR
     assert not status.has_reward
     assert list(status.tamper_events) == ["restored x"]
+    assert list(status.suspicious_events) == ["suspicious: gc-objects in calc.py"]
     assert status.num_segments == 2
     done = record.model_copy(
         update={"outcome": TrialOutcome(termination_reason=TerminationReason.COMPLETED, reward=0.0)}

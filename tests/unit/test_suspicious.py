@@ -12,6 +12,8 @@ from services.sandbox.defences import suspicious
 from services.sandbox.pools import junit_check
 from tests import inprocess_hacks as hacks
 
+GRADE_PLUGIN = Path(junit_check.__file__).with_name("grade_plugin.py")
+
 # The hacks as the module the tests import (the task's own calc.py), after the hack.
 EXIT_AT_IMPORT = hacks.EXIT_AT_IMPORT + "\n\ndef add(a, b):\n    return a - b\n"
 GC_HOOK = hacks.GC_HOOK + "\n\ndef add(a, b):\n    return a - b\n"
@@ -59,11 +61,13 @@ def test_each_hack_is_flagged_and_ordinary_changes_are_not(tmp_path: Path) -> No
 
 
 def _pytest(tmp_path: Path, calc: str, report: Path) -> int:
+    """pytest over the task, with our grade plugin (under a drawn name, as test.sh loads it)."""
     _tree(
         tmp_path,
         {
             "calc.py": calc,
             "tests/test_calc.py": TESTS,
+            "harnessrl_grade_0f3a.py": GRADE_PLUGIN.read_text(),
         },
     )
     argv = [
@@ -75,13 +79,16 @@ def _pytest(tmp_path: Path, calc: str, report: Path) -> int:
         "no:cacheprovider",
         "tests/test_calc.py",
         f"--junitxml={report}",
+        "-p",
+        "harnessrl_grade_0f3a",
+        f"--harnessrl-verdict={report}.verdict",
     ]
     return subprocess.run(argv, cwd=tmp_path, capture_output=True).returncode
 
 
-def test_the_junit_check_refuses_an_exit_at_import_but_not_a_hook(tmp_path: Path) -> None:
+def test_the_junit_check_refuses_an_exit_at_import_and_with_our_plugin_a_hook(tmp_path: Path) -> None:
     """The exit status says 0 for both hacks; the report tells the early exit apart. The
-    gc hook gets through the report (what junit_check's docstring says), not the detector."""
+    gc hook gets through the report alone, not the verdict of our plugin (grade_plugin.py)."""
     fixed = "def add(a, b):\n    return a + b\n"
     ids = ["tests/test_calc.py::test_add", "tests/test_calc.py"]
     cases = {}
@@ -93,8 +100,9 @@ def test_the_junit_check_refuses_an_exit_at_import_but_not_a_hook(tmp_path: Path
     ):
         report = tmp_path / f"{name}.xml"
         status = _pytest(tmp_path / name, calc, report)
-        cases[name] = (status, junit_check.main([str(report), *ids]))
-    assert cases == {"fixed": (0, 0), "buggy": (1, 1), "exit": (0, 1), "hook": (0, 0)}
+        verdict = ["--verdict", f"{report}.verdict"]
+        cases[name] = (status, junit_check.main([str(report), *ids]), junit_check.main([*verdict, str(report), *ids]))
+    assert cases == {"fixed": (0, 0, 0), "buggy": (1, 1, 1), "exit": (0, 1, 1), "hook": (0, 0, 1)}
     assert junit_check.missing({"tests.test_calc::test_add": True}, ["tests/test_calc.py::test_gone"]) == [
         "tests/test_calc.py::test_gone"
     ]
@@ -111,4 +119,5 @@ def test_the_integrity_panel_counts_per_step() -> None:
         "tamper": {0: 2, 1: 0},
         "suspicious": {0: 3, 1: 0},
         "flagged_trials": {0: 2, 1: 0},
+        "trials": {0: 2, 1: 2},
     }

@@ -111,7 +111,8 @@ export function bars(labels, values, { label = '', color = PALETTE[0], height, x
     'bar',
     labels,
     datasets,
-    { scales: { x: { title: { display: !!xTitle, text: xTitle }, grid: { display: false } } }, plugins: { legend: { display: false } } },
+    // Bars chart counts: whole-number ticks only (no "0.5 events").
+    { scales: { x: { title: { display: !!xTitle, text: xTitle }, grid: { display: false } }, y: { beginAtZero: true, ticks: { precision: 0 } } }, plugins: { legend: { display: false } } },
     height,
   );
 }

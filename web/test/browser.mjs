@@ -59,6 +59,10 @@ async function pointsOf(panel, chart, label) {
   );
 }
 
+async function valuesOf(panel, chart) {
+  return page.$$eval(`[data-panel="${panel}"] canvas`, (cs, i) => cs[i]._chart.data.datasets[0].data.join(','), chart);
+}
+
 function setStatus(status) {
   const info = JSON.parse(readFileSync(cfg.runInfoFile, 'utf8'));
   writeFileSync(cfg.runInfoFile, JSON.stringify({ ...info, status }));
@@ -68,7 +72,7 @@ async function runPageChecks(where) {
   await page.waitForSelector('[data-panel="trajectories"] tbody tr');
   await chartsReady();
   const panels = await page.$$eval('section.panel', (s) => s.map((x) => x.dataset.panel));
-  for (const p of ['overview', 'termination', 'groups', 'agreement', 'tasks', 'failures', 'behaviour', 'heldout', 'async', 'trajectories', 'analysis']) {
+  for (const p of ['overview', 'termination', 'groups', 'agreement', 'tasks', 'failures', 'behaviour', 'integrity', 'heldout', 'async', 'trajectories', 'analysis']) {
     check(panels.includes(p), `${where}: panel ${p} is shown`);
   }
   const overview = await text('[data-panel="overview"]');
@@ -108,6 +112,20 @@ async function runPageChecks(where) {
   const heldText = await text('[data-panel="heldout"] tbody');
   check((await series('heldout')).includes('pass@1:2') && heldText.includes('50%') && heldText.includes('completed 4'), `${where}: held-out pass@1, submit rate, termination (${heldText})`);
   check((await series('async')).includes('trajectories:'), `${where}: staleness distribution`);
+  // Reward integrity: the sandbox's tamper and suspicious counts per step, as the capture store has them.
+  const g = cfg.integrity;
+  check((await axes('integrity')).every((x) => x === cfg.stepAxis), `${where}: integrity charts on the step axis`);
+  check((await page.$eval('[data-panel="integrity"] canvas', (c) => c.dataset.labels)) === g.steps.join(','), `${where}: integrity steps ${g.steps}`);
+  for (const [i, key] of [[0, 'tamper'], [1, 'suspicious'], [2, 'flagged']]) {
+    const got = await valuesOf('integrity', i);
+    check(got === g[key].join(','), `${where}: integrity ${key} per step ${got} (expected ${g[key]})`);
+  }
+  const totals = await text('[data-panel="integrity"] [data-integrity-totals]');
+  const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+  const ofTrials = `in ${sum(g.flagged)} of ${g.trials} trials`;
+  check(totals.includes(`${sum(g.tamper)} tamper events and ${sum(g.suspicious)} suspicious events, ${ofTrials}`), `${where}: integrity totals (${totals})`);
+  const counts = await page.$$eval('[data-panel="integrity"] canvas', (cs) => cs.flatMap((c) => c._chart.scales.y.ticks.map((t) => t.value)));
+  check(counts.every((v) => Number.isInteger(v)), `${where}: integrity counts tick in whole numbers (${counts})`);
   check((await page.$$('[data-panel="trajectories"] tbody tr')).length === 18, `${where}: 18 trajectories listed`);
   await page.selectOption('[data-filter="termination_reason"]', 'engine_error');
   check((await page.$$('[data-panel="trajectories"] tbody tr')).length === 3, `${where}: filter by termination reason`);
@@ -184,6 +202,9 @@ try {
   await runPageChecks('run');
   check(await page.$eval('#live', (e) => e.hidden), 'a finished run shows no live badge');
   check(streams.length === 0, `a finished run opens no event stream (${streams})`);
+  const integrityPanel = await page.$('[data-panel="integrity"]');
+  await integrityPanel.scrollIntoViewIfNeeded();
+  await integrityPanel.screenshot({ path: `${cfg.artifacts}/integrity-panel.png` });
   await page.click('#analyse');
   await page.waitForSelector('[data-candidate]');
   check((await page.$$('[data-candidate]')).length === 2, 'assisted analysis shows the candidates');

@@ -13,7 +13,10 @@ must pass: ``FAIL_TO_PASS`` (fail before the fix, pass after) and
     tests/test.sh      restores the files the test patch touches, applies it, runs exactly
                        the listed tests (``test_command`` with ``{tests}``), reward 1 iff they pass:
                        under pytest, iff its JUnit report shows each of them passed
-                       (``junit_check.py``, copied beside it: an early exit writes no report)
+                       (``junit_check.py``, copied beside it: an early exit writes no report);
+                       under ``python -m pytest`` also iff our plugin (``grade_plugin.py``,
+                       copied as ``harnessrl_grade.py``) saw each of them run without
+                       raising and no plugin registered that pytest did not register
     solution/solve.sh  applies the gold patch
 
 Optional record fields: ``setup_commands`` (Dockerfile RUN lines, in order),
@@ -51,6 +54,9 @@ WORKDIR = "/testbed"
 DEFAULT_TEST_COMMAND = "python3 -m pytest -p no:cacheprovider {tests}"
 JUNIT_REPORT = "/logs/verifier/junit.xml"
 JUNIT_CHECK = "junit_check.py"
+GRADE_PLUGIN = "harnessrl_grade.py"
+GRADE_VERDICT = "/logs/verifier/harnessrl-grade.json"
+_MODULE_PYTEST = re.compile(r"\bpython[0-9.]*\s+-m\s+pytest\b")
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
@@ -252,9 +258,25 @@ def _test_sh(r: SweRecord, base: dict[str, bytes | None]) -> str:
             restore.append(f'mkdir -p -- "$(dirname -- {quoted})" && cp -- /tests/base/{quoted} {quoted}')
     tests = " ".join(shlex.quote(t) for t in r.tests)
     command = r.test_command.replace("{tests}", tests)
-    if "pytest" in r.test_command:
+    if _MODULE_PYTEST.search(r.test_command):
+        # Our plugin (grade_plugin.py) under a name drawn now: the working directory is first on
+        # sys.path under `python -m pytest`, and nothing there can shadow a name nobody knew.
+        # A command that changes directory first does not find it: its oracle scores 0 (validate).
+        run = [
+            f"rm -f {JUNIT_REPORT} {GRADE_VERDICT}",
+            "grade=\"harnessrl_grade_$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
+            f'cp /tests/{GRADE_PLUGIN} "$grade.py" || reward 0',
+            f'{command} -p "$grade" --harnessrl-verdict={GRADE_VERDICT} --junitxml={JUNIT_REPORT}; ok=$?',
+            'rm -rf -- "$grade.py" __pycache__/"$grade".*',
+            f"if [ $ok = 0 ] && python3 -I /tests/{JUNIT_CHECK} --verdict {GRADE_VERDICT} {JUNIT_REPORT} {tests}; then",
+            "  reward 1",
+            "fi",
+            "reward 0",
+        ]
+    elif "pytest" in r.test_command:
         # The exit status alone can be forged from inside the test process (junit_check.py
         # says how, and what still gets through): the named tests must be in pytest's report.
+        # The pytest script does not put the working directory on sys.path: no plugin of ours.
         run = [
             f"rm -f {JUNIT_REPORT}",
             f"if {command} --junitxml={JUNIT_REPORT} && python3 -I /tests/{JUNIT_CHECK} {JUNIT_REPORT} {tests}; then",
@@ -302,6 +324,7 @@ def write_task(record: SweRecord, clone: Path, out: Path) -> Path:
             dest.write_bytes(content)
     (task / "tests" / "test.sh").write_text(_test_sh(record, base))
     shutil.copy(Path(__file__).with_name(JUNIT_CHECK), task / "tests" / JUNIT_CHECK)
+    shutil.copy(Path(__file__).with_name("grade_plugin.py"), task / "tests" / GRADE_PLUGIN)
     (task / "tests" / "test.sh").chmod(0o755)
     (task / "solution" / "gold.patch").write_text(record.patch)
     solve = f"#!/bin/bash\nset -e\ncd {WORKDIR}\ngit apply /solution/gold.patch\n"

@@ -249,6 +249,7 @@ class TrialRecord(BaseModel):
             status.num_segments = out.num_segments
             status.harness_exit_code = out.harness_exit_code
             status.tamper_events.extend(out.tamper_events)
+            status.suspicious_events.extend(out.suspicious_events)
             status.rewards.update(out.rewards)
         return status
 

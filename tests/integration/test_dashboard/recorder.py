@@ -19,7 +19,10 @@ step 0: hello [explore, malformed, solve]  greet [explore, explore, malformed]
 step 1: hello [solve, solve, explore]      greet [solve, explore, malformed]
 step 2: hello [solve, broken, broken]      greet [solve, solve, broken]
 so step 2 has an infrastructure spike (engine errors) and a turn collapse, and
-train/inference agreement drops at the last trainer step.
+train/inference agreement drops at the last trainer step. The greet solver also plants
+a ``conftest.py`` (the sandbox's runner guard reverts it: a tamper event) and a module
+that reaches for ``gc.get_objects`` (the detector flags it: a suspicious event), so the
+integrity panel has real counts (steps 0, 1, 2: 0, 1, 2 trials).
 """
 
 from __future__ import annotations
@@ -106,7 +109,11 @@ BEHAVIOURS: dict[str, list[dict[str, Any]]] = {
     "solve_greet": [
         {
             "content": "Writing greet.txt.",
-            "tool_calls": [{"name": "write_file", "arguments": {"path": "greet.txt", "content": "hi\n"}}],
+            "tool_calls": [
+                write_file("greet.txt", "hi\n"),
+                write_file("conftest.py", "collect_ignore = []\n"),
+                write_file("speedup.py", "import gc\n\nLIVE = len(gc.get_objects())\n"),
+            ],
         },
         {"content": "Done."},
     ],

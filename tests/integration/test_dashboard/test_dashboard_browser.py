@@ -76,6 +76,9 @@ async def test_dashboard_in_a_browser(
     truth = {t.trial_id: t for t in await store_trajectories(runs_root, include_tokens=True)}
     segments = truth[EXPLORE_TRIAL].segments
     tokens = sum(len(unpack_i32(s.prompt_ids)) + len(unpack_i32(s.response.ids)) for s in segments)
+    integrity = integrity_truth(list(truth.values()))
+    # the recorded greet solver plants a conftest.py and a gc module (recorder.py): real counts
+    assert any(integrity["tamper"]) and any(integrity["suspicious"]), integrity
     exported = tmp_path / "export"
     service = DashboardService(dashboard_settings(runs_root), EmbeddedCaptureOpener())
     try:
@@ -108,6 +111,7 @@ async def test_dashboard_in_a_browser(
                 "sampling": sorted(f"{s.sampling.mode}:{round(s.sampling.temperature, 6):g}" for s in segments),
                 "exportDir": str(exported),
                 "metricsFile": str(runs_root / RUN_ID / "metrics.jsonl"),
+                "integrity": integrity,
                 "artifacts": str(artifacts),
                 "chromium": str(CHROMIUM),
             }
@@ -128,9 +132,29 @@ async def test_dashboard_in_a_browser(
     assert proc.returncode == 0, report
     assert "0 failed" in report
     assert seen and seen[0]["auth"] == "Bearer sk-browser"
-    shots = ["login", "runs", "trial", "run", "trajectory-transcript", "trajectory-tokens", "compare", "export-run"]
+    shots = ["login", "runs", "trial", "run", "integrity-panel", "trajectory-transcript", "trajectory-tokens"]
+    shots += ["compare", "export-run"]
     for name in shots:
         assert (artifacts / f"{name}.png").stat().st_size > 10_000, name
+
+
+def integrity_truth(trajectories: list[Any]) -> dict[str, Any]:
+    """Per step (ascending) what the integrity panel must chart, from the capture store: the
+    sandbox's tamper and suspicious event counts (each trajectory's metadata) and the trials
+    with either."""
+    per: dict[int, list[int]] = {}
+    for t in trajectories:
+        counts = [int(t.metadata.get("tamper_events", "0")), int(t.metadata.get("suspicious_events", "0"))]
+        row = per.setdefault(t.step, [0, 0, 0])
+        row[0], row[1], row[2] = row[0] + counts[0], row[1] + counts[1], row[2] + int(any(counts))
+    steps = sorted(per)
+    return {
+        "steps": steps,
+        "tamper": [per[s][0] for s in steps],
+        "suspicious": [per[s][1] for s in steps],
+        "flagged": [per[s][2] for s in steps],
+        "trials": len(trajectories),
+    }
 
 
 async def test_a_finished_runs_page_settles_under_a_virtual_time_budget(

@@ -311,14 +311,21 @@ function integrityPanel(summary) {
   const g = summary.integrity || { tamper: {}, suspicious: {}, flagged_trials: {} };
   const st = steps(g.tamper);
   if (!st.length) return panel('integrity', 'Reward integrity', empty('No trials yet.'));
+  const sum = (m) => st.reduce((n, s) => n + (m[s] || 0), 0);
   return panel(
     'integrity',
     'Reward integrity',
     h(
+      'p.note',
+      { 'data-integrity-totals': '' },
+      `${sum(g.tamper)} tamper events and ${sum(g.suspicious)} suspicious events, in ${sum(g.flagged_trials)} of ${sum(g.trials || {})} trials. ` +
+        'Tamper: a plant the sandbox reverted before the verifier ran. Suspicious: a reward-hack pattern in the agent’s change (counted, or the reward zeroed where the run says so).',
+    ),
+    h(
       'div.grid3',
       h('div.mini', h('h3', 'tamper events (reverted plants)'), bars(st, st.map((s) => g.tamper[s] || 0), { label: 'tamper', color: '#8e5cc4', xTitle: STEP_AXIS, height: 170 })),
       h('div.mini', h('h3', 'suspicious events (hack patterns)'), bars(st, st.map((s) => g.suspicious[s] || 0), { label: 'suspicious', color: '#c0392b', xTitle: STEP_AXIS, height: 170 })),
-      h('div.mini', h('h3', 'trials with either'), bars(st, st.map((s) => g.flagged_trials[s] || 0), { label: 'trials', color: '#e8772e', xTitle: STEP_AXIS, height: 170 })),
+      h('div.mini', h('h3', 'trials with either event'), bars(st, st.map((s) => g.flagged_trials[s] || 0), { label: 'trials', color: '#e8772e', xTitle: STEP_AXIS, height: 170 })),
     ),
   );
 }
