@@ -135,9 +135,9 @@ async def test_a_public_verifier_without_a_network_is_refused_never_scored(
 ) -> None:
     """A task's public verifier gets the engine's bridge network where there is one (this engine
     has none), never the host's, whose loopback holds the worker's Redis, proxy and capture store.
-    Where verify_network 'auto' finds no network to give (docker's default on this engine; local's
-    'auto'), the trial is refused at start naming the setting: its verifier could fail to fetch its
-    test tools and score 0 (invariant 5). An explicit 'none' (local's default) verifies without one."""
+    Where verify_network 'auto' finds no network to give (the default of both: docker's on this
+    engine, local's always), the trial is refused at start naming the setting: its verifier could
+    fail to fetch its test tools and score 0 (invariant 5). An explicit 'none' verifies without one."""
     if backend == "docker":
         engine = request.getfixturevalue("docker_engine")
         auto: dict[str, object] = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
@@ -147,9 +147,10 @@ async def test_a_public_verifier_without_a_network_is_refused_never_scored(
         }
         setting = "[sandbox.docker] verify_network = 'auto'"
     else:
-        auto = {"backend": "local", "local": LocalBackendSettings(verify_network="auto")}
-        none = {"backend": "local"}
-        setting = "[sandbox.local] verify_network = 'auto'"
+        assert LocalBackendSettings().verify_network == "auto"  # the default, as docker's
+        auto = {"backend": "local", "local": LocalBackendSettings()}
+        none = {"backend": "local", "local": LocalBackendSettings(verify_network="none")}
+        setting = "[sandbox.local] verify_network = 'auto' (the default)"
     refused = await run(tmp_path / "auto", task(tmp_path / "auto", host_server), auto)
     assert refused.termination_reason == TerminationReason.ENV_SETUP_FAILED, refused
     assert refused.reward is None and setting in refused.error and "network_mode = 'no-network'" in refused.error
