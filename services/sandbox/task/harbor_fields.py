@@ -265,7 +265,10 @@ FILES: dict[str, Rule] = {
     "environment/Dockerfile": Rule(
         Status.SUPPORTED,
         "built with the build network (docker: build_network, default host; local: the host's) whatever the "
-        "task's network_mode, as Harbor builds; heredocs as BuildKit reads them (see Dockerfile heredocs)",
+        "task's network_mode, as Harbor builds; heredocs as BuildKit reads them (see Dockerfile heredocs). "
+        "Differs on local: FROM is recorded, not pulled (the host's read-only system is the base), so a RUN that "
+        "installs packages (apt-get, as most real tasks' first RUN) fails setup naming its line and saying so: "
+        "such tasks run on docker",
     ),
     "environment/docker-compose.yaml": Rule(
         Status.MAPPED,
