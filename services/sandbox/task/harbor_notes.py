@@ -133,6 +133,7 @@ VERIFIER_NETWORK = [
     "| --- | --- | --- |",
     "| docker | `auto` | the engine's `bridge` network; an engine without one (`--bridge=none`) refuses the trial |",
     "| local | `auto` | nothing to give (a bubblewrap sandbox has no network of its own): the trial is refused |",
+    "| kubernetes | (none) | the cluster's network: the verify phase's NetworkPolicy lets all egress through |",
     "",
     "A refused trial ends `env_setup_failed` (weight 0, counted) with the setting to change, and",
     "preflight fails on it before a run starts; `harnessrl tasks check-harbor` names such tasks (a",
