@@ -113,7 +113,8 @@ def _names_reward_json(tests: Path) -> bool:
 
 def _refuse_at_setup(report: TaskReport, task: Task) -> None:
     """What a valid task is refused for when a trial starts: the verifier's network (an
-    'allowlist', set or inherited from [environment]), reported on verifier.network_mode."""
+    'allowlist', set or inherited from [environment]), reported on verifier.network_mode; else
+    whether a verifier asks for a public network, which a backend may have none to give."""
     try:
         run = verifier_policy.resolve(task)
     except EnvSetupError as e:
