@@ -62,8 +62,17 @@ def make_pool(root: Path, names: tuple[str, ...] = ("alpha", "beta")) -> Path:
     return pool
 
 
-def write_config(tmp: Path, model: Path, pool: Path, *, run: dict[str, Any] | None = None, extra: str = "") -> Path:
-    """A run config over ``pool`` with the scripted engine, the shell agent and ``model``."""
+def write_config(
+    tmp: Path,
+    model: Path,
+    pool: Path,
+    *,
+    run: dict[str, Any] | None = None,
+    extra: str = "",
+    local_verify_network: str | None = "none",
+) -> Path:
+    """A run config over ``pool`` with the scripted engine, the shell agent and ``model``. The
+    pool's verifiers need no network: ``local_verify_network`` 'none' says so (None: the default)."""
     (tmp / "agent.sh").write_text(AGENT)
     (tmp / "script.json").write_text(json.dumps(SCRIPT))
     fields: dict[str, Any] = {
@@ -101,6 +110,8 @@ def write_config(tmp: Path, model: Path, pool: Path, *, run: dict[str, Any] | No
         "[trainer.rollout]",
         "max_staleness = 0",
     ]
+    if local_verify_network is not None:
+        lines += ["", "[sandbox.local]", f'verify_network = "{local_verify_network}"']
     path = tmp / "run.toml"
     path.write_text("\n".join(lines) + "\n" + extra)
     return path

@@ -76,6 +76,7 @@ def executor_env(tmp: Path, **settings: Any) -> dict[str, str]:
         "artifacts_dir": tmp / "artifacts",
         "default_agent_timeout_s": 30,
         "default_verifier_timeout_s": 30,
+        "local__verify_network": "none",  # the tests' verifiers need no network (as settings_for)
         **settings,
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESSRL_SANDBOX_")}

@@ -39,6 +39,7 @@ name = "conformance/{name}"
 timeout_sec = 60
 [verifier]
 timeout_sec = 60
+network_mode = "no-network"  # its tests need none: runs on every backend's verify_network
 [environment]
 memory_mb = 512
 storage_mb = 64

@@ -20,7 +20,10 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-TOML = '[metadata]\ncategory = "hello"\n[agent]\ntimeout_sec = 300\n[environment]\nmemory_mb = 4096\n'
+TOML = (
+    '[metadata]\ncategory = "hello"\n[agent]\ntimeout_sec = 300\n[environment]\nmemory_mb = 4096\n'
+    'network_mode = "no-network"\n'  # its test needs none: the default refuses a public verifier on local
+)
 # No tools in a text-action request, so the calls are not the proxy's "main" thread: "*".
 REPLIES = [
     {"content": "I will write the file.\n```bash\necho hello > hello.txt\n```\nAnd then ```bash\nls\n```"},

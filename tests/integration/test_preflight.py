@@ -74,7 +74,8 @@ def test_broken_tasks_are_rejected_by_name(tmp_path: Path, model: Path) -> None:
 
 
 def test_a_sandbox_backend_that_cannot_run_a_trial(tmp_path: Path, model: Path) -> None:
-    config = write_config(tmp_path, model, make_pool(tmp_path), extra='\n[sandbox.local]\nbwrap = "/bin/false"\n')
+    extra = '\n[sandbox.local]\nbwrap = "/bin/false"\nverify_network = "none"\n'
+    config = write_config(tmp_path, model, make_pool(tmp_path), extra=extra, local_verify_network=None)
     proc = subprocess.run(
         [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )
@@ -219,10 +220,10 @@ def test_tasks_with_several_rewards_need_the_run_to_choose(tmp_path: Path, model
 
 
 def test_a_public_verifier_the_backend_cannot_serve_is_refused_naming_the_setting(tmp_path: Path, model: Path) -> None:
-    """verify_network 'auto' with no network to give (here: local's): every trial of a task whose
-    verifier asks for a public network would be refused, so preflight fails before training, naming
-    the setting; never a run whose verifiers score 0 for want of a network."""
-    config = write_config(tmp_path, model, make_pool(tmp_path), extra='\n[sandbox.local]\nverify_network = "auto"\n')
+    """verify_network 'auto' with no network to give (here: local's default): every trial of a task
+    whose verifier asks for a public network would be refused, so preflight fails before training,
+    naming the setting; never a run whose verifiers score 0 for want of a network."""
+    config = write_config(tmp_path, model, make_pool(tmp_path), local_verify_network=None)
     proc = subprocess.run(
         [sys.executable, "-m", "stack.cli", "preflight", str(config)], capture_output=True, text=True, timeout=300
     )

@@ -198,7 +198,9 @@ CASES = {
 
 
 async def test_v2_trials_end_with_their_reasons(tmp_path: Path, v2_worker: tuple[Path, Path]) -> None:
-    settings = settings_for(tmp_path, pids_limit=64, local=LocalBackendSettings(cgroup_root=v2_worker[0]))
+    settings = settings_for(
+        tmp_path, pids_limit=64, local=LocalBackendSettings(cgroup_root=v2_worker[0], verify_network="none")
+    )
     queue = MemoryQueue()
     worker = build_worker(settings, queue, name="w")
     stop = asyncio.Event()

@@ -28,6 +28,7 @@ def cli(tmp: Path, *args: str, timeout: int = 180) -> subprocess.CompletedProces
         "HARNESSRL_SANDBOX_WORK_DIR": str(tmp / "trials"),
         "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp / "cache"),
         "HARNESSRL_SANDBOX_ARTIFACTS_DIR": str(tmp / "artifacts"),
+        "HARNESSRL_SANDBOX_LOCAL__VERIFY_NETWORK": "none",  # the tasks' verifiers need no network
         "HARNESSRL_RUNS_DIR": str(tmp / "runs"),  # where trial run keeps each trial
     }
     cmd = [sys.executable, "-m", "stack.cli", *args]

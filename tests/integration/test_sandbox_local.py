@@ -294,16 +294,22 @@ async def test_setup_network_is_the_builds_whatever_the_task_says(
 
 @pytest.mark.parametrize(
     ("verify_network", "network", "reachable"),
-    [("host", Network.PUBLIC, True), ("host", Network.NONE, False), ("none", Network.PUBLIC, False)],
-    ids=["host-public", "host-none", "default-public"],
+    [
+        ("host", Network.PUBLIC, True),
+        ("host", Network.NONE, False),
+        ("none", Network.PUBLIC, False),
+        ("auto", Network.PUBLIC, False),
+    ],
+    ids=["host-public", "host-none", "none-public", "default-public"],
 )
 async def test_verify_network_follows_the_request_and_the_setting(
     tmp_path: Path, host_server: int, verify_network: str, network: Network, reachable: bool
 ) -> None:
     """A verifier runs the agent's code: the host's network (and its loopback services)
-    only where [sandbox.local] verify_network = 'host' says so; by default none."""
-    if verify_network == "none":
-        assert LocalBackendSettings().verify_network == "none"  # the default
+    only where [sandbox.local] verify_network = 'host' says so; otherwise none (the default,
+    'auto', refuses a public verifier's trial before any exec: test_sandbox_verifier_identity.py)."""
+    if verify_network == "auto":
+        assert LocalBackendSettings().verify_network == "auto"  # the default
     backend = LocalBackend(settings_for(tmp_path, local=LocalBackendSettings(verify_network=verify_network)))
     sandbox = await start(backend, make_task(tmp_path / "tasks"))
     probe = f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{host_server}/ && echo up || echo down"

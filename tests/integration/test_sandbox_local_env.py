@@ -119,6 +119,18 @@ async def test_a_run_writing_a_host_system_path_fails_setup_naming_the_line(tmp_
         assert "read-only base image" in outcome.error
 
 
+async def test_a_run_that_installs_packages_fails_setup_saying_why(tmp_path: Path) -> None:
+    """As real Harbor tasks start (FROM ubuntu:24.04, RUN apt-get update && apt-get install):
+    apt-get fails on the host's system before it writes anything (no 'Read-only file system'),
+    so the error says that a package manager cannot change the local backend's base."""
+    dockerfile = "FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y curl\nWORKDIR /app\n"
+    task = make_task(tmp_path / "tasks", "apt", dockerfile=dockerfile)
+    outcome = await run_trial(tmp_path / "apt", tmp_path / "cache", task, "oracle")
+    assert outcome.termination_reason == TerminationReason.ENV_SETUP_FAILED and outcome.reward is None
+    assert "Dockerfile line 2: 'RUN apt-get update" in outcome.error, outcome.error
+    assert "runs a system package manager" in outcome.error and "use the docker backend" in outcome.error
+
+
 async def start(backend: LocalBackend, task_dir: Path) -> Sandbox:
     spec = SandboxSpec(
         trial_id="t",

@@ -135,9 +135,9 @@ async def test_a_public_verifier_without_a_network_is_refused_never_scored(
 ) -> None:
     """A task's public verifier gets the engine's bridge network where there is one (this engine
     has none), never the host's, whose loopback holds the worker's Redis, proxy and capture store.
-    Where verify_network 'auto' finds no network to give (docker's default on this engine; local's
-    'auto'), the trial is refused at start naming the setting: its verifier could fail to fetch its
-    test tools and score 0 (invariant 5). An explicit 'none' (local's default) verifies without one."""
+    Where verify_network 'auto' finds no network to give (the default of both: docker's on this
+    engine, local's always), the trial is refused at start naming the setting: its verifier could
+    fail to fetch its test tools and score 0 (invariant 5). An explicit 'none' verifies without one."""
     if backend == "docker":
         engine = request.getfixturevalue("docker_engine")
         auto: dict[str, object] = {"backend": "docker", "docker": DockerBackendSettings(host=engine.host)}
@@ -147,9 +147,10 @@ async def test_a_public_verifier_without_a_network_is_refused_never_scored(
         }
         setting = "[sandbox.docker] verify_network = 'auto'"
     else:
-        auto = {"backend": "local", "local": LocalBackendSettings(verify_network="auto")}
-        none = {"backend": "local"}
-        setting = "[sandbox.local] verify_network = 'auto'"
+        assert LocalBackendSettings().verify_network == "auto"  # the default, as docker's
+        auto = {"backend": "local", "local": LocalBackendSettings()}
+        none = {"backend": "local", "local": LocalBackendSettings(verify_network="none")}
+        setting = "[sandbox.local] verify_network = 'auto' (the default)"
     refused = await run(tmp_path / "auto", task(tmp_path / "auto", host_server), auto)
     assert refused.termination_reason == TerminationReason.ENV_SETUP_FAILED, refused
     assert refused.reward is None and setting in refused.error and "network_mode = 'no-network'" in refused.error
@@ -283,3 +284,53 @@ async def test_a_dead_workers_verifier_commit_is_reaped(tmp_path: Path, docker_e
         for image_id in images[1:]:
             client.images.remove(image_id, force=True)  # the live worker's: its own to remove
         client.close()
+
+
+# The cookbook's dns-blacklisting shape: the image's ENTRYPOINT starts a service on a port
+# below 1024 in the background and execs its command; solve.sh and test.sh both query it.
+PORT80_DOCKERFILE = """\
+FROM python:3.11-slim
+WORKDIR /app
+COPY README.md /app/README.md
+COPY srv/ /srv/
+COPY entrypoint.sh /entrypoint.sh
+RUN chmod 755 /entrypoint.sh
+ENTRYPOINT ["/entrypoint.sh"]
+"""
+PORT80_ENTRYPOINT = """\
+#!/bin/sh
+(cd /srv && exec python3 -m http.server 80 --bind 127.0.0.1) > /dev/null 2>&1 &
+exec "$@"
+"""
+GET80 = (
+    "import time, urllib.request as u; time.sleep(1); "
+    "print(u.urlopen('http://127.0.0.1/a.txt', timeout=5).read().decode())"
+)
+PORT80_TEST = f"""#!/bin/bash
+served=$(python3 -c "{GET80}" 2>&1)
+if [ "$served" = forty-two ] && [ "$(cat /app/answer.txt 2>/dev/null)" = "$served" ]; then echo 1; else echo 0; fi \\
+  > /logs/verifier/reward.txt
+echo "served: $served"
+"""
+
+
+async def test_the_verifier_has_the_images_entrypoint_services_on_docker(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """Harbor verifies in the agent's container, where the ENTRYPOINT's services still run; the
+    verifier's fresh container here runs the image's ENTRYPOINT again, in its own network
+    namespace, so a service on port 80 answers the verifier too: oracle 1, nop 0."""
+    kind = {"backend": "docker", "docker": DockerBackendSettings(host=docker_engine.host, verify_network="none")}
+    task_dir = make_task(
+        tmp_path / "tasks",
+        "port80",
+        dockerfile=PORT80_DOCKERFILE,
+        context={"entrypoint.sh": PORT80_ENTRYPOINT, "srv/a.txt": "forty-two"},
+        test_sh=PORT80_TEST,
+        solve_sh=f'#!/bin/bash\npython3 -c "{GET80}" > /app/answer.txt\n',
+    )
+    oracle = await run(tmp_path / "o", task_dir, kind, "oracle")
+    assert (oracle.termination_reason, oracle.reward) == (TerminationReason.COMPLETED, 1.0), oracle.verifier_summary
+    nop = await run(tmp_path / "n", task_dir, kind, "nop")
+    assert (nop.termination_reason, nop.reward) == (TerminationReason.COMPLETED, 0.0), nop.verifier_summary
+    assert "served: forty-two" in nop.verifier_summary  # the service answered the verifier all the same

@@ -19,7 +19,11 @@ def test_validate_accepts_a_pool(tmp_path: Path) -> None:
     make_task(tmp_path / "pool", "good")
     make_task(tmp_path / "pool", "lazy", solve_sh="#!/bin/bash\ntrue\n")
     (tmp_path / "pool" / "notes").mkdir()  # not a task: a pool's tasks are its folders with task.toml
-    env = {"HARNESSRL_SANDBOX_WORK_DIR": str(tmp_path / "trials"), "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp_path / "c")}
+    env = {
+        "HARNESSRL_SANDBOX_WORK_DIR": str(tmp_path / "trials"),
+        "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp_path / "c"),
+        "HARNESSRL_SANDBOX_LOCAL__VERIFY_NETWORK": "none",  # the tasks' verifiers need no network
+    }
     out = run_cli("tasks", "validate", str(tmp_path / "pool"), "--json", env=env)
     assert out.returncode == 1, out.stdout + out.stderr
     report = {Path(r["path"]).name: r for r in json.loads(out.stdout)}

@@ -44,6 +44,7 @@ def env_for(tmp: Path) -> dict[str, str]:
         "HARNESSRL_RUNS_DIR": str(tmp / "runs"),
         "HARNESSRL_SANDBOX_WORK_DIR": str(tmp / "trials"),
         "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp / "cache"),
+        "HARNESSRL_SANDBOX_LOCAL__VERIFY_NETWORK": "none",  # the tasks' verifiers need no network
     }
 
 

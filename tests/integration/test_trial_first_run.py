@@ -93,7 +93,8 @@ def test_mini_swe_agent_with_no_flags_runs_the_compact_config(tmp_path: Path) ->
     missing = [p for p in get_harness("mini-swe-agent").install_paths() if not p.exists()]
     if missing:
         pytest.skip(f"mini-swe-agent is not installed ({missing[0]}); scripts/setup installs it")
-    task = make_task(tmp_path / "tasks", toml="[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n")
+    toml = '[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\nnetwork_mode = "no-network"\n'  # needs none
+    task = make_task(tmp_path / "tasks", toml=toml)
     # Text actions in ```bash fences: what the compact config parses; mini-swe-agent's own
     # tool-calling config finds "No tool calls" in these and never writes hello.txt.
     replies = [

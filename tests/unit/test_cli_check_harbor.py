@@ -71,3 +71,18 @@ def test_malformed_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     proc = run_cli("tasks", "check-harbor", str(broken))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert f"{broken}: task.toml is not valid TOML" in proc.stderr and proc.stdout == ""
+
+
+def test_a_public_verifier_is_named_with_what_it_needs(tmp_path: Path) -> None:
+    """Harbor's verifier is public unless the task says otherwise; a backend with no network
+    to give refuses such a task's trials, so the check says so before anything runs."""
+    public = make_task(tmp_path, "public", toml="[task]\nname = 'test/public'\n")
+    proc = run_cli("tasks", "check-harbor", "--json", str(public))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["public_verifier"] is True
+    text = run_cli("tasks", "check-harbor", str(public)).stdout
+    assert "network   its verifier asks for a public network" in text and "network_mode = 'no-network'" in text
+    # Said quiet ([verifier] over [environment], and a step's over the task's): no such line.
+    quiet = make_task(tmp_path, "quiet", toml=RUNS)  # allow_internet = false: 'no-network', inherited
+    assert json.loads(run_cli("tasks", "check-harbor", "--json", str(quiet)).stdout)[0]["public_verifier"] is False
+    assert "network " not in run_cli("tasks", "check-harbor", str(quiet)).stdout

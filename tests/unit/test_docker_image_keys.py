@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.backends.docker_images import base_images, build_tag, prepared_tag
+from services.sandbox.backends.docker_images import base_images, build_log_tail, build_tag, prepared_tag
 from services.sandbox.task.model import load_task
 from tests.sandbox_support import make_task
 
@@ -60,3 +60,16 @@ def test_a_prepared_tag_depends_on_the_workdir_and_the_squash_policy() -> None:
     }
     assert len(tags) == 8 and all(t.startswith("harnessrl-prep:") for t in tags)
     assert prepared_tag("sha256:a", "/app", True) == prepared_tag("sha256:a", "/app", True)
+
+
+def test_a_failed_builds_log_tail_is_whole_lines_without_colour_codes() -> None:
+    """As a real build's log ends (pip under an intercepted TLS, seen on the cookbook's
+    multi-container recipe): the error shows whole lines, not '...ate chain' cut mid-word."""
+    log = [{"stream": "Step 3/5 : RUN pip install flask\n"}, {"stream": "\x1b[91mWARNING: Retrying after SSLError("}]
+    log += [{"stream": "certificate verify failed: unable to get local issuer certificate chain\x1b[0m\n"}]
+    log += [{"error": "The command '/bin/sh -c pip install flask' returned a non-zero code: 1"}]
+    whole = build_log_tail(log, 10_000)
+    assert "\x1b" not in whole and whole.startswith("Step 3/5") and whole.endswith("code: 1")
+    tail = build_log_tail(log, 90)
+    assert tail == "The command '/bin/sh -c pip install flask' returned a non-zero code: 1", tail
+    assert build_log_tail([{"stream": "x" * 50}], 10) == "x" * 10  # one long line: its end

@@ -171,6 +171,16 @@ def test_check_harbor_runs_the_example(tmp_path: Path) -> None:
     assert refusal.field == "steps" and "steps[1].verifier.collect" in refusal.note
 
 
+def test_check_harbor_names_a_steps_public_verifier(tmp_path: Path) -> None:
+    """A task that is quiet but for one step's verifier still needs a public network for it."""
+    from services.sandbox.task.harbor_check import check_task
+
+    quiet = "[task]\nname = 'test/{name}'\n[environment]\nnetwork_mode = 'no-network'\n[[steps]]\nname = 'one'\n"
+    assert not check_task(steps_task(tmp_path / "q", quiet + "[[steps]]\nname = 'two'\n")).public_verifier
+    public = quiet + "[[steps]]\nname = 'two'\n[steps.verifier]\nnetwork_mode = 'public'\n"
+    assert check_task(steps_task(tmp_path / "p", public)).public_verifier
+
+
 def test_a_steps_healthcheck_and_artifacts_read_as_harbor_reads_them(tmp_path: Path) -> None:
     toml = TWO_STEPS + "artifacts = ['/app/out', {{ source = '/logs/x', destination = 'x' }}]\n"
     toml += "[steps.healthcheck]\ncommand = 'test -e /app'\nretries = 2\n"

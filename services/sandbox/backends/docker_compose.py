@@ -235,7 +235,7 @@ class ComposeRunner:
                 network_mode=self.build_network,
             )
         except BuildError as e:
-            tail = "".join(str(p.get("stream") or p.get("error") or "") for p in e.build_log)[-1000:]
+            tail = docker_images.build_log_tail(e.build_log, 1000)
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.msg}\n{tail}") from e
         except APIError as e:
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.explanation or e}") from e

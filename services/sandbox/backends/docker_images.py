@@ -33,6 +33,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import tarfile
@@ -65,6 +66,19 @@ PREPARE_VERSION = 2
 # The key part of a base image that is not present: the build pulls it (or fails); the next
 # trial then sees its id, misses this tag and builds once more, through the engine's cache.
 ABSENT = "absent"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def build_log_tail(build_log: Any, limit: int) -> str:
+    """The end of a failed build's log for its error: whole lines (never cut mid-word) of at
+    most ``limit`` characters in all, without the terminal colour codes pip and apt print."""
+    text = _ANSI.sub("", "".join(str(part.get("stream") or part.get("error") or "") for part in build_log))
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    return tail[tail.index("\n") + 1 :] if "\n" in tail[:-1] else tail
 
 
 def build_tag(environment_hash: str, base_ids: list[str]) -> str:
@@ -205,7 +219,7 @@ class ImageStore:
         except dockerfile.DockerfileError as e:
             raise EnvSetupError(f"task {task.task_id}: {main_dockerfile(task)}: {e}") from e
         except BuildError as e:
-            tail = "".join(str(part.get("stream") or part.get("error") or "") for part in e.build_log)[-1500:]
+            tail = build_log_tail(e.build_log, 1500)
             missing = [name for name in base_images(task) or [] if not self._present(name)]
             hint = ""
             if missing:

@@ -33,6 +33,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import tarfile
 import uuid
@@ -57,6 +58,14 @@ _READ_ONLY_HINT = (
     "the host's system paths (/usr, /etc, ...) are the local backend's read-only base image; a RUN may write "
     "anywhere else (WORKDIR, COPY targets, new directories such as /opt/venv); use the docker backend to "
     "change the base system"
+)
+# A RUN that calls a system package manager changes the base system, which the host is here:
+# apt-get fails before it writes (the host's /var is not in the sandbox), never with
+# "Read-only file system", so such a failure gets its own hint.
+_PACKAGE_MANAGERS = re.compile(r"(?:^|[\s;&|(`/])(?:apt-get|apt|aptitude|dpkg|apk|yum|dnf|microdnf|zypper)\s")
+_PACKAGE_HINT = (
+    "it runs a system package manager: the local backend's base image is the host's system, read-only, "
+    "whatever FROM says, so packages cannot be installed by a RUN; use the docker backend"
 )
 # Never layer roots: kernel or per-exec filesystems.
 _NOT_KEPT = ("/proc", "/sys", "/dev", "/tmp")
@@ -294,6 +303,8 @@ class _Builder:
             read_only = "Read-only file system" in output
             if outcome.exit_code != 0 or read_only:
                 hint = f" ({_READ_ONLY_HINT})" if read_only else ""
+                if not hint and _PACKAGE_MANAGERS.search(ins.raw + "".join(h.content for h in ins.heredocs)):
+                    hint = f" ({_PACKAGE_HINT})"
                 raise EnvSetupError(
                     f"task {self.task_id}: Dockerfile line {ins.line}: {ins.describe()!r} exited with "
                     f"{outcome.exit_code}{hint}:\n{output[-1500:]}"

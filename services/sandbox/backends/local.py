@@ -89,8 +89,9 @@ class LocalBackend(Backend):
         self.layers = LayerCache(settings.cache_dir, self.cfg)
         if self.cfg.verify_network == "auto":  # a bubblewrap sandbox has no network of its own to give
             self.public_verify_network_missing = (
-                "[sandbox.local] verify_network = 'auto': the local backend has no network to give a verifier; set "
-                "'host' (the worker's, which the agent's code would reach too) or 'none' to verify with no network"
+                "[sandbox.local] verify_network = 'auto' (the default): the local backend has no network to give a "
+                "verifier; set 'none' to verify with no network, or 'host' (the worker's, which the agent's code "
+                "would reach too)"
             )
         self.capabilities = Capabilities(
             builds_dockerfile=True,

@@ -84,11 +84,12 @@ class LocalBackendSettings(BaseModel):
 
     bwrap: str = Field(default="bwrap", description="bubblewrap binary.")
     verify_network: Literal["none", "auto", "host"] = Field(
-        default="none",
-        description="Network of a verifier whose task asks for a public one: 'none' (it gets none; a "
-        "bubblewrap sandbox has no network of its own to give), 'auto' (such a task's trials are refused at "
-        "start, since its verifier may need the network to fetch its test tools: never a 0 for want of it) "
-        "or 'host', the worker host's network, "
+        default="auto",
+        description="Network of a verifier whose task asks for a public one (Harbor's default): 'auto' (a "
+        "bubblewrap sandbox has no network of its own to give, so such a task's trials are refused at start, "
+        "naming this setting, as docker's 'auto' on an engine without a bridge: its verifier may need the "
+        "network to fetch its test tools, and would score 0 for want of it), 'none' (such a verifier runs with "
+        "no network: for tasks whose tests need none) or 'host', the worker host's network, "
         "which also lets the agent's code, which the verifier runs, reach every loopback service of the "
         "host (Redis, the proxy, the capture store): only where nothing there must be kept from it.",
     )

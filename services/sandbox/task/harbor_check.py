@@ -32,6 +32,9 @@ class TaskReport:
     # wrote, where a preflight has run it (None: not known without running it).
     writes_reward_json: bool = False
     reward_keys: list[str] | None = None
+    # Does its verifier (or a step's) ask for a public network? A backend with none to give
+    # (verify_network 'auto': local, docker without a bridge) refuses its trials at start.
+    public_verifier: bool = False
 
     @property
     def multi_key(self) -> bool:
@@ -54,6 +57,7 @@ class TaskReport:
             "writes_reward_json": self.writes_reward_json,
             "reward_keys": self.reward_keys,
             "multi_key": self.multi_key,
+            "public_verifier": self.public_verifier,
         }
 
 
@@ -109,12 +113,16 @@ def _names_reward_json(tests: Path) -> bool:
 
 def _refuse_at_setup(report: TaskReport, task: Task) -> None:
     """What a valid task is refused for when a trial starts: the verifier's network (an
-    'allowlist', set or inherited from [environment]), reported on verifier.network_mode."""
+    'allowlist', set or inherited from [environment]), reported on verifier.network_mode; else
+    whether a verifier asks for a public network, which a backend may have none to give."""
     try:
-        verifier_policy.resolve(task)
+        run = verifier_policy.resolve(task)
     except EnvSetupError as e:
         report.fields = [f for f in report.fields if f.field != "verifier.network_mode"]
         report.fields.append(FieldReport("verifier.network_mode", Status.REFUSED, f"refused at setup: {e}"))
+        return
+    steps = (verifier_policy.for_step(run, None, s.config.verifier.network_mode) for s in task.steps)
+    report.public_verifier = run.public or any(step.public for step in steps)
 
 
 def check(roots: list[Path]) -> list[TaskReport]:
@@ -146,5 +154,12 @@ def format_report(report: TaskReport, *, verbose: bool) -> list[str]:
             "    rewards   tests/ writes reward.json: if it holds several keys and none named 'reward', a training "
             "run must set [run] reward_key or reward_weights (its keys are known once `harnessrl preflight` ran "
             "its oracle)"
+        )
+    if report.public_verifier:
+        lines.append(
+            "    network   its verifier asks for a public network (Harbor's default): a backend must give it one "
+            "([sandbox.docker] verify_network: the engine's bridge); where none can be given (local, an engine "
+            "without a bridge) its trials are refused at start, never scored without it; if its tests need no "
+            "network, set [verifier] network_mode = 'no-network'"
         )
     return lines

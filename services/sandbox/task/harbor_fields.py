@@ -173,8 +173,9 @@ FIELDS: dict[str, Rule] = {
         "docker verifies in a fresh container from the agent's final filesystem on docker.verify_network "
         "(default 'auto': the engine's bridge network; an engine without one refuses, at start and naming the "
         "setting, the trials of a task whose verifier is public, which could otherwise score 0 for want of a "
-        "network; 'none' verifies without one), local on local.verify_network (default 'none': no network; "
-        "'auto' refuses such trials as docker's does); "
+        "network; 'none' verifies without one), local on local.verify_network (default 'auto': a bubblewrap "
+        "sandbox has no network to give, so such trials are refused at start as on docker without a bridge; "
+        "'none' verifies without one, 'host' on the worker's); "
         "never the host's network unless set so (the verifier runs the agent's code); "
         "'allowlist' (here or inherited) is refused at setup: no backend has an egress proxy",
     ),
@@ -264,7 +265,10 @@ FILES: dict[str, Rule] = {
     "environment/Dockerfile": Rule(
         Status.SUPPORTED,
         "built with the build network (docker: build_network, default host; local: the host's) whatever the "
-        "task's network_mode, as Harbor builds; heredocs as BuildKit reads them (see Dockerfile heredocs)",
+        "task's network_mode, as Harbor builds; heredocs as BuildKit reads them (see Dockerfile heredocs). "
+        "Differs on local: FROM is recorded, not pulled (the host's read-only system is the base), so a RUN that "
+        "installs packages (apt-get, as most real tasks' first RUN) fails setup naming its line and saying so: "
+        "such tasks run on docker",
     ),
     "environment/docker-compose.yaml": Rule(
         Status.MAPPED,

@@ -120,5 +120,33 @@ DOCKERFILES = [
 ]
 
 
+VERIFIER_NETWORK = [
+    "## A public verifier's network",
+    "",
+    "Harbor's verifier is `public` unless the task says otherwise ([verifier] network_mode, else",
+    "[environment]'s), and real tasks use it: their test.sh `apt-get install`s curl, fetches `uv`",
+    "and runs `uvx ... pytest`. A verifier that cannot reach the network fails there and would score",
+    "0: an infrastructure failure as a reward (invariant 5). So each backend's `verify_network`",
+    "decides the same way, at trial start, before anything is built:",
+    "",
+    "| backend | default | a public verifier gets |",
+    "| --- | --- | --- |",
+    "| docker | `auto` | the engine's `bridge` network; an engine without one (`--bridge=none`) refuses the trial |",
+    "| local | `auto` | nothing to give (a bubblewrap sandbox has no network of its own): the trial is refused |",
+    "| kubernetes | (none) | the cluster's network: the verify phase's NetworkPolicy lets all egress through |",
+    "",
+    "A refused trial ends `env_setup_failed` (weight 0, counted) with the setting to change, and",
+    "preflight fails on it before a run starts; `harnessrl tasks check-harbor` names such tasks (a",
+    "`network` line; `public_verifier` in --json). The ways out, each a choice someone makes:",
+    '`network_mode = "no-network"` in the task\'s [verifier] (or [environment]) when its tests need no',
+    'network (the built-in pools say so); `verify_network = "none"` to verify such tasks with no',
+    'network anyway (the tests do, for tasks whose verifiers need none); `"host"` for the worker',
+    "host's network, which the agent's code that the verifier runs would reach too (loopback services",
+    "included). A task that names no verifier network is not guessed at: whether a test.sh needs the",
+    "network cannot be told from the task.",
+    "",
+]
+
+
 def sections() -> list[str]:
-    return compose_variables() + REWARDS + DOCKERFILES
+    return compose_variables() + REWARDS + VERIFIER_NETWORK + DOCKERFILES

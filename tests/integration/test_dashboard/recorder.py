@@ -435,6 +435,7 @@ def _trial_run(runs: Path, work: Path) -> Path:
         "HARNESSRL_RUNS_DIR": str(runs),
         "HARNESSRL_SANDBOX_WORK_DIR": str(work / "trials"),
         "HARNESSRL_SANDBOX_CACHE_DIR": str(work / "cache"),
+        "HARNESSRL_SANDBOX_LOCAL__VERIFY_NETWORK": "none",  # the task's verifier needs no network
     }
     args = ["--task", str(task), "--harness", "shell", "--agent-script", str(work / "agent.sh")]
     args += ["--engine", f"scripted:{script}", "--model", default_model_dir().name, "--json"]
