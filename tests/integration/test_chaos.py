@@ -183,6 +183,9 @@ heartbeat_s = 1.0
 max_attempts = 3
 default_agent_timeout_s = 180
 
+[sandbox.local]
+verify_network = "none"  # the chaos task's verifier needs no network (local's default refuses a public one)
+
 [trainer]
 run_id = "{RUN}"
 model_path = "{model}"
