@@ -145,6 +145,11 @@ def memory_line(peak: dict[str, float]) -> str:
     return f"peak resident memory: {peak['peak_rss_mib'] / 1024:.2f} GiB (this process: engine, trainer, services)"
 
 
+def cpu_line(spent: dict[str, float]) -> str:
+    parts = ", ".join(f"{component} {seconds:.1f}" for component, seconds in spent.items())
+    return f"CPU-seconds by component: {parts} (this process and its children, since training started)"
+
+
 def _say(console: Console, text: str) -> None:
     console.print(text, highlight=False, markup=False, soft_wrap=True)
 
@@ -276,6 +281,10 @@ async def _train(
         for closer in closers:
             with contextlib.suppress(Exception):
                 await closer.close()
+        # Before the services stop: the engine's threads must still be alive to be read.
+        spent = {c: round(s, 2) for c, s in service.cpu_spent().items()}
+        run_dir.write_info("running", cpu_s=spent)
+        _say(console, cpu_line(spent))
         service.close()
         await server.stop(1.0)
 

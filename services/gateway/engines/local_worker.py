@@ -20,6 +20,7 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
+from harnessrl import cpu
 from harnessrl.torchdevice import device_of
 from services.gateway.engines.base import F32, I32, Chunk, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
@@ -117,6 +118,7 @@ class Worker:
     # --- the worker thread --------------------------------------------------------
 
     def _run(self) -> None:
+        cpu.name_thread("engine")  # before the first forward: its OpenMP workers take the name
         with torch.inference_mode():
             while True:
                 with self.cond:
