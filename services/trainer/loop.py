@@ -255,7 +255,9 @@ class TrainingLoop:
         self._admit_lock = asyncio.Lock()
         self._failure: BaseException | None = None
         # The optimizer on a thread of its own, named so that its CPU (and its OpenMP
-        # workers') counts as the trainer's (harnessrl.cpu); the event loop stays free.
+        # workers') counts as the trainer's (harnessrl.cpu); the event loop stays free. The
+        # thread ends when this loop is collected, not when run() returns: a run reads its
+        # CPU after that (a thread that ended is no longer counted as the trainer's).
         self._thread = ThreadPoolExecutor(1, "trainer", initializer=cpu.name_thread, initargs=("trainer",))
 
     def _consumed_path(self) -> Path:
@@ -292,7 +294,6 @@ class TrainingLoop:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-            self._thread.shutdown(wait=False)  # a step still running is abandoned (run_blocking's stop)
         return results
 
     async def _admit(self) -> None:

@@ -27,7 +27,7 @@ from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.kvcache import BatchCache, PrefixStore
 from services.gateway.routes import RouteRecorder
 from services.gateway.sampling import sample, top_logprobs
-from services.gateway.weights import apply_update
+from services.gateway.weights import Plan, apply_update
 
 if TYPE_CHECKING:
     from services.gateway.settings import Settings
@@ -308,7 +308,7 @@ class Worker:
         self.prefilling, self.decoding, self.batch = [], [], BatchCache()
         self.prefix.clear()
 
-    def load(self, plan: list[tuple[torch.Tensor, torch.Tensor]], version: int) -> None:
+    def load(self, plan: Plan, version: int) -> None:
         """(On the worker.) Copies new weights in place between two steps."""
         apply_update(plan)
         self.version = version
