@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl import paths
+from harnessrl import memory, paths
 from harnessrl.errors import ConfigError
 from stack import pool, preflight
 from stack.calibrate import calibrate
@@ -96,6 +96,7 @@ def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Pa
 
 async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
     console = console or Console()
+    memory.configure()  # before any model is loaded: tensors over 1 MiB go back to the system when freed
     train, evaluation = resolve_tasks(cfg)
     for overlap in check_overlap(cfg, train, evaluation):
         _say(console, f"warning: overlap allowed: {overlap}")

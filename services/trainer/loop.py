@@ -38,7 +38,7 @@ from typing import Protocol
 
 import grpc
 
-from harnessrl import arrays, cpu
+from harnessrl import arrays, cpu, memory
 from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2
@@ -377,6 +377,7 @@ class TrainingLoop:
         result.metrics["batch/groups"] = float(len(batch))
         path = checkpoint.step_dir(self.output_dir, result.step)
         await loop.run_in_executor(self._thread, self.trainer.save, path)
+        await loop.run_in_executor(self._thread, memory.trim)  # the step's activations, freed, back to the system
         checkpoint.prune(self.output_dir, self.settings.keep_checkpoints)
         self.consumed.update(g.ready.group_id for g in batch)
         self._save_consumed()

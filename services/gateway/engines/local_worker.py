@@ -20,7 +20,7 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
-from harnessrl import cpu
+from harnessrl import cpu, memory
 from harnessrl.torchdevice import device_of
 from services.gateway.engines.base import F32, I32, Chunk, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
@@ -313,3 +313,4 @@ class Worker:
         apply_update(plan)
         self.version = version
         self.prefix.clear()
+        memory.trim()  # the cleared caches, back to the system
