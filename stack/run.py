@@ -96,7 +96,8 @@ def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Pa
 
 async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
     console = console or Console()
-    memory.configure()  # before any model is loaded: tensors over 1 MiB go back to the system when freed
+    if cfg.run.malloc_mmap_threshold_mib:  # before any model is loaded
+        memory.configure(int(cfg.run.malloc_mmap_threshold_mib * 2**20))
     train, evaluation = resolve_tasks(cfg)
     for overlap in check_overlap(cfg, train, evaluation):
         _say(console, f"warning: overlap allowed: {overlap}")
