@@ -9,8 +9,9 @@ Every figure is the kernel's own count of user + system time; nothing is estimat
   /proc/self/task/*/schedstat (the scheduler's nanoseconds on CPU).
 - **harness**: the process trees of the sandbox's agent phases, from ``wait4``'s rusage
   when each exec's process is reaped (its own CPU and that of every descendant reaped
-  inside it: a bubblewrap sandbox's pid namespace reaps them all). Recorded by
-  ``reap``; counted when the exec ends.
+  inside it: the sandbox's pid 1 reaps them all, services/sandbox/backends/bwrap.py
+  ``INIT``). Recorded by ``reap``; counted when the exec ends. It includes what wraps
+  the harness in the sandbox (bubblewrap, its pid 1, the proxy forwarder).
 - **sandbox**: every other child process of this process (the sandbox's setup copies,
   verifiers, layer builds, healthchecks): ``RUSAGE_CHILDREN`` less the harness.
 - **services**: the rest of this process: the event loop, which serves the proxy, the
