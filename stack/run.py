@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl import paths
+from harnessrl import memory, paths
 from harnessrl.errors import ConfigError
 from stack import pool, preflight
 from stack.calibrate import calibrate
@@ -96,6 +96,8 @@ def check_overlap(cfg: RunConfig, train: Sequence[Path], evaluation: Sequence[Pa
 
 async def execute(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> Outcome:
     console = console or Console()
+    if cfg.run.malloc_mmap_threshold_mib:  # before any model is loaded
+        memory.configure(int(cfg.run.malloc_mmap_threshold_mib * 2**20))
     train, evaluation = resolve_tasks(cfg)
     for overlap in check_overlap(cfg, train, evaluation):
         _say(console, f"warning: overlap allowed: {overlap}")
@@ -143,6 +145,11 @@ def peak_memory() -> dict[str, float]:
 
 def memory_line(peak: dict[str, float]) -> str:
     return f"peak resident memory: {peak['peak_rss_mib'] / 1024:.2f} GiB (this process: engine, trainer, services)"
+
+
+def cpu_line(spent: dict[str, float]) -> str:
+    parts = ", ".join(f"{component} {seconds:.1f}" for component, seconds in spent.items())
+    return f"CPU-seconds by component: {parts} (this process and its children, since training started)"
 
 
 def _say(console: Console, text: str) -> None:
@@ -276,6 +283,10 @@ async def _train(
         for closer in closers:
             with contextlib.suppress(Exception):
                 await closer.close()
+        # Before the services stop: the engine's threads must still be alive to be read.
+        spent = {c: round(s, 2) for c, s in service.cpu_spent().items()}
+        run_dir.write_info("running", cpu_s=spent)
+        _say(console, cpu_line(spent))
         service.close()
         await server.stop(1.0)
 

@@ -86,6 +86,14 @@ class RunSection(BaseModel):
         description="Without a terminal (a log, CI, nohup): a rollout progress line at least this often "
         "while trials run (run and eval).",
     )
+    malloc_mmap_threshold_mib: float = Field(
+        1.0,
+        ge=0,
+        le=1024,
+        description="Blocks this large or larger are mapped alone by malloc and returned when freed (glibc; "
+        "harnessrl/memory.py); 0: glibc's own threshold, which rises to 32 MiB: less kernel time (page faults), "
+        "but freed activations stay resident (1.8 GB in a quickstart step).",
+    )
     seed: int = Field(0, ge=0, description="Seed of the task choice per step.")
     eval_k: int = Field(4, ge=1, le=1024, description="Trials per eval task (pass@k, pass^k).")
     eval_every: int = Field(0, ge=0, description="Evaluate during the run at steps 0, N, 2N...; 0: never.")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harnessrl import cpu
 from harnessrl.config import read_toml
 from harnessrl.errors import AlreadyExists, ConfigError, FailedPrecondition, NotFound
 from services.trainer.service import TrainerService
@@ -120,8 +121,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+CPU_KEY = "cpu/{}_s"  # a step's CPU-seconds by component (harnessrl.cpu.COMPONENTS)
+
+
 class RecordingTrainerService(TrainerService):
-    """The trainer's service object that also appends each step to metrics.jsonl."""
+    """The trainer's service object that also appends each step to metrics.jsonl, with the
+    CPU-seconds this process and its children spent by component since the step before
+    (``cpu/engine_s``, ``cpu/trainer_s``, ``cpu/harness_s``, ``cpu/sandbox_s``,
+    ``cpu/services_s``; the first step's window starts when this object is made)."""
 
     def __init__(self, run_id: str, tensorboard_dir: Path | None, run_dir: RunDirectory) -> None:
         super().__init__(run_id, tensorboard_dir)
@@ -130,8 +137,15 @@ class RecordingTrainerService(TrainerService):
         # Called (on the event loop) with each recorded step: periodic evaluation starts
         # here, so no step is missed however fast steps follow each other.
         self.on_step: Callable[[int], None] | None = None
+        self.cpu = cpu.Meter()
+
+    def cpu_spent(self) -> dict[str, float]:
+        """CPU-seconds by component since this object was made (the run's ``cpu_s``)."""
+        self.cpu.lap()
+        return dict(self.cpu.total)
 
     def record_step(self, step: int, policy_version: int, values: dict[str, float], alerts: list[str]) -> None:
+        values = values | {CPU_KEY.format(c): s for c, s in self.cpu.lap().items()}
         super().record_step(step, policy_version, values, alerts)
         self.last_values = dict(values)
         row = {"step": step, "wall_time": time.time(), "values": values}

@@ -5,6 +5,9 @@ and a config file tying them together (the scripted engine is a test fixture).""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +122,34 @@ def write_config(
 
 def tiny_model(folder: Path) -> Path:
     return tiny_llama(folder)
+
+
+# One model call (the engine's forward passes), then trials with an even index solve the
+# task, odd ones do not: every group has a non-zero advantage, so the trainer takes a step.
+ONE_CALL_AGENT = r"""set -e
+python3 - <<'PY'
+import json, os, urllib.request
+
+base, key, model = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["HARNESSRL_MODEL"]
+body = json.dumps({"model": model, "max_tokens": 8,
+                   "messages": [{"role": "user", "content": os.environ["HARNESSRL_INSTRUCTION"]}]}).encode()
+req = urllib.request.Request(f"{base}/chat/completions", data=body,
+                             headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+json.load(urllib.request.urlopen(req, timeout=120))
+if int(os.environ["HARNESSRL_TRIAL_ID"].rsplit("-", 1)[1]) % 2 == 0:
+    open("/app/hello.txt", "w").write("hello\n")
+PY
+"""
+
+
+def local_engine_run(tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``harnessrl run`` of one step with the local engine (the tiny random model: real forward
+    passes), ``ONE_CALL_AGENT`` in bubblewrap, the real trainer; returns it and its run directory."""
+    run = {"steps": 1, "engine": "local"}
+    # The agent sends no tools: its thread is the main one all the same (trainable), as in the quickstart.
+    proxy = "\n[proxy]\ndefault_max_tokens = 8\nmain_requires_tools = false\n"
+    config = write_config(tmp, tiny_model(tmp / "tiny"), make_pool(tmp), run=run, extra=proxy)
+    (tmp / "agent.sh").write_text(ONE_CALL_AGENT)
+    command = [sys.executable, "-m", "stack.cli", "run", str(config)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=540, env=os.environ)
+    return proc, tmp / "runs" / "e2e"

@@ -56,6 +56,8 @@ class RunInfo(BaseModel):
     steps_planned: int | None = Field(None, ge=0)
     capture: CaptureRef | None = None
     trainer_target: str | None = None
+    # CPU-seconds by component from the trainer's start to the run's end (harnessrl.cpu; absent in older runs).
+    cpu_s: dict[str, float] | None = None
 
     @property
     def live(self) -> bool:

@@ -31,13 +31,14 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import grpc
 
-from harnessrl import arrays
+from harnessrl import arrays, cpu, memory
 from harnessrl.errors import ConfigError, Unavailable
 from harnessrl.rpc import connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc, gateway_pb2, gateway_pb2_grpc, records_pb2
@@ -253,6 +254,11 @@ class TrainingLoop:
         self._wake = asyncio.Event()
         self._admit_lock = asyncio.Lock()
         self._failure: BaseException | None = None
+        # The optimizer on a thread of its own, named so that its CPU (and its OpenMP
+        # workers') counts as the trainer's (harnessrl.cpu); the event loop stays free. The
+        # thread ends when this loop is collected, not when run() returns: a run reads its
+        # CPU after that (a thread that ended is no longer counted as the trainer's).
+        self._thread = ThreadPoolExecutor(1, "trainer", initializer=cpu.name_thread, initargs=("trainer",))
 
     def _consumed_path(self) -> Path:
         return self.output_dir / "consumed_groups.json"
@@ -365,11 +371,13 @@ class TrainingLoop:
     async def _step(self, batch: list[ReadyBatchGroup]) -> StepResult:
         self.service.set_state("training", self.source.pending() + len(self.ready))
         groups = [(g.ready.group_id, g.trajectories) for g in batch]
-        result = await asyncio.to_thread(self.trainer.train_step, groups)
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._thread, self.trainer.train_step, groups)
         result.metrics.update({k: float(v) for k, v in self.dropped.items()})
         result.metrics["batch/groups"] = float(len(batch))
         path = checkpoint.step_dir(self.output_dir, result.step)
-        await asyncio.to_thread(self.trainer.save, path)
+        await loop.run_in_executor(self._thread, self.trainer.save, path)
+        await loop.run_in_executor(self._thread, memory.trim)  # the step's activations, freed, back to the system
         checkpoint.prune(self.output_dir, self.settings.keep_checkpoints)
         self.consumed.update(g.ready.group_id for g in batch)
         self._save_consumed()

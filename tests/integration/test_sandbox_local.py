@@ -177,6 +177,27 @@ async def test_agent_timeout_kills_the_hang(backend: LocalBackend, sandbox: Sand
     assert result.timed_out and result.duration_s < 10
 
 
+async def test_an_execs_process_tree_cpu_counts_as_its_phases_component(
+    backend: LocalBackend, sandbox: Sandbox
+) -> None:
+    """wait4's rusage of the exec: the CPU of a process the command started in the background
+    and waited for (inside bubblewrap's pid namespace) is in it; the agent phase's counts as
+    the harness's, the verify phase's as the sandbox's (harnessrl.cpu)."""
+    from harnessrl import cpu
+
+    burn = "python3 -c 'import time\nwhile time.process_time() < 0.3: pass' & wait; echo done"
+    before = cpu.snapshot()
+    result = await sh(backend, sandbox, burn)
+    middle = cpu.snapshot()
+    assert result.exit_code == 0 and result.output == b"done\n" and result.cpu_s is not None
+    assert result.cpu_s >= 0.3
+    assert middle["harness"] - before["harness"] == pytest.approx(result.cpu_s)
+    verified = await sh(backend, sandbox, burn, phase=Phase.VERIFY)
+    after = cpu.snapshot()
+    assert verified.cpu_s is not None and verified.cpu_s >= 0.3
+    assert after["harness"] == middle["harness"] and after["sandbox"] - middle["sandbox"] >= 0.3
+
+
 async def test_output_flood_is_bounded(backend: LocalBackend, tmp_path: Path) -> None:
     box = await start(backend, make_task(tmp_path / "tasks"))
     try:

@@ -40,7 +40,7 @@ from services.gateway.engines.base import Chunk, Engine, EngineInfo, GenerateInp
 from services.gateway.engines.local_worker import Seq, Worker
 from services.gateway.errors import EngineUnavailable
 from services.gateway.sampling import make_generator
-from services.gateway.weights import plan_update, read_checkpoint
+from services.gateway.weights import Source, plan_update, read_checkpoint
 
 if TYPE_CHECKING:  # settings need pydantic; the GPU check drives the engine without it
     from services.gateway.settings import Settings
@@ -164,7 +164,7 @@ class LocalEngine(Engine):
         tensors = await asyncio.to_thread(read_checkpoint, checkpoint_path)
         await self.load_state_dict(version, tensors)
 
-    async def load_state_dict(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+    async def load_state_dict(self, version: int, tensors: Mapping[str, Source]) -> None:
         """In-process weight update (the embedded trainer hands tensors over directly)."""
         worker = self.worker
         plan = plan_update(worker.model, tensors)

@@ -20,13 +20,14 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
+from harnessrl import cpu, memory
 from harnessrl.torchdevice import device_of
 from services.gateway.engines.base import F32, I32, Chunk, GenerateInput
 from services.gateway.errors import EngineFailed, EngineUnavailable
 from services.gateway.kvcache import BatchCache, PrefixStore
 from services.gateway.routes import RouteRecorder
 from services.gateway.sampling import sample, top_logprobs
-from services.gateway.weights import apply_update
+from services.gateway.weights import Plan, apply_update
 
 if TYPE_CHECKING:
     from services.gateway.settings import Settings
@@ -117,6 +118,7 @@ class Worker:
     # --- the worker thread --------------------------------------------------------
 
     def _run(self) -> None:
+        cpu.name_thread("engine")  # before the first forward: its OpenMP workers take the name
         with torch.inference_mode():
             while True:
                 with self.cond:
@@ -306,8 +308,9 @@ class Worker:
         self.prefilling, self.decoding, self.batch = [], [], BatchCache()
         self.prefix.clear()
 
-    def load(self, plan: list[tuple[torch.Tensor, torch.Tensor]], version: int) -> None:
+    def load(self, plan: Plan, version: int) -> None:
         """(On the worker.) Copies new weights in place between two steps."""
         apply_update(plan)
         self.version = version
         self.prefix.clear()
+        memory.trim()  # the cleared caches, back to the system

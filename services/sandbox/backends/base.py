@@ -134,6 +134,11 @@ class ExecResult(BaseModel):
         default=0, description="Processes still alive after the main one exited, then killed."
     )
     duration_s: float = 0.0
+    cpu_s: float | None = Field(
+        default=None,
+        description="CPU-seconds (user + system) of the exec's process tree; None where the backend cannot tell "
+        "(its processes are not the worker's children: docker, kubernetes).",
+    )
 
     def events(self) -> list[str]:
         flags = {

@@ -23,7 +23,9 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from services.sandbox.backends import spawn
 from services.sandbox.backends.limits import BoundedOutput, drain
 from services.sandbox.common.settings import LocalBackendSettings
 
@@ -31,6 +33,13 @@ SANDBOX_UID = 1000
 SANDBOX_USER = "agent"
 # Plain directories ``build`` creates in the sandbox's / (not mounts: what is written in them stays in /).
 MADE_DIRS = ("/run",)
+# pid 1 of an exec's pid namespace, in place of bubblewrap's own init: it runs the command
+# (pid 2, as under bubblewrap's init), reaps what is orphaned while it waits, and exits with
+# the command's status; the kernel then kills what is left. Bubblewrap's outer process
+# returns without reaping its own init, so the CPU of the sandbox's processes never
+# reached the worker; this pid 1 is reaped by it, and with it the whole tree's CPU
+# (harnessrl.cpu). Its own messages ("Killed") go to /dev/null, the command's stderr not.
+INIT = ["/bin/sh", "-c", 'exec 3>&2 2>/dev/null; ("$@" 2>&3 3>&-); exit $?', "sh"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class RunOutcome:
     output: BoundedOutput
     duration_s: float
     cancelled_by: str = ""
+    cpu_s: float = 0.0  # user + system of the process tree (wait4's rusage)
 
 
 def host_uid(settings: LocalBackendSettings) -> int | None:
@@ -100,7 +110,7 @@ def build(
         prefix += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     args = [settings.bwrap, "--unshare-user", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if unshare_pid:
-        args.append("--unshare-pid")
+        args += ["--unshare-pid", "--as-pid-1"]
     if not share_net:
         args.append("--unshare-net")
     args += ["--uid", str(uid_inside), "--gid", str(uid_inside), "--cap-drop", "ALL"]
@@ -124,7 +134,7 @@ def build(
             args += ["--ro-bind", "/dev/null", hidden]
     for mount in mounts:
         args += ["--bind" if mount.writable else "--ro-bind", str(mount.src), mount.dest]
-    args += ["--chdir", cwd, "--", *argv]
+    args += ["--chdir", cwd, "--", *(INIT if unshare_pid else []), *argv]
     inv.argv = prefix + args
     return inv
 
@@ -157,49 +167,41 @@ async def run(
     output_limit: int,
     stdin: bytes | None = None,
     stop: list[asyncio.Event] | None = None,
+    component: str = "sandbox",
 ) -> RunOutcome:
     """Runs the invocation, capturing bounded stdout+stderr, killing it on timeout
     or when one of ``stop`` is set (or the caller is cancelled). Returns once the
-    main process has exited."""
+    main process has exited and is reaped; its process tree's CPU-seconds count
+    toward ``component`` (``harnessrl.cpu``: harness or sandbox)."""
     started = time.monotonic()
     sink = BoundedOutput(output_limit)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *inv.argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            pass_fds=inv.pass_fds,
-            start_new_session=True,
-        )
+        child = await spawn.start(inv.argv, stdin=stdin, pass_fds=inv.pass_fds, component=component)
     finally:
         inv.close_fds()
-    assert proc.stdout is not None
-    if stdin is not None and proc.stdin is not None:
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-    reader = asyncio.ensure_future(drain(proc.stdout, sink))
-    waiter = asyncio.ensure_future(proc.wait())
+    reader = asyncio.ensure_future(drain(child.stdout, sink))
     stoppers = [asyncio.ensure_future(event.wait()) for event in stop or []]
+    waited: set[asyncio.Future[Any]] = {child.exited, *stoppers}
     try:
-        done, _ = await asyncio.wait({waiter, *stoppers}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(waited, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        _kill_group(proc.pid)
+        _kill_group(child.pid)
+        child.close()
         raise
     finally:
         for stopper in stoppers:
             stopper.cancel()
     timed_out = not done
-    cancelled_by = "stop" if done and waiter not in done else ""
-    if waiter not in done:
-        _kill_group(proc.pid)
-        await waiter
+    cancelled_by = "stop" if done and child.exited not in done else ""
+    if child.exited not in done:
+        _kill_group(child.pid)
+    code, cpu_s = await child.exited
     try:
         await asyncio.wait_for(reader, timeout=5)
     except TimeoutError:
         reader.cancel()  # a leftover holds the pipe open; the caller kills it
-    code = proc.returncode if proc.returncode is not None else -9
-    return RunOutcome(code, timed_out, sink, time.monotonic() - started, cancelled_by)
+    child.close()
+    return RunOutcome(code, timed_out, sink, time.monotonic() - started, cancelled_by, cpu_s)
 
 
 def _kill_group(pid: int) -> None:

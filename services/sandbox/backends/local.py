@@ -185,6 +185,7 @@ class LocalBackend(Backend):
                 output_limit=limits.output_limit_bytes,
                 stdin=request.stdin,
                 stop=[disk_full, *([cancel] if cancel else [])],
+                component="harness" if request.phase == Phase.AGENT else "sandbox",
             )
         finally:
             watchdog.cancel()
@@ -200,6 +201,7 @@ class LocalBackend(Backend):
             disk_exceeded=disk_full.is_set(),
             killed_leftovers=killed,
             duration_s=outcome.duration_s,
+            cpu_s=outcome.cpu_s,
         )
         if not keep_alive:
             cgroup.remove()

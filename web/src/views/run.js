@@ -3,6 +3,7 @@ import { api, links, subscribe } from '../api.js';
 import { REASON_COLORS, STEP_AXIS, bars, lines, stackedBars } from '../charts.js';
 import { empty, fmt, h, panel, pct, seconds, steps } from '../dom.js';
 import { agreementPanel } from './agreement.js';
+import { cpuPanel } from './cpu.js';
 import { alertsOf, series } from './shared.js';
 import { analysisPanel } from './analysis.js';
 import { heldoutPanel } from './heldout.js';
@@ -378,6 +379,7 @@ export async function renderRun(view, runId) {
       integrityPanel(summary),
       heldoutPanel(summary),
       asyncPanel(run, summary),
+      cpuPanel(run, summary),
       trajectoriesPanel(runId, rows, links),
       await analysisPanel(runId, run),
     ),
