@@ -282,8 +282,13 @@ async def test_generation_continues_across_a_weight_update_and_is_trained(captur
     assert step2["staleness/max"] == 1  # version-0 tokens trained by version-1 weights, IS-corrected
     assert 0 < step2["agreement/tokens"] < step2["is/tokens"]
     assert np.isfinite(step2["loss/is_weight_mean"])
-    # The engine's logprobs for tokens of the current version match the training weights (same model, fp32).
-    assert step2["agreement/max_abs_diff"] < 1e-2
+    # The engine's logprobs for tokens of the current version agree with the training weights. Not
+    # exactly: the long rollout's tokens after the update attend to a KV cache its prefix built
+    # with the old weights (kept, as vLLM keeps it: services/gateway/README.md), so a token there
+    # can differ by ~0.1 nat (measured 0.106-0.109 on one of ~100 tokens, in three runs of four:
+    # the bound max_abs_diff < 1e-2 was flaky); the fresh rollouts agree to the third decimal.
+    assert step2["agreement/pearson"] > 0.9999
+    assert step2["agreement/mean_abs_diff"] < 1e-2
 
 
 class RecordingLauncher:
