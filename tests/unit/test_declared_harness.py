@@ -251,3 +251,28 @@ def test_the_example_harness_file_parses_and_differs_from_pi_only_in_its_model_e
     assert small.harness.name == "pi-small" and small.install == pi.install and small.run == pi.run
     model = small.files[0].json_["providers"]["harnessrl"]["models"][0]  # type: ignore[index]
     assert model == {"id": "{model}", "contextWindow": 8192, "maxTokens": 128}
+
+
+def test_hermes_reads_the_trials_endpoint_from_its_config_file(tmp_path: Path) -> None:
+    """Hermes Agent 0.19 reads no OPENAI_BASE_URL: its config.yaml names the custom provider."""
+    adapter = get_harness("hermes-agent")
+    home = tmp_path / "home"
+    ctx = AgentContext(
+        trial_id="t1",
+        task=load_task(ROOT / "tasks" / "builtin" / "train" / "echo-00"),
+        instruction="Do it",
+        model="policy",
+        max_turns=0,
+        base_url="http://proxy/trials/t1/v1",
+        token="tok",
+        options={},
+        paths=SandboxPaths(),
+        home=home,
+        runtime=tmp_path / "runtime",
+    )
+    cmd = adapter.prepare(ctx)
+    assert cmd.argv[-7:] == ["-z", "Do it", "-m", "policy", "--provider", "custom", "--yolo"]
+    config = (home / ".hermes/config.yaml").read_text()
+    assert "provider: custom" in config and "base_url: http://proxy/trials/t1/v1" in config
+    assert "api_key: tok" in config and "default: policy" in config
+    assert (home / ".hermes/config.yaml").stat().st_mode & 0o777 == 0o600
