@@ -2,7 +2,10 @@
 matrix: their driver runs the adapter's own command, env and files on this host (HOME and the
 working directory the scenario's, every other sandbox path a folder beside them), and their
 scenarios come from the file's ``[conformance]`` table: a two-command tools run (list, then
-write hello.txt) ended by a plain answer or the file's ``finish`` tool call."""
+write hello.txt) ended by a plain answer or the file's ``finish`` tool call; a delegation to its
+sub-agent tool; a run whose 2,000-line output makes it compact under the settings of its
+``[conformance.compaction]`` table (files written over its own, env added), checked for the
+rewrite of main and, when its summary is a call of its own, for that side call."""
 
 from __future__ import annotations
 
