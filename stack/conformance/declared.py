@@ -2,7 +2,10 @@
 matrix: their driver runs the adapter's own command, env and files on this host (HOME and the
 working directory the scenario's, every other sandbox path a folder beside them), and their
 scenarios come from the file's ``[conformance]`` table: a two-command tools run (list, then
-write hello.txt) ended by a plain answer or the file's ``finish`` tool call."""
+write hello.txt) ended by a plain answer or the file's ``finish`` tool call; a delegation to its
+sub-agent tool; a run whose 2,000-line output makes it compact under the settings of its
+``[conformance.compaction]`` table (files written over its own, env added), checked for the
+rewrite of main and, when its summary is a call of its own, for that side call."""
 
 from __future__ import annotations
 
@@ -47,6 +50,8 @@ class DeclaredDriver(Driver):
     def run(self, t: Target, task: str, options: dict[str, Any], timeout: float) -> subprocess.CompletedProcess[str]:
         from services.sandbox.common.paths import SandboxPaths
         from services.sandbox.harnesses import AgentContext
+        from services.sandbox.harnesses.declared import write_files
+        from services.sandbox.harnesses.declared_spec import render
         from services.sandbox.task.model import load_task
 
         side = t.home.parent / "sandbox"
@@ -73,7 +78,11 @@ class DeclaredDriver(Driver):
             runtime=runtime,
         )
         command = self.adapter.prepare(ctx)
-        env = {"HOME": str(t.home), **command.env, **options.get("env", {})}
+        # a cell's own settings (the compaction cell's): files over the declared ones, env added
+        values = self.adapter.values(ctx)
+        write_files(t.home, options.get("files", []), values)
+        cell_env = {k: render(v, values) for k, v in options.get("env", {}).items()}
+        env = {"HOME": str(t.home), **command.env, **cell_env}
         return run_process(command.argv, t.work, env, timeout)
 
 
@@ -87,7 +96,16 @@ def declared_drivers() -> dict[str, Driver]:
 def declared_scenarios(decl: HarnessDeclaration) -> dict[str, Any]:
     """The cells of a declared harness: ``tools`` from its [conformance] table, the others n/a
     with the file's reason (or that the file gives no scripted run for them)."""
-    from stack.conformance.matrix import COLUMNS, Scenario, check_sub_agent, done_file
+    from stack.conformance.matrix import (
+        COLUMNS,
+        SUMMARY,
+        Scenario,
+        check_compaction,
+        check_compaction_and_side_calls,
+        check_sub_agent,
+        check_tools_and_side_calls,
+        done_file,
+    )
 
     harness = decl.harness.name
     spec = decl.conformance
@@ -111,8 +129,21 @@ def declared_scenarios(decl: HarnessDeclaration) -> dict[str, Any]:
     if spec.sub_agent is not None:
         # main delegates, the sub-agent writes the file and answers, main answers
         delegate = {"content": "Delegating.", "tool_calls": [spec.sub_agent.model_dump()]}
-        sub = {"main": [delegate, last], "subagent-1": [shell("echo hello > hello.txt"), last]}
+        sub_last = last
+        if spec.sub_agent_finish is not None:
+            sub_last = {"content": "Done.", "tool_calls": [spec.sub_agent_finish.model_dump()]}
+        sub = {"main": [delegate, last], "subagent-1": [shell("echo hello > hello.txt"), sub_last]}
         if spec.side_thread_reply is not None:
             sub["*"] = threads["*"]
         cells["sub-agent"] = Scenario(sub, check_sub_agent, min_main_turns=2)
+    compaction = spec.compaction
+    if compaction is not None:
+        # the output (~9k tokens) pushes the context past the cell's threshold; off main, the policy summarises
+        compact = {"main": [shell("seq 1 2000"), shell("echo hello > hello.txt"), last], "*": [{"content": SUMMARY}]}
+        options = {"files": compaction.files, "env": compaction.env}
+        if compaction.main_goes_on:
+            cells["compaction"] = Scenario(compact, check_compaction, options=options)
+        if compaction.side_call:  # the compaction run again, checked for its summary call
+            check = check_compaction_and_side_calls if compaction.main_goes_on else check_tools_and_side_calls
+            cells["side calls"] = Scenario(compact, check, options=options)
     return cells

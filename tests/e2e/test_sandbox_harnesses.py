@@ -30,7 +30,7 @@ MODEL = default_model_dir().name
 # Harnesses start slowly on a loaded 2-core machine (OpenHands imports ~650 MB).
 TOML = "[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n[environment]\nmemory_mb = 4096\n"
 TITLE: list[dict[str, Any]] = [{"content": "Create hello"}]
-DECLARED = ("pi", "qwen-code", "copilot-cli", "cline", "openclaw", "gemini-cli")
+DECLARED = ("pi", "qwen-code", "copilot-cli", "cline", "openclaw", "gemini-cli", "hermes-agent")
 
 CASES: dict[str, tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]] = {
     "claude-code": ({"main": tools_script("claude-code"), "*": TITLE}, {"chunk_tokens": 4}),

@@ -181,6 +181,64 @@ def test_a_scripted_sub_agent_cell_cannot_also_be_not_applicable() -> None:
         parse(data, "x.toml")
 
 
+@pytest.mark.parametrize(
+    ("compaction", "not_applicable", "message"),
+    [
+        ({}, {"compaction": "none"}, "compaction scripts the compaction cell"),
+        ({"side_call": True}, {"side calls": "none"}, "compaction.side_call scripts the side calls cell"),
+        ({"env": {"X": "{nope}"}}, {}, "conformance.compaction.env"),
+        ({"files": [{"path": "../x", "text": "y"}]}, {}, "conformance.compaction.files[0].path"),
+        ({"sidecall": True}, {}, "conformance.compaction.sidecall: unknown field"),
+        ({"main_goes_on": False, "side_call": True}, {}, "give not_applicable.compaction its reason"),
+        ({"main_goes_on": False}, {"compaction": "why"}, "scripts only the side calls cell: set side_call"),
+    ],
+)
+def test_a_scripted_compaction_cell_is_checked(compaction: Any, not_applicable: Any, message: str) -> None:
+    data = with_change("conformance", {"shell_tool": "bash", "compaction": compaction})
+    data["conformance"]["not_applicable"] = not_applicable
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse(data, "x.toml")
+
+
+def test_declared_cells_follow_the_file() -> None:
+    """A compaction table scripts the compaction cell (and the side calls cell when its summary is
+    a call of its own) with the file's settings; sub_agent_finish ends the sub-agent's thread."""
+    from stack.conformance.declared import declared_scenarios
+    from stack.conformance.matrix import (
+        Scenario,
+        check_compaction,
+        check_compaction_and_side_calls,
+        check_tools_and_side_calls,
+    )
+
+    data = with_change("conformance", {"shell_tool": "bash", "sub_agent": {"name": "agent", "arguments": {}}})
+    data["conformance"]["sub_agent_finish"] = {"name": "complete_task", "arguments": {"result": "ok"}}
+    data["conformance"]["compaction"] = {
+        "side_call": True,
+        "env": {"DEMO_LIMIT": "1000"},
+        "files": [{"path": ".demo/config.json", "json": {"threshold": 0.1}}],
+    }
+    cells = declared_scenarios(parse(data, "x.toml"))
+    compaction, side = cells["compaction"], cells["side calls"]
+    assert isinstance(compaction, Scenario) and isinstance(side, Scenario)
+    assert compaction.check is check_compaction and side.check is check_compaction_and_side_calls
+    assert [f.path for f in compaction.options["files"]] == [".demo/config.json"]
+    assert compaction.options["env"] == {"DEMO_LIMIT": "1000"}
+    assert compaction.threads["main"][0]["tool_calls"][0]["arguments"]["command"] == "seq 1 2000"
+    sub = cells["sub-agent"]
+    assert isinstance(sub, Scenario)
+    assert sub.threads["subagent-1"][-1]["tool_calls"] == [{"name": "complete_task", "arguments": {"result": "ok"}}]
+    data["conformance"]["compaction"]["main_goes_on"] = False  # only its summary call is checked
+    data["conformance"]["not_applicable"] = {"compaction": "it never goes on from the summary"}
+    cells = declared_scenarios(parse(data, "x.toml"))
+    assert cells["compaction"] == "it never goes on from the summary"
+    side = cells["side calls"]
+    assert isinstance(side, Scenario) and side.check is check_tools_and_side_calls
+    del data["conformance"]["compaction"], data["conformance"]["not_applicable"]
+    cells = declared_scenarios(parse(data, "x.toml"))
+    assert isinstance(cells["compaction"], str) and isinstance(cells["side calls"], str)
+
+
 def test_an_own_node_is_for_npm_packages_only() -> None:
     data = with_change("install", {"pypi": "demo-agent", "version": "1.0", "bin": "demo", "node": "24.22.3"})
     with pytest.raises(ConfigError, match="install: node applies to an npm package only"):
@@ -193,3 +251,28 @@ def test_the_example_harness_file_parses_and_differs_from_pi_only_in_its_model_e
     assert small.harness.name == "pi-small" and small.install == pi.install and small.run == pi.run
     model = small.files[0].json_["providers"]["harnessrl"]["models"][0]  # type: ignore[index]
     assert model == {"id": "{model}", "contextWindow": 8192, "maxTokens": 128}
+
+
+def test_hermes_reads_the_trials_endpoint_from_its_config_file(tmp_path: Path) -> None:
+    """Hermes Agent 0.19 reads no OPENAI_BASE_URL: its config.yaml names the custom provider."""
+    adapter = get_harness("hermes-agent")
+    home = tmp_path / "home"
+    ctx = AgentContext(
+        trial_id="t1",
+        task=load_task(ROOT / "tasks" / "builtin" / "train" / "echo-00"),
+        instruction="Do it",
+        model="policy",
+        max_turns=0,
+        base_url="http://proxy/trials/t1/v1",
+        token="tok",
+        options={},
+        paths=SandboxPaths(),
+        home=home,
+        runtime=tmp_path / "runtime",
+    )
+    cmd = adapter.prepare(ctx)
+    assert cmd.argv[-7:] == ["-z", "Do it", "-m", "policy", "--provider", "custom", "--yolo"]
+    config = (home / ".hermes/config.yaml").read_text()
+    assert "provider: custom" in config and "base_url: http://proxy/trials/t1/v1" in config
+    assert "api_key: tok" in config and "default: policy" in config
+    assert (home / ".hermes/config.yaml").stat().st_mode & 0o777 == 0o600

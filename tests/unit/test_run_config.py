@@ -190,6 +190,21 @@ def test_example_configs_validate(name: str) -> None:
         assert cfg.trainer.optim.lr == (0.0 if "control" in name else 1e-5)
 
 
+@pytest.mark.parametrize("name", ["cline", "gemini-cli", "qwen-code", "copilot-cli", "openclaw", "gemini-cli-16k"])
+def test_the_runs_through_each_declared_harness_validate(name: str) -> None:
+    """examples/through: one run per declared harness, every step's samples from the weights it
+    trains (a Pearson per step); the 16k capture check widens the engine's and trainer's window."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "through" / f"{name}.toml"
+    cfg = runconfig.load(path)
+    assert cfg.run.harness == name.removesuffix("-16k") and cfg.run.families == ["echo"]
+    assert cfg.run.train_tasks == [path.parents[2] / "tasks" / "builtin" / "train"]
+    assert cfg.trainer.rollout.max_staleness == 0 and cfg.gateway is not None and cfg.gateway.engine == "local"
+    wide = name.endswith("-16k")
+    assert cfg.gateway.context_window == (16384 if wide else None)
+    assert cfg.trainer.optim.max_seq_len == (16384 if wide else 8192)
+    assert (cfg.run.steps, cfg.run.group_size) == ((1, 1) if wide else (3, 2))
+
+
 def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: Path, tasks: Path) -> None:
     from stack.run import check_overlap, resolve_tasks
 

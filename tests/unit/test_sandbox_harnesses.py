@@ -55,6 +55,7 @@ def test_registry_lists_every_harness() -> None:
         "copilot-cli",
         "cline",
         "openclaw",
+        "hermes-agent",
     }
     with pytest.raises(UnknownName, match="valid harnesses"):
         get_harness("aider")

@@ -22,7 +22,7 @@ from harnessrl.errors import ConfigError
 from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.harnesses import agent_extras as extras
 from services.sandbox.harnesses.base import AgentCommand, AgentContext, HarnessAdapter, write_text
-from services.sandbox.harnesses.declared_spec import HarnessDeclaration, load, render
+from services.sandbox.harnesses.declared_spec import FileEntry, HarnessDeclaration, load, render
 from services.sandbox.harnesses.npm_harnesses import node_runtime
 from services.sandbox.harnesses.python_harnesses import venv_mounts
 
@@ -144,9 +144,7 @@ class DeclaredHarness(HarnessAdapter):
         decl = self.declaration
         extras.refuse(self.name, ctx, skills=decl.extras.skills_refused, mcp=decl.extras.mcp_refused)
         values = self.values(ctx)
-        for f in decl.files:
-            body = render(f.text, values) if f.text is not None else json.dumps(_render_tree(f.json_, values), indent=1)
-            write_text(ctx.home / f.path, body, int(f.mode, 8))
+        write_files(ctx.home, decl.files, values)
         argv = [*self.launcher(), *(render(a, values) for a in decl.run.argv)]
         if ctx.max_turns:
             argv += [render(a, values) for a in decl.run.max_turns_argv]
@@ -168,6 +166,13 @@ class DeclaredHarness(HarnessAdapter):
 
     def log_paths(self) -> list[str]:
         return list(self.declaration.collect.home)
+
+
+def write_files(home: Path, files: list[FileEntry], values: dict[str, str]) -> None:
+    """The declared config files, rendered over the trial's values, under ``home``."""
+    for f in files:
+        body = render(f.text, values) if f.text is not None else json.dumps(_render_tree(f.json_, values), indent=1)
+        write_text(home / f.path, body, int(f.mode, 8))
 
 
 def _render_tree(value: object, values: dict[str, str]) -> object:

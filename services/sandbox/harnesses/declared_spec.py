@@ -210,6 +210,35 @@ class ToolCall(_Closed):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class CompactionCell(_Closed):
+    """The compaction cell: the harness's own documented settings that make it compact within the
+    scripted run (a low threshold, a small assumed window), and whether its summary is a call of
+    its own. The scripted run lists a 2,000-line output, then writes the file; the policy answers
+    every call off the main thread with the summary."""
+
+    files: list[FileEntry] = Field(
+        default_factory=list, description="Files written over the harness's own [[files]] of the same path."
+    )
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        default_factory=dict, description="Environment added to the harness's [env] (templates)."
+    )
+    side_call: bool = Field(
+        default=False,
+        description="Its summary comes from a call of its own without tools: the side calls cell runs this "
+        "scenario again and checks that call is a side thread, not trainable.",
+    )
+    main_goes_on: bool = Field(
+        default=True,
+        description="Whether main goes on from the summary in the same run (the compaction cell checks it); "
+        "false: only the summary call is checked (side_call), and not_applicable.compaction says why.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_templates(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_templates(value)
+
+
 class ConformanceSection(_Closed):
     """How the scripted policy drives it (the conformance matrix, the e2e tests): its shell tool,
     the argument holding the command, extra arguments, and the last turn (text, or a tool call
@@ -223,6 +252,12 @@ class ConformanceSection(_Closed):
     sub_agent: ToolCall | None = Field(
         default=None,
         description="A call of its sub-agent tool delegating the task (the sub-agent cell); None: no such cell.",
+    )
+    sub_agent_finish: ToolCall | None = Field(
+        default=None, description="A tool call its sub-agent must end on (None: a plain answer, or finish)."
+    )
+    compaction: CompactionCell | None = Field(
+        default=None, description="How the compaction cell makes it compact; None: no such cell."
     )
     side_thread_reply: str | None = Field(
         default=None, description="What the policy answers on side threads (title, memory calls), when it makes any."
@@ -243,6 +278,16 @@ class ConformanceSection(_Closed):
     def _sub_agent_once(self) -> ConformanceSection:
         if self.sub_agent is not None and "sub-agent" in self.not_applicable:
             raise ValueError("sub_agent scripts the sub-agent cell: it cannot also be not_applicable")
+        compaction = self.compaction
+        if compaction is not None and compaction.main_goes_on and "compaction" in self.not_applicable:
+            raise ValueError("compaction scripts the compaction cell: it cannot also be not_applicable")
+        if compaction is not None and not compaction.main_goes_on:
+            if "compaction" not in self.not_applicable:
+                raise ValueError("compaction.main_goes_on = false: give not_applicable.compaction its reason")
+            if not compaction.side_call:
+                raise ValueError("compaction.main_goes_on = false scripts only the side calls cell: set side_call")
+        if self.compaction is not None and self.compaction.side_call and "side calls" in self.not_applicable:
+            raise ValueError("compaction.side_call scripts the side calls cell: it cannot also be not_applicable")
         return self
 
 
