@@ -57,6 +57,7 @@ def _worker(tmp: Path, redis_url: str, endpoint: str) -> subprocess.Popen[bytes]
         "HARNESSRL_SANDBOX_WORK_DIR": str(tmp / "trials"),
         "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp / "cache"),
         "HARNESSRL_SANDBOX_ARTIFACTS_DIR": str(tmp / "artifacts"),
+        "HARNESSRL_SANDBOX_LOCAL__VERIFY_NETWORK": "none",  # the task's verifier needs no network
         "HARNESSRL_SANDBOX_OTLP_ENDPOINT": endpoint,
     }
     cmd = [sys.executable, "-m", "stack.cli", "sandbox", "worker", "--queue-url", redis_url, "--name", "w1"]

@@ -72,6 +72,7 @@ def _env(tmp: Path) -> dict[str, str]:
         "HARNESSRL_SANDBOX_WORK_DIR": str(tmp / "trials"),
         "HARNESSRL_SANDBOX_CACHE_DIR": str(tmp / "cache"),
         "HARNESSRL_SANDBOX_ARTIFACTS_DIR": str(tmp / "artifacts"),
+        "HARNESSRL_SANDBOX_LOCAL__VERIFY_NETWORK": "none",  # the pool's verifiers need no network
     }
 
 
