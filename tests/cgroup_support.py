@@ -3,7 +3,11 @@ there, and a test cgroup removed with everything in it moved back out."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from services.sandbox.backends.cgroups import parse_proc_cgroup, under
@@ -36,3 +40,17 @@ def remove_tree(group: Path, home: Path) -> None:
 
 def read_words(path: Path) -> set[str]:
     return set(path.read_text().split())
+
+
+@contextlib.contextmanager
+def this_process_in_a_fresh_cgroup(mount: Path) -> Iterator[Path]:
+    """A fresh cgroup under ``mount`` holding this process, as a worker's own cgroup would;
+    the process moves back to where it was and the cgroup goes at the end."""
+    home = my_v2_cgroup(mount)
+    own = mount / f"hrl-test-{uuid.uuid4().hex[:8]}"
+    own.mkdir()
+    try:
+        (own / "cgroup.procs").write_text(str(os.getpid()))
+        yield own
+    finally:
+        remove_tree(own, home)

@@ -44,7 +44,7 @@ from services.sandbox.common.errors import CapabilityError
 from services.sandbox.common.paths import TrialDirs
 from services.sandbox.common.settings import DockerBackendSettings, IntegrityPolicy, LocalBackendSettings
 from services.sandbox.task.model import load_task
-from tests.cgroup_support import cgroup2_mount, my_v2_cgroup, read_words, remove_tree
+from tests.cgroup_support import cgroup2_mount, my_v2_cgroup, read_words, this_process_in_a_fresh_cgroup
 from tests.sandbox_support import make_task, settings_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -129,14 +129,8 @@ def worker_in_v2() -> Iterator[tuple[Path, Path]]:
     mount = cgroup2_mount()
     if mount is None or not os.access(mount / "cgroup.procs", os.W_OK):
         pytest.skip("no writable cgroup2 hierarchy here")
-    home = my_v2_cgroup(mount)
-    own = mount / f"hrl-test-{uuid.uuid4().hex[:8]}"
-    own.mkdir()
-    try:
-        (own / "cgroup.procs").write_text(str(os.getpid()))
+    with this_process_in_a_fresh_cgroup(mount) as own:
         yield mount, own
-    finally:
-        remove_tree(own, home)
 
 
 async def test_v2_exec_groups_list_and_kill_their_processes(tmp_path: Path, worker_in_v2: tuple[Path, Path]) -> None:

@@ -11,7 +11,6 @@ mounts cgroup2 with them (``tests/cgroup_vm.py``), and fails if any test skips t
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from services.sandbox.factory import build_worker
 from services.sandbox.queue.memory import MemoryQueue
 from services.sandbox.task.model import load_task
 from services.sandbox.trial.lifecycle import TerminationReason, TrialSpec, TrialState
-from tests.cgroup_support import cgroup2_mount, my_v2_cgroup, read_words, remove_tree
+from tests.cgroup_support import cgroup2_mount, my_v2_cgroup, read_words, this_process_in_a_fresh_cgroup
 from tests.sandbox_support import make_task, settings_for, wait_for_state
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -66,14 +65,8 @@ def v2_worker() -> Iterator[tuple[Path, Path]]:
     root_control = mount / "cgroup.subtree_control"
     if not WANTED <= read_words(root_control):  # the root may hold processes and still delegate
         root_control.write_text(" ".join(f"+{c}" for c in sorted(WANTED)))
-    home = my_v2_cgroup(mount)
-    own = mount / f"hrl-test-{uuid.uuid4().hex[:8]}"
-    own.mkdir()
-    try:
-        (own / "cgroup.procs").write_text(str(os.getpid()))
+    with this_process_in_a_fresh_cgroup(mount) as own:
         yield mount, own
-    finally:
-        remove_tree(own, home)
 
 
 def backend_on(tmp_path: Path, mount: Path, integrity: IntegrityPolicy | None = None) -> LocalBackend:

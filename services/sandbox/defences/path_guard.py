@@ -11,6 +11,7 @@ from __future__ import annotations
 import filecmp
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -84,19 +85,7 @@ def route_changes(diff: list[dict[str, object]], path_value: str, workdir: PureP
     with what lies under it (a tools prefix's ``bin`` and its ``lib``, ``/etc/apt``...)."""
     roots = [PurePosixPath(e) for e in path_value.split(":") if e.startswith("/")]
     roots = [r for r in roots if not r.is_relative_to(workdir)] + [PurePosixPath(r) for r in ROOT_ROUTES]
-    added: list[str] = []
-    changed: list[str] = []
-    for entry in diff:
-        path, kind = PurePosixPath(str(entry.get("Path", ""))), entry.get("Kind")
-        if path.is_relative_to(workdir) or str(path) in _ENGINE_FILES:
-            continue
-        if not any(path.is_relative_to(r) and path != r for r in roots):
-            continue
-        if kind == 1:
-            added.append(str(path))
-        elif kind == 0:
-            changed.append(str(path))
-    return RouteChanges(added=added, changed=changed)
+    return _outside_workspace(diff, workdir, lambda path: any(path.is_relative_to(r) and path != r for r in roots))
 
 
 def lookup_changes(diff: list[dict[str, object]], import_dirs: tuple[str, ...], workdir: PurePosixPath) -> RouteChanges:
@@ -109,15 +98,25 @@ def lookup_changes(diff: list[dict[str, object]], import_dirs: tuple[str, ...], 
     roots = [PurePosixPath(d) for d in import_dirs if d.startswith("/")]
     roots = [r for r in roots if not r.is_relative_to(workdir) and r != PurePosixPath("/")]
     parents = set(workdir.parents)
+
+    def on_lookup_path(path: PurePosixPath) -> bool:
+        under_import = any(path.is_relative_to(r) and path != r for r in roots)
+        config_above = path.parent in parents and (path.name in CONFIG_FILES or path.name.startswith("conftest"))
+        return under_import or config_above
+
+    return _outside_workspace(diff, workdir, on_lookup_path)
+
+
+def _outside_workspace(
+    diff: list[dict[str, object]], workdir: PurePosixPath, keep: Callable[[PurePosixPath], bool]
+) -> RouteChanges:
+    """The diff's added and changed paths outside the workspace (and not the engine's own
+    files) that ``keep`` selects; deletions are not listed."""
     added: list[str] = []
     changed: list[str] = []
     for entry in diff:
         path, kind = PurePosixPath(str(entry.get("Path", ""))), entry.get("Kind")
-        if path.is_relative_to(workdir) or str(path) in _ENGINE_FILES:
-            continue
-        under_import = any(path.is_relative_to(r) and path != r for r in roots)
-        config_above = path.parent in parents and (path.name in CONFIG_FILES or path.name.startswith("conftest"))
-        if not (under_import or config_above):
+        if path.is_relative_to(workdir) or str(path) in _ENGINE_FILES or not keep(path):
             continue
         if kind == 1:
             added.append(str(path))
