@@ -176,8 +176,8 @@ class RedisServer(_Process):
         return self.start()
 
 
-# Every port weed mini opens, each set explicitly: a busy default port would be
-# silently replaced by another one.
+# Every port ``weed server`` opens with the components we start, each set explicitly:
+# a busy default port would be silently replaced by another one.
 S3_PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
@@ -187,32 +187,37 @@ S3_PORT_FLAGS = (
     "filer.port.grpc",
     "s3.port",
     "s3.port.grpc",
-    "admin.port",
-    "admin.port.grpc",
     "s3.port.iceberg",
     "s3.port.lance",
 )
 
-
-_READY_LINE = "All enabled components are running"
+# The last listener ``weed server -s3`` starts; after it, every port is bound.
+_LAST_LISTENER_LINE = "Start Lance Namespace Server"
 
 
 @dataclass
 class S3Server(_Process):
-    """SeaweedFS ``weed mini`` with access keys set, so anonymous access is refused."""
+    """SeaweedFS (``weed server`` with a filer and S3) with access keys set, so
+    anonymous access is refused.
+
+    Not ``weed mini``: mini fixes the volume server's free-space floor at 1% of the
+    disk, and below it every volume turns read-only and each write answers "internal
+    error, try again" (seen in CI on a 252 GB disk with 2.0 GiB free: 0.8%).
+    ``min_free_space`` sets the floor in bytes instead (weed's syntax: ``100MiB``)."""
 
     access_key: str = "harnessrl-test"
     secret_key: str = "harnessrl-test-secret"
     dir: Path = field(default_factory=lambda: _scratch("hrl-s3-"))
     ports: dict[str, int] = field(default_factory=dict)
     max_volumes: int = 2000
+    min_free_space: str = "100MiB"
 
     @property
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.ports['s3.port']}"
 
     def start(self, timeout: float = 60, tries: int = 3) -> S3Server:
-        """Starts ``weed mini``. A free port can be taken by another process between
+        """Starts the server. A free port can be taken by another process between
         the draw and weed's bind; with ports it drew itself it draws again, up to
         ``tries`` times. Ports the caller gave are the caller's: no retry."""
         chosen = bool(self.ports)
@@ -233,30 +238,46 @@ class S3Server(_Process):
         port_flags = [f"-{flag}={port}" for flag, port in self.ports.items()]
         args = [
             binary,
-            "mini",
+            "server",
             f"-dir={self.dir}",
             f"-ip={HOST}",
             f"-ip.bind={HOST}",
-            "-webdav=false",
-            "-admin.ui=false",
+            "-filer",
+            "-s3",
             "-master.telemetry=false",
             # Each bucket is a collection with volumes of its own; the auto limit
             # (free disk / volume size) ran out after ~70 buckets in one test session.
             # Volumes are sparse files, so a high limit with small volumes costs little.
             f"-volume.max={self.max_volumes}",
             "-master.volumeSizeLimitMB=64",
+            f"-volume.minFreeSpace={self.min_free_space}",
             *port_flags,
         ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        self.dir.mkdir(parents=True, exist_ok=True)
         log = self.dir / "weed.log"
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 args, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
             )
-        # Ready when S3 answers *and* weed says every component runs: S3's HTTP port can
-        # answer while a later port's bind is still to fail and end the process.
-        _wait(lambda: self._s3_answers() and _READY_LINE in log.read_text(), timeout, "weed mini", self.proc, log)
+        # Ready when every port is bound (S3's HTTP port can answer while a later
+        # bind is still to fail and end the process), S3 answers, and the volume
+        # server has joined the master (before that, a write finds no volume).
+        _wait(
+            lambda: _LAST_LISTENER_LINE in log.read_text() and self._s3_answers() and self._volume_joined(),
+            timeout,
+            "weed server",
+            self.proc,
+            log,
+        )
         return self
+
+    def _volume_joined(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.ports['master.port']}/dir/status", timeout=1) as r:
+                return b'"DataNodes":[{' in r.read()
+        except OSError:
+            return False
 
     def _s3_answers(self) -> bool:
         try:

@@ -91,6 +91,9 @@ def write_config(
         "max_turns": 4,
         "seed": 1,
         "calibrate": False,  # seconds of the default model per run; test_run_progress.py checks it
+        # The default 2 GiB is the quickstart's (its checkpoints); these runs write a few MB,
+        # and CI's shared disk has been seen with 2.0 GiB free (test_preflight checks the check).
+        "min_free_disk_gb": 0.25,
     } | (run or {})
     lines = ["[run]"] + [f"{k} = {json.dumps(v)}" for k, v in fields.items()]
     lines.append(f'harness_options = {{ script_path = "{tmp / "agent.sh"}" }}')
