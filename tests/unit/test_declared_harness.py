@@ -245,12 +245,15 @@ def test_an_own_node_is_for_npm_packages_only() -> None:
         parse(data, "x.toml")
 
 
-def test_the_example_harness_file_parses_and_differs_from_pi_only_in_its_model_entry() -> None:
+def test_the_example_harness_file_parses_and_differs_from_pi_in_its_model_entry_and_compaction() -> None:
     small = load(ROOT / "examples" / "harnesses" / "pi-small.toml")
     pi = load(SHIPPED_DIR / "pi.toml")
     assert small.harness.name == "pi-small" and small.install == pi.install and small.run == pi.run
     model = small.files[0].json_["providers"]["harnessrl"]["models"][0]  # type: ignore[index]
     assert model == {"id": "{model}", "contextWindow": 8192, "maxTokens": 128}
+    # Pi's default reserve (16,384) is wider than the window: it would compact after every answer.
+    compaction = small.files[1].json_["compaction"]  # type: ignore[index]
+    assert compaction["reserveTokens"] < model["contextWindow"] // 2
 
 
 def test_hermes_reads_the_trials_endpoint_from_its_config_file(tmp_path: Path) -> None:
