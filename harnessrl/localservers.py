@@ -191,6 +191,17 @@ S3_PORT_FLAGS = (
     "s3.port.lance",
 )
 
+
+def weed_volume_joined(master_port: int) -> bool:
+    """Whether a volume server has joined the SeaweedFS master on ``master_port``: S3
+    answers a few seconds before that, and a write in between finds no volume."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{master_port}/dir/status", timeout=1) as r:
+            return b'"DataNodes":[{' in r.read()
+    except OSError:
+        return False
+
+
 # The last listener ``weed server -s3`` starts; after it, every port is bound.
 _LAST_LISTENER_LINE = "Start Lance Namespace Server"
 
@@ -273,11 +284,7 @@ class S3Server(_Process):
         return self
 
     def _volume_joined(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.ports['master.port']}/dir/status", timeout=1) as r:
-                return b'"DataNodes":[{' in r.read()
-        except OSError:
-            return False
+        return weed_volume_joined(self.ports["master.port"])
 
     def _s3_answers(self) -> bool:
         try:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import grpc
 
+from harnessrl.errors import Unavailable
 from harnessrl.rpc import RunningServer, start_server
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
 from services.capture_store.auth import RunGuard
@@ -14,6 +18,11 @@ from services.capture_store.backend import Backend
 from services.capture_store.service import CaptureService
 from services.capture_store.servicer import CaptureServicer
 from services.capture_store.settings import Settings
+
+if TYPE_CHECKING:
+    from services.capture_store.distributed import DistributedBackend
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = capture_pb2.DESCRIPTOR.services_by_name["CaptureStore"].full_name
 
@@ -24,11 +33,27 @@ def open_backend(settings: Settings, *, writer: bool = True) -> Backend:
         from services.capture_store.distributed import DistributedBackend
 
         backend = DistributedBackend(settings)
-        backend.check()
+        _check_until_reachable(backend, settings.startup_wait_s)
         return backend
     from services.capture_store.embedded import EmbeddedBackend
 
     return EmbeddedBackend(settings, writer=writer)
+
+
+def _check_until_reachable(backend: DistributedBackend, wait_s: float) -> None:
+    """``backend.check()``, again every second while Redis or S3 does not answer, up to
+    ``wait_s``: in a compose stack or a pod the store can start before them. A wrong
+    bucket or wrong credentials (ConfigError) fails at once."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            backend.check()
+            return
+        except Unavailable as e:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("%s; waiting (startup_wait_s %g)", e, wait_s)
+            time.sleep(1.0)
 
 
 class CaptureServer(RunningServer):

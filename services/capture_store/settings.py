@@ -55,6 +55,12 @@ class Settings(ServiceSettings):
     s3_access_key: SecretStr | None = Field(None, description="S3 access key id.")
     s3_secret_key: SecretStr | None = Field(None, description="S3 secret access key.")
     s3_create_bucket: bool = Field(False, description="Create the bucket at startup if it is missing.")
+    startup_wait_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="At start, wait this long for Redis and S3 to answer (they may start later); 0: fail at once.",
+    )
 
     logprob_dtype: Literal["float32", "float16"] = Field(
         "float32", description="On-disk logprob precision; float16 halves it but is lossy."

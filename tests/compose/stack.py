@@ -18,7 +18,7 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harnessrl.localservers import S3_PORT_FLAGS, free_port
+from harnessrl.localservers import S3_PORT_FLAGS, free_port, weed_volume_joined
 from tests.tls_support import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ class Stack:
         checks["proxy"] = lambda: http_ok(f"{scheme}://{self.target('proxy')}/healthz", self.pki)
         checks["dashboard"] = lambda: http_ok(f"{scheme}://{self.target('dashboard')}/healthz", self.pki)
         checks["redis"] = lambda: redis_pings(self.ports["redis"])
-        checks["minio"] = lambda: s3_answers(self.s3_endpoint)
+        checks["minio"] = lambda: s3_answers(self.s3_endpoint) and weed_volume_joined(self.weed["master.port"])
         checks["sandbox-worker"] = lambda: self.container_states().get("sandbox-worker") == "running"
         return checks
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -19,7 +20,8 @@ import pytest
 import redis
 
 from harnessrl import arrays
-from harnessrl.localservers import RedisServer, S3Server, restartable_port
+from harnessrl.errors import Unavailable
+from harnessrl.localservers import S3_PORT_FLAGS, RedisServer, S3Server, restartable_port
 from harnessrl.rpc import check_health, connect
 from harnessrl.v1 import capture_pb2, capture_pb2_grpc
 from services.capture_store.server import create_server
@@ -83,7 +85,11 @@ async def _check_exactly_once(target: str, acked: dict[str, list]) -> None:
 
 
 def _distributed(redis_server: RedisServer, s3: S3Server, bucket: str, total_s: float = 60) -> Settings:
-    return Settings(
+    return Settings.model_validate(_distributed_fields(redis_server, s3, bucket, total_s))
+
+
+def _distributed_fields(redis_server: RedisServer, s3: S3Server, bucket: str, total_s: float = 60) -> dict[str, Any]:
+    return dict(
         backend="distributed", redis_url=redis_server.url, s3_endpoint=s3.endpoint, s3_bucket=bucket,
         s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, auth_token=SERVICE_TOKEN,
         retry={"total_s": total_s, "max_s": 0.5}, shutdown_grace_s=0.5,
@@ -200,3 +206,35 @@ def test_a_connection_lost_while_watching_is_transient_not_a_conflict() -> None:
     backend = object.__new__(DistributedBackend)  # is_transient reads no state
     assert backend.is_transient(redis.WatchError("A ConnectionError occurred while watching one or more keys"))
     assert not backend.is_transient(redis.WatchError("Watched variable changed."))
+
+
+async def test_a_store_started_before_s3_waits_for_it(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # docker-compose starts the store right after its dependencies' containers, not
+    # their servers: a store that checked S3 once exited before S3 listened.
+    s3 = S3Server(dir=tmp_path / "s3", ports={flag: restartable_port() for flag in S3_PORT_FLAGS})
+    settings = _distributed_fields(redis_server, s3, "late-bucket") | {"s3_create_bucket": True, "startup_wait_s": 120}
+    with caplog.at_level(logging.WARNING, "services.capture_store"):
+        starting = asyncio.create_task(create_server(Settings.model_validate(settings)))
+        await asyncio.sleep(3)
+        assert not starting.done()
+        await asyncio.to_thread(s3.start)
+        try:
+            running = await asyncio.wait_for(starting, 60)
+            try:
+                async with connect(f"127.0.0.1:{running.port}", SERVICE_TOKEN) as channel:
+                    stub = capture_pb2_grpc.CaptureStoreStub(channel)
+                    assert not (await stub.AppendSegment(append_request("r1", "t1", part=0))).duplicate
+            finally:
+                await running.stop()
+        finally:
+            s3.stop()
+    assert any("is not reachable" in r.message and "waiting" in r.message for r in caplog.records)
+
+
+async def test_a_store_whose_s3_never_answers_fails_after_its_wait(redis_server: RedisServer, tmp_path: Path) -> None:
+    nowhere = S3Server(dir=tmp_path, ports={flag: restartable_port() for flag in S3_PORT_FLAGS})  # never started
+    settings = _distributed_fields(redis_server, nowhere, "no-bucket") | {"startup_wait_s": 2}
+    with pytest.raises(Unavailable, match="is not reachable"):
+        await create_server(Settings.model_validate(settings))
