@@ -190,14 +190,22 @@ class SandboxLauncher:
             try:
                 call = self._stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(run_id=self.template.run_id))
                 async for status in call:
-                    self.status[status.trial_id] = status
-                    board_update(self.board, status)
-                    self._changed.set()
-                    if status.state >= sandbox_pb2.TRIAL_STATE_VERIFY:
-                        self._trial_ended(status.trial_id)
+                    self.observe(status)
             except grpc.aio.AioRpcError as e:
                 log.warning("WatchTrials interrupted: %s", e.code().name)
             await asyncio.sleep(1.0)
+
+    def observe(self, status: sandbox_pb2.TrialStatus) -> None:
+        """A trial's new status: kept, shown, and past the agent phase, told to the gateway."""
+        self.status[status.trial_id] = status
+        board_update(self.board, status)
+        self._changed.set()
+        if status.state >= sandbox_pb2.TRIAL_STATE_VERIFY:
+            self._trial_ended(status.trial_id)
+
+    async def settle(self) -> None:
+        """Waits for the gateway calls already made (trials' ends)."""
+        await asyncio.gather(*self._ending, return_exceptions=True)
 
     def _trial_ended(self, trial_id: str) -> None:
         """Tells the gateway once that ``trial_id`` is past its agent phase (see the module docstring)."""
@@ -333,7 +341,7 @@ class SandboxLauncher:
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
-        await asyncio.gather(*self._ending, return_exceptions=True)
+        await self.settle()
         await self._sandbox.close()
         await self._capture.close()
         if self._gateway is not None:
