@@ -223,6 +223,8 @@ async def test_abort_of_a_trial_drops_its_kept_caches(folders: tuple[Path, Path]
         async def turn(rid: str, trial: str) -> int:
             outs = [o async for o in service.generate(rid, trial, "main", np.asarray(PROMPTS[2], np.int32), greedy)]
             assert outs[-1].usage is not None
+            # The turn's cache is kept just after its last token is sent: wait for the worker's next boundary.
+            await asyncio.wrap_future(engine.worker.call(lambda: None))
             return outs[-1].usage.cached_prompt_tokens
 
         assert [await turn("a1", "ta"), await turn("b1", "tb")] == [0, 0]

@@ -4,6 +4,7 @@ agent phase has the gateway drop its kept KV caches."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections import Counter
 from pathlib import Path
@@ -119,6 +120,8 @@ async def test_a_trial_past_its_agent_phase_has_the_gateway_drop_its_caches(tmp_
             prompt = np.asarray([1, 520, 9531, 198, 30, 31], np.int32)
             sampling = Sampling(temperature=0.0, max_tokens=3)
             _ = [o async for o in server.service.generate(f"{trial}-1", trial, "main", prompt, sampling)]
+        # A turn's cache is kept just after its last token is sent: wait for the worker's next boundary.
+        await asyncio.wrap_future(engine.worker.call(lambda: None))
         assert len(engine.worker.prefix) == 2
 
         def status(trial: str, state: int) -> sandbox_pb2.TrialStatus:
