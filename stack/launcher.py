@@ -12,7 +12,10 @@ Deterministic, so a resumed run never redoes finished work:
   finished, untrained groups to the trainer by itself.
 
 It also follows the run's trials (``WatchTrials``) for the progress display and
-cancels whatever is still in flight when the run stops.
+cancels whatever is still in flight when the run stops. A trial past its agent
+phase calls the model no more: the launcher tells the gateway (``Abort`` by
+trial), which drops the KV caches its engine kept for the trial's next turns
+(up to ``prefix_cache_mib``; otherwise held until the next weight update).
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from harnessrl import telemetry
 from harnessrl.captured import list_trajectories
 from harnessrl.errors import Unavailable
 from harnessrl.rpc import connect
-from harnessrl.v1 import capture_pb2, capture_pb2_grpc, records_pb2, sandbox_pb2, sandbox_pb2_grpc
+from harnessrl.v1 import (
+    capture_pb2,
+    capture_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    records_pb2,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
+)
 from stack.progress import TrialBoard
 
 if TYPE_CHECKING:
@@ -147,6 +158,7 @@ class SandboxLauncher:
         steps: int,
         seed: int = 0,
         token: str | None = None,
+        gateway_target: str | None = None,
     ) -> None:
         if not tasks:
             raise ValueError("no tasks to launch")
@@ -154,6 +166,9 @@ class SandboxLauncher:
         self.groups_per_step, self.steps, self.seed = groups_per_step, steps, seed
         self._sandbox = connect(sandbox_target, token, service="trainer")
         self._capture = connect(capture_target, token, service="trainer")
+        self._gateway = connect(gateway_target, token, service="trainer") if gateway_target else None
+        self._ended: set[str] = set()  # trials whose end the gateway was told
+        self._ending: set[asyncio.Task[None]] = set()
         self.status: dict[str, sandbox_pb2.TrialStatus] = {}
         self.submitted: list[str] = []
         self.skipped: list[str] = []
@@ -175,12 +190,39 @@ class SandboxLauncher:
             try:
                 call = self._stub.WatchTrials(sandbox_pb2.WatchTrialsRequest(run_id=self.template.run_id))
                 async for status in call:
-                    self.status[status.trial_id] = status
-                    board_update(self.board, status)
-                    self._changed.set()
+                    self.observe(status)
             except grpc.aio.AioRpcError as e:
                 log.warning("WatchTrials interrupted: %s", e.code().name)
             await asyncio.sleep(1.0)
+
+    def observe(self, status: sandbox_pb2.TrialStatus) -> None:
+        """A trial's new status: kept, shown, and past the agent phase, told to the gateway."""
+        self.status[status.trial_id] = status
+        board_update(self.board, status)
+        self._changed.set()
+        if status.state >= sandbox_pb2.TRIAL_STATE_VERIFY:
+            self._trial_ended(status.trial_id)
+
+    async def settle(self) -> None:
+        """Waits for the gateway calls already made (trials' ends)."""
+        await asyncio.gather(*self._ending, return_exceptions=True)
+
+    def _trial_ended(self, trial_id: str) -> None:
+        """Tells the gateway once that ``trial_id`` is past its agent phase (see the module docstring)."""
+        if self._gateway is None or trial_id in self._ended:
+            return
+        self._ended.add(trial_id)
+        task = asyncio.ensure_future(self._forget(trial_id))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _forget(self, trial_id: str) -> None:
+        assert self._gateway is not None
+        stub = gateway_pb2_grpc.RolloutGatewayStub(self._gateway)
+        try:
+            await stub.Abort(gateway_pb2.AbortRequest(trial_id=trial_id), timeout=10)
+        except grpc.aio.AioRpcError as e:  # the caches go at the next weight update anyway
+            log.warning("gateway: Abort(trial %s): %s", trial_id, e.code().name)
 
     async def finalized(self, step: int) -> set[str]:
         """Trials of ``step`` the capture store already holds finalized."""
@@ -299,5 +341,8 @@ class SandboxLauncher:
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
+        await self.settle()
         await self._sandbox.close()
         await self._capture.close()
+        if self._gateway is not None:
+            await self._gateway.close()

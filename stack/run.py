@@ -313,6 +313,7 @@ def _launcher(cfg: RunConfig, ends: Endpoints, train: Sequence[Path]) -> Sandbox
         steps=r.steps,
         seed=r.seed,
         token=cfg.token(),
+        gateway_target=ends.gateway_target,
     )
 
 

@@ -78,7 +78,9 @@ class RolloutGatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Stops a running request (by request_id) or every request of a trial.
+        """Stops a running request (by request_id) or every request of a trial; by
+        trial_id it also drops what the engines keep for the trial's next calls (KV
+        caches between turns): the caller says the trial is over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

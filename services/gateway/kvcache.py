@@ -26,9 +26,12 @@ from transformers import DynamicCache
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+def _layers(cache: DynamicCache) -> list[Any]:
+    return list(cache.layers)  # DynamicLayer only (checked when the model loads)
+
+
 def layers_of(cache: DynamicCache) -> KV:
-    layers: list[Any] = list(cache.layers)  # DynamicLayer only (checked when the model loads)
-    return [(layer.keys, layer.values) for layer in layers]
+    return [(layer.keys, layer.values) for layer in _layers(cache)]
 
 
 def from_layers(data: KV) -> DynamicCache:
@@ -40,11 +43,13 @@ def cache_length(cache: DynamicCache) -> int:
     return int(cache.get_seq_length())
 
 
-def _pad_left(t: torch.Tensor, slots: int) -> torch.Tensor:
-    if slots == 0:
-        return t
-    pad = t.new_zeros(t.shape[0], t.shape[1], slots, t.shape[3])
-    return torch.cat([pad, t], dim=2)
+def _stack_left(batch: torch.Tensor, row: torch.Tensor, width: int) -> torch.Tensor:
+    """``batch`` [B, h, w, d] and ``row`` [1, h, n, d] as one [B + 1, h, width, d] tensor, each
+    right-aligned (zeros on the left): one allocation, no padded copies on the way."""
+    out = batch.new_zeros(batch.shape[0] + 1, batch.shape[1], width, batch.shape[3])
+    out[: batch.shape[0], :, width - batch.shape[2] :] = batch
+    out[batch.shape[0] :, :, width - row.shape[2] :] = row
+    return out
 
 
 def crop(cache: DynamicCache, length: int) -> DynamicCache:
@@ -68,20 +73,19 @@ class BatchCache:
         return cache_length(self.cache) if self.cache is not None else 0
 
     def add(self, row: DynamicCache) -> int:
-        """Appends a single-row cache; returns its row index."""
+        """Appends a single-row cache; returns its row index.
+
+        Layer by layer, in place: while a layer is merged only that layer exists twice (a
+        merge of every layer before the old ones were released held the whole batch cache
+        twice for a moment)."""
         n = cache_length(row)
         if self.cache is None:
             self.cache, self.lengths = row, [n]
             return 0
         width = max(self.width, n)
-        merged = [
-            (
-                torch.cat([_pad_left(bk, width - self.width), _pad_left(rk, width - n)], dim=0),
-                torch.cat([_pad_left(bv, width - self.width), _pad_left(rv, width - n)], dim=0),
-            )
-            for (bk, bv), (rk, rv) in zip(layers_of(self.cache), layers_of(row), strict=True)
-        ]
-        self.cache = from_layers(merged)
+        for layer, (rk, rv) in zip(_layers(self.cache), layers_of(row), strict=True):
+            layer.keys = _stack_left(layer.keys, rk, width)
+            layer.values = _stack_left(layer.values, rv, width)
         self.lengths.append(n)
         return len(self.lengths) - 1
 
@@ -113,12 +117,9 @@ class BatchCache:
         lengths = [self.lengths[i] for i in indices]
         width = max(lengths)
         index = torch.tensor(list(indices), device=layers_of(self.cache)[0][0].device)
-        self.cache = from_layers(
-            [
-                (k[:, :, -width:].index_select(0, index), v[:, :, -width:].index_select(0, index))
-                for k, v in layers_of(self.cache)
-            ]
-        )
+        for layer in _layers(self.cache):  # in place, one layer at a time (see ``add``)
+            layer.keys = layer.keys[:, :, -width:].index_select(0, index)
+            layer.values = layer.values[:, :, -width:].index_select(0, index)
         self.lengths = lengths
 
 
@@ -187,6 +188,16 @@ class PrefixStore:
             _, (evicted, _, evicted_size) = self._entries.popitem(last=False)
             self._tokens -= evicted.shape[0]
             self._bytes -= evicted_size
+
+    def forget(self, trial_id: str) -> int:
+        """Drops every entry of ``trial_id`` (keys ``(trial_id, thread)``): a trial that
+        ended calls no more, so its caches can never be reused. Returns how many went."""
+        keys = [k for k in self._entries if isinstance(k, tuple) and k and k[0] == trial_id]
+        for key in keys:
+            tokens, _, size = self._entries.pop(key)
+            self._tokens -= tokens.shape[0]
+            self._bytes -= size
+        return len(keys)
 
     def _over(self) -> bool:
         over_bytes = self.max_bytes is not None and self._bytes > self.max_bytes

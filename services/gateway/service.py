@@ -365,6 +365,9 @@ class GatewayService:
             raise InvalidArgument("Abort needs a request_id or a trial_id")
         matching = [(rid, t) for rid, t in list(self._requests.items()) if t.trial_id == trial_id]
         results = await asyncio.gather(*(self._abort_one(rid, t) for rid, t in matching))
+        # The trial is over: what the engines keep for its next turns (KV caches) goes too,
+        # after the aborts (an aborted generation's cache is kept by its abort).
+        await asyncio.gather(*(r.engine.forget_trial(trial_id) for r in self._serving()), return_exceptions=True)
         return sum(results)
 
     async def _abort_one(self, request_id: str, tracked: _Tracked) -> bool:

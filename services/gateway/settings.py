@@ -86,7 +86,8 @@ class Settings(ServiceSettings):
         1024,
         ge=0,
         description="Bound on the memory (MiB) the cross-turn KV caches of the local engine hold; least "
-        "recently used first out (a trial whose cache left prefills its next turn again).",
+        "recently used first out (a trial whose cache left prefills its next turn again). A trial's caches "
+        "also go when it ends (Abort by trial; harnessrl run's launcher sends it) and at a weight update.",
     )
     torch_threads: int | None = Field(None, ge=1, le=1024, description="torch.set_num_threads; default: torch's.")
     device: str = Field("cpu", description=f"Where the local engine runs: {DEVICE_HELP}.")

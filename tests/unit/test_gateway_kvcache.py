@@ -135,3 +135,18 @@ def test_prefix_store_bounds_bytes(model) -> None:
     small = PrefixStore(10, 1000, max_bytes=size - 1)
     small.put("big", tokens, cache)  # over the bound alone: not kept
     assert len(small) == 0 and small.nbytes == 0
+
+
+@torch.inference_mode()
+def test_prefix_store_forgets_a_trials_threads(model) -> None:
+    tokens = np.asarray([5, 6, 7, 8, 9], np.int32)
+    cache, _ = prefill(model, tokens.tolist())
+    size = cache_bytes(cache)
+    store = PrefixStore(max_entries=10, max_tokens=1000)
+    for key in (("t1", "main"), ("t1", "sub"), ("t2", "main"), "t1"):
+        store.put(key, tokens, crop(cache, 5))
+    assert store.forget("t1") == 2  # both threads of t1; a key that is not (trial, thread) stays
+    assert len(store) == 2 and store.nbytes == 2 * size
+    assert store.take(("t1", "main"), tokens) == (None, 0)
+    assert store.take(("t2", "main"), tokens)[1] == 4 and store.take("t1", tokens)[1] == 4
+    assert store.forget("t1") == 0 and store.nbytes == 0 and len(store) == 0

@@ -206,3 +206,32 @@ async def test_in_process_weight_update_through_the_service(folders: tuple[Path,
         assert versions == [2, 2, 2, 2] and service.health().policy_version == 2
     finally:
         await service.close()
+
+
+async def test_abort_of_a_trial_drops_its_kept_caches(folders: tuple[Path, Path]) -> None:
+    """Abort by trial (the launcher's "this trial ended"): its next call would reuse nothing;
+    another trial's cache stays."""
+    from services.gateway.service import GatewayService
+
+    settings = Settings(model_path=folders[0], health_interval_s=3600)
+    engine = LocalEngine(settings)
+    service = GatewayService([engine], settings)
+    await service.start()
+    try:
+        greedy = Sampling(temperature=0.0, max_tokens=4)
+
+        async def turn(rid: str, trial: str) -> int:
+            outs = [o async for o in service.generate(rid, trial, "main", np.asarray(PROMPTS[2], np.int32), greedy)]
+            assert outs[-1].usage is not None
+            # The turn's cache is kept just after its last token is sent: wait for the worker's next boundary.
+            await asyncio.wrap_future(engine.worker.call(lambda: None))
+            return outs[-1].usage.cached_prompt_tokens
+
+        assert [await turn("a1", "ta"), await turn("b1", "tb")] == [0, 0]
+        assert len(engine.worker.prefix) == 2
+        assert await service.abort("", "ta") == 0  # nothing running; its cache goes
+        assert len(engine.worker.prefix) == 1
+        assert await turn("a2", "ta") == 0
+        assert await turn("b2", "tb") == len(PROMPTS[2]) - 1
+    finally:
+        await service.close()

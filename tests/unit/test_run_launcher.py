@@ -1,16 +1,25 @@
 """The launcher's plan: deterministic ids and task choice (a resumed run plans the
-same groups), every task used equally often; the progress lines."""
+same groups), every task used equally often; the progress lines; a trial past its
+agent phase has the gateway drop its kept KV caches."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 
-from stack.launcher import TrialTemplate, plan_step, task_for
+from harnessrl.v1 import sandbox_pb2
+from services.gateway.engines.base import Sampling
+from services.gateway.engines.local import LocalEngine
+from services.gateway.server import create_server
+from services.gateway.settings import Settings
+from stack.launcher import SandboxLauncher, TrialTemplate, plan_step, task_for
 from stack.progress import Progress, Rollouts, Snapshot, TrialBoard, rollout_line, step_line
+from tests.test_gateway_support import tiny_llama
 
 TASKS = [Path(f"/pool/t{i}") for i in range(5)]
 
@@ -85,3 +94,50 @@ def test_without_a_terminal_a_rollout_line_comes_between_step_lines() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("rollouts of step 0: done 1/4  rewards 1/1  running [agent 3]  slowest t-2 in agent 95s")
     assert lines[1].startswith("step 1/3  reward 0.250") and len(lines) == 2
+
+
+async def test_a_trial_past_its_agent_phase_has_the_gateway_drop_its_caches(tmp_path: Path) -> None:
+    """A real gateway (local engine, tiny model) behind the launcher: a trial's status in the
+    agent phase keeps its cache; verify (or later) drops it, once; another trial keeps its own."""
+    server = await create_server(
+        Settings(engine="local", model_path=tiny_llama(tmp_path / "tiny"), shutdown_grace_s=0.5, health_interval_s=3600)
+    )
+    engine = server.service.router.replicas[0].engine
+    assert isinstance(engine, LocalEngine)
+    template = TrialTemplate("run-a", "mini-swe-agent", "M", 2, 3, 60.0, 30.0, {})
+    # Sandbox and capture store are never called here (channels connect on first use).
+    launcher = SandboxLauncher(
+        template,
+        TASKS,
+        sandbox_target="127.0.0.1:9",
+        capture_target="127.0.0.1:9",
+        groups_per_step=1,
+        steps=1,
+        gateway_target=f"127.0.0.1:{server.port}",
+    )
+    try:
+        for trial in ("ta", "tb"):
+            prompt = np.asarray([1, 520, 9531, 198, 30, 31], np.int32)
+            sampling = Sampling(temperature=0.0, max_tokens=3)
+            _ = [o async for o in server.service.generate(f"{trial}-1", trial, "main", prompt, sampling)]
+        # A turn's cache is kept just after its last token is sent: wait for the worker's next boundary.
+        await asyncio.wrap_future(engine.worker.call(lambda: None))
+        assert len(engine.worker.prefix) == 2
+
+        def status(trial: str, state: int) -> sandbox_pb2.TrialStatus:
+            return sandbox_pb2.TrialStatus(trial_id=trial, run_id="run-a", state=state)  # type: ignore[arg-type]
+
+        launcher.observe(status("ta", sandbox_pb2.TRIAL_STATE_AGENT))
+        await launcher.settle()
+        assert len(engine.worker.prefix) == 2
+        launcher.observe(status("ta", sandbox_pb2.TRIAL_STATE_VERIFY))
+        launcher.observe(status("ta", sandbox_pb2.TRIAL_STATE_DONE))
+        await launcher.settle()
+        assert len(engine.worker.prefix) == 1
+        got, reuse = engine.worker.prefix.take(
+            ("tb", "main"), np.asarray([1, 520, 9531, 198, 30, 31, 7, 8, 9], np.int32)
+        )
+        assert got is not None and reuse > 0
+    finally:
+        await launcher.close()
+        await server.stop(0.5)

@@ -164,6 +164,11 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> bool:
         """Ends a running generation with finish reason "abort"; False if unknown."""
 
+    async def forget_trial(self, trial_id: str) -> int:
+        """Drops what the engine keeps for ``trial_id`` between its calls (the local
+        engine's per-thread KV caches): the trial ended. Returns how many entries went."""
+        return 0
+
     @abc.abstractmethod
     async def pause(self, timeout_s: float) -> int:
         """Holds every in-flight generation at its next token boundary (waiting at

@@ -148,6 +148,10 @@ class LocalEngine(Engine):
         worker = self.worker
         return bool(await asyncio.wrap_future(worker.call(lambda: worker.abort(seq))))
 
+    async def forget_trial(self, trial_id: str) -> int:
+        worker = self.worker
+        return int(await asyncio.wrap_future(worker.call(lambda: worker.forget(trial_id))))
+
     async def pause(self, timeout_s: float) -> int:
         worker = self.worker
         worker.set_paused(True)

@@ -298,6 +298,13 @@ class Worker:
         self._finish(seq, "abort")
         return True
 
+    def forget(self, trial_id: str) -> int:
+        """(On the worker.) Drops the trial's kept caches; the memory goes back to the system."""
+        dropped = self.prefix.forget(trial_id)
+        if dropped:
+            memory.trim()
+        return dropped
+
     def _fail_running(self, error: BaseException) -> None:
         for seq in [*self.prefilling, *self.decoding]:
             seq.done = True
