@@ -272,6 +272,7 @@ class ModelCall:
         routes: list[np.ndarray] = []
         last = self._first
         committed = False
+        client_left = False
         try:
             for delta in out.feed(self.params.forcing.prefill):
                 if (sent := self._outgoing(delta)) is not None:
@@ -379,13 +380,44 @@ class ModelCall:
             # the route's error handler never sees it).
             self.trial.note_failure(e, "turn")
             raise
+        except (GeneratorExit, asyncio.CancelledError):  # the route stopped reading: its client left
+            client_left = True
+            raise
         finally:
             if not committed:
                 self.trial.aborted_turns += 1
                 metrics.FAILURES.labels("proxy", "turn_aborted").inc()
+                if client_left:
+                    self._keep_abandoned(versions, routes)
                 self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
                 await self._stop_engine()
             self._end_span()
+
+    def _keep_abandoned(self, versions: list[bytes], routes: list[np.ndarray]) -> None:
+        """A turn whose client left mid-answer: the harness never received it, so it is
+        no part of the trajectory (invariant 1) and is not trained; what the engine had
+        sampled is kept for audit in an ``abandoned`` thread (``TrialCapture.abandoned``)
+        and counted (the trial's ``abandoned_turns``/``abandoned_tokens``,
+        ``harnessrl_tokens_total{kind="abandoned"}``)."""
+        trial = self.trial
+        if not self.received_ids or trial.closed or self.plan is None:
+            return
+        try:
+            sampled = _sampled(
+                self.received_ids, self.received_logprobs, versions, routes, "abort", self.core.model.tokenizer.stop_ids
+            )
+        except EngineFailure:
+            return  # arrays that do not line up: nothing to keep (counted by _sampled)
+        sampling = self.sampling.record() if self.sampling is not None else None
+        parts = trial.capture.abandoned(self.plan, sampled, sampling)
+        trial.abandoned_turns += 1
+        trial.abandoned_tokens += sampled.num_tokens
+        metrics.TOKENS.labels("proxy", "abandoned").inc(sampled.num_tokens)
+        usage = records_pb2.Usage(prompt_tokens=self.plan.prompt_tokens, completion_tokens=sampled.num_tokens)
+        for part in parts:
+            trial.writer.submit(
+                self.core.append_request(trial, part, "abort" if part.sampled is sampled else "", usage)
+            )
 
     def _new_call_id(self) -> str:
         return f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}"

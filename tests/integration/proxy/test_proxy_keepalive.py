@@ -8,7 +8,11 @@ store over gRPC; a client that leaves while waiting aborts the turn, captured no
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -17,6 +21,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from harnessrl import paths
 from tests.integration.proxy.stack import MODEL, Stack, check_faithful, script
 
 ANSWER = "Hello after a long prefill."
@@ -139,7 +144,79 @@ def test_a_client_that_leaves_while_waiting_aborts_the_turn_and_nothing_is_captu
         httpx.get(f"{stack.url}/healthz")
         summary = stack.admin("GET", "/trials/ka-gone").json()
     assert summary["aborted_turns"] == 1 and summary["num_turns"] == 0 and summary["engine_errors"] == 0
+    assert summary["abandoned_turns"] == 0  # nothing was sampled: nothing to keep
     assert stack.close_trial("ka-gone")["num_segments"] == 0
     assert stack.export("ka-gone") == []
     finishes = [g["finish_reason"] for g in stack.engine_log() if g["trial_id"] == "ka-gone"]
     assert finishes in ([], ["abort"]), finishes  # stopped before it sampled anything, or logged as aborted
+
+
+NODE_CLIENT = r"""
+// Gemini CLI's SDK (@google/genai) over undici's fetch with a short header wait: Node's
+// fetch gives up on a request whose headers take longer (300 s by default).
+const [undiciPath, genaiPath, base, token, model] = process.argv.slice(2);
+const undici = require(undiciPath);
+undici.setGlobalDispatcher(new undici.Agent({ headersTimeout: 3000, bodyTimeout: 3000 }));
+globalThis.fetch = undici.fetch;
+const { GoogleGenAI } = require(genaiPath);
+(async () => {
+  const ai = new GoogleGenAI({ apiKey: token, httpOptions: { baseUrl: base } });
+  const out = { text: "", error: null };
+  const stream = await ai.models.generateContentStream({ model, contents: "hi" });
+  for await (const chunk of stream) out.text += chunk.text || "";
+  try {
+    for await (const _ of await ai.models.generateContentStream({ model, contents: "hi" })) {}
+  } catch (e) {
+    out.error = { name: e.name, status: e.status ?? null, message: String(e.message).slice(0, 300) };
+  }
+  console.log(JSON.stringify(out));
+})().catch((e) => { console.error(String(e), e.cause ? String(e.cause) : ""); process.exit(1); });
+"""
+
+
+def node_modules_with(node: str, *packages: str) -> Path | None:
+    """A harness's node_modules (installed by setup) that holds every package named, each
+    one this ``node`` runs (its ``engines.node`` lower bound at most node's version)."""
+    have = _version(subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout)
+    for d in sorted((paths.tools_dir() / "declared").glob("*/node_modules")):
+        metas = [d / p / "package.json" for p in packages]
+        if all(m.is_file() for m in metas) and all(
+            _version(json.loads(m.read_text()).get("engines", {}).get("node", "0")) <= have for m in metas
+        ):
+            return d
+    return None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a version or of a range's first bound: 'v20.20.2', '>=20.18.1'."""
+    digits = re.findall(r"\d+", text)[:3]
+    return tuple(int(x) for x in digits) or (0,)
+
+
+def test_node_fetch_with_a_short_header_timeout_gets_the_late_answer_and_the_error(tmp_path: Path) -> None:
+    """The first token comes after 6 s, the client drops a request with no headers in 3 s:
+    it gets headers after the grace, blank-line keep-alives, the answer, then the late
+    engine failure as an ApiError (never an empty answer)."""
+    node = shutil.which("node")
+    modules = node_modules_with(node, "undici", "@google/genai") if node else None
+    if node is None or modules is None:
+        pytest.skip(
+            "needs node and a harness's node_modules with undici and @google/genai (harnessrl harness install pi)"
+        )
+    path = script(tmp_path, {"main": [{"content": ANSWER}], "*": [{"content": ANSWER}]}, on_exhausted="error")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "first_delay_s": 6.0}))
+    stack = Stack(tmp_path, path, stream_headers_after_s=0.2, stream_keepalive_s=0.5)
+    try:
+        base, token = stack.new_trial("ka-node")
+        client = tmp_path / "client.cjs"
+        client.write_text(NODE_CLIENT)
+        args = [str(modules / "undici"), str(modules / "@google/genai"), base.removesuffix("/v1"), token, MODEL]
+        done = subprocess.run([node, str(client), *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["text"] == ANSWER, out
+        assert out["error"] is not None and out["error"]["name"] == "ApiError" and out["error"]["status"] >= 500, out
+        summary = stack.close_trial("ka-node")
+        assert summary["num_turns"] == 1 and summary["engine_errors"] == 1
+    finally:
+        stack.stop()
