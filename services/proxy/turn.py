@@ -1,10 +1,12 @@
 """One model call, protocol-agnostic: plan the capture, generate through the
 gateway while streaming text out, parse tool calls, commit the capture.
 
-Nothing is committed unless generation finished: a call that fails, whose
-client goes away mid-generation (before or after the response's headers), or
-that the engine ends with "abort" is aborted and leaves no trace in the capture
-(never a half turn recorded as whole, never a turn the harness did not receive).
+Nothing is committed as a turn unless generation finished: a call that fails,
+whose client goes away mid-generation (before or after the response's headers),
+or that the engine ends with "abort" is aborted (never a half turn recorded as
+whole, never a turn the harness did not receive). Of one whose client left, what
+the engine had sampled is kept for audit in an ``abandoned`` thread, never trained
+(``_keep_abandoned``).
 
 A streamed call whose first chunk takes longer than a grace (``[proxy]
 stream_headers_after_s``) has its headers sent before it: ``events`` then yields
