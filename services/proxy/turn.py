@@ -128,17 +128,11 @@ class ModelCall:
     def prompt_tokens(self) -> int:
         return self.plan.prompt_tokens if self.plan else 0
 
-    @property
-    def waiting(self) -> bool:
-        """Started, and its first chunk has not come yet (headers go out before it)."""
-        return self._first is None and self._pending is not None
-
     async def start(self, grace: float | None = None) -> None:
         """Plans and starts generation; every error a harness should get as an HTTP
         status (overflow, engine down, bad input) is raised here, before any output.
         ``grace``: the longest wait for the first chunk (None: no limit); past it
-        ``start`` returns with the chunk still coming (``waiting``), and its errors
-        come from ``events``.
+        ``start`` returns with the chunk still coming, and its errors come from ``events``.
 
         The call is a span of the trial's trace (``proxy.request``): the Generate
         and AppendSegment RPCs it makes are its children; ``events`` ends it."""
@@ -444,6 +438,8 @@ class ModelCall:
         if self._reading or self._chunks is None:
             return
         self._reading = True
+        if self._pending is not None and self._pending.done() and not self._pending.cancelled():
+            self._pending.exception()  # a late first chunk's error (counted already) is read, not logged as lost
         self.trial.aborted_turns += 1
         metrics.FAILURES.labels("proxy", "turn_aborted").inc()
         self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))

@@ -147,8 +147,6 @@ def test_a_client_that_leaves_while_waiting_aborts_the_turn_and_nothing_is_captu
     assert summary["abandoned_turns"] == 0  # nothing was sampled: nothing to keep
     assert stack.close_trial("ka-gone")["num_segments"] == 0
     assert stack.export("ka-gone") == []
-    finishes = [g["finish_reason"] for g in stack.engine_log() if g["trial_id"] == "ka-gone"]
-    assert finishes in ([], ["abort"]), finishes  # stopped before it sampled anything, or logged as aborted
 
 
 NODE_CLIENT = r"""
