@@ -112,8 +112,8 @@ class Settings(ServiceSettings):
         le=3600,
         description="A streamed answer whose first token has not come within this many seconds (a long prefill, "
         "a loaded engine) gets its 200 and headers now and keep-alives until it comes (Node's fetch drops a "
-        "request with no headers in 300 s); an error after that (context overflow, engine failure) is sent in "
-        "the stream in the protocol's own error shape. Before it, errors are HTTP statuses.",
+        "request with no headers in 300 s, Gemini CLI's in 60 s); an error after that (context overflow, engine "
+        "failure) is sent in the stream in the protocol's own error shape. Before it, errors are HTTP statuses.",
     )
     stream_keepalive_s: float = Field(
         15.0,
