@@ -33,7 +33,7 @@ ACTIVE_TRIALS = Gauge("harnessrl_active_trials", "Trials in progress.", ["servic
 TOKENS = Counter("harnessrl_tokens", "Tokens processed, by kind (prompt, sampled, captured...).", ["service", "kind"])
 FAILURES = Counter(
     "harnessrl_failures",
-    "Failures a service detected, by kind (proxy: engine_arrays_mismatch, refused, proxy_error).",
+    "Failures a service detected, by kind (proxy: engine_arrays_mismatch, refused, proxy_error, turn_aborted).",
     ["service", "kind"],
 )
 IGNORED_FIELDS = Counter(

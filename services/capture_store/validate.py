@@ -24,7 +24,7 @@ from services.capture_store.settings import Settings
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Other ids are percent-encoded into keys; refuse only what is never an id.
 ID_RE = re.compile(r"^[^\x00-\x20\x7f]{1,256}$")
-THREAD_KINDS = ("main", "subagent", "side")
+THREAD_KINDS = ("main", "subagent", "side", "abandoned")  # abandoned: never trainable (proxy turn.py)
 MAX_TEXT = 256
 MAX_SUMMARY = 16 * 1024
 MAX_METADATA = 64

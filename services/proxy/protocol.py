@@ -4,8 +4,10 @@ authentication, and SSE framing."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from fastapi import Request, Response
@@ -14,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from harnessrl.logs import kv
 from services.proxy.errors import BadRequest, BodyTooLarge
 from services.proxy.trials import ProxyCore, Trial
+
+if TYPE_CHECKING:
+    from services.proxy.turn import ModelCall
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -101,6 +106,27 @@ class FastJSON(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
+
+
+SSE_KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every SSE client skips it
+
+
+def grace(request: Request, stream: bool) -> float | None:
+    """How long ``ModelCall.start`` waits for the first chunk before a streamed
+    answer's headers go out (None: a whole answer waits for it, errors stay statuses)."""
+    return core_of(request).settings.stream_headers_after_s if stream else None
+
+
+async def guarded(call: ModelCall, body: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """A streamed body that stops the call's generation however it ends: a client that
+    left before the body's first byte was read never runs ``body`` at all."""
+    try:
+        async for b in body:
+            yield b
+    finally:
+        with contextlib.suppress(Exception):
+            await body.aclose()  # type: ignore[attr-defined]
+        await call.abandon()
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

@@ -106,6 +106,23 @@ class Settings(ServiceSettings):
     gc_tuning: bool = Field(
         True, description="`proxy serve` only: gc.freeze() after startup and a higher gen-0 threshold."
     )
+    stream_headers_after_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="A streamed answer whose first token has not come within this many seconds (a long prefill, "
+        "a loaded engine) gets its 200 and headers now and keep-alives until it comes (Node's fetch drops a "
+        "request with no headers in 300 s, Gemini CLI's in 60 s); an error after that (context overflow, engine "
+        "failure) is sent in the stream in the protocol's own error shape. Before it, errors are HTTP statuses.",
+    )
+    stream_keepalive_s: float = Field(
+        15.0,
+        gt=0,
+        le=240,
+        description="Seconds between keep-alives while a streamed answer's first token is coming: an SSE comment "
+        "(OpenAI chat, Responses), event: ping (Anthropic), a blank line (Gemini SSE) or whitespace in the "
+        "JSON array (Gemini without alt=sse).",
+    )
     engine_timeout_s: float = Field(
         600.0,
         gt=0,

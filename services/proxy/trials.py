@@ -72,6 +72,9 @@ class Trial:
     context_overflow: bool = False
     engine_errors: int = 0
     aborted_turns: int = 0
+    # Aborted turns whose client left mid-answer, kept for audit (never trained): their sampled tokens.
+    abandoned_turns: int = 0
+    abandoned_tokens: int = 0
     max_turns_reached: bool = False
     malformed_tool_calls: int = 0
     dropped_tool_calls: int = 0  # parsed calls not returned: past parallel_tool_calls=false's first
@@ -149,6 +152,8 @@ class Trial:
             "engine_error": self.engine_errors > 0,
             "engine_errors": self.engine_errors,
             "aborted_turns": self.aborted_turns,
+            "abandoned_turns": self.abandoned_turns,
+            "abandoned_tokens": self.abandoned_tokens,
             "max_turns_reached": self.max_turns_reached,
             "malformed_tool_calls": self.malformed_tool_calls,
             "dropped_tool_calls": self.dropped_tool_calls,

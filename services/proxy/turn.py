@@ -1,9 +1,18 @@
 """One model call, protocol-agnostic: plan the capture, generate through the
 gateway while streaming text out, parse tool calls, commit the capture.
 
-Nothing is committed unless generation finished: a call that fails or whose
-client goes away mid-generation is aborted and leaves no trace in the capture
-(never a half turn recorded as whole)."""
+Nothing is committed as a turn unless generation finished: a call that fails,
+whose client goes away mid-generation (before or after the response's headers),
+or that the engine ends with "abort" is aborted (never a half turn recorded as
+whole, never a turn the harness did not receive). Of one whose client left, what
+the engine had sampled is kept for audit in an ``abandoned`` thread, never trained
+(``_keep_abandoned``).
+
+A streamed call whose first chunk takes longer than a grace (``[proxy]
+stream_headers_after_s``) has its headers sent before it: ``events`` then yields
+``KeepAlive`` every ``stream_keepalive_s`` until the first chunk, and an error of
+that chunk (overflow, engine failure) is raised from ``events``, which the routes
+send in the stream in their protocol's error shape."""
 
 from __future__ import annotations
 
@@ -82,7 +91,14 @@ class Done:
     stop_sequence: str | None = None  # the stop string that ended the turn, if one did
 
 
-Event = Delta | Done
+@dataclass(frozen=True)
+class KeepAlive:
+    """Nothing yet: the first chunk is still coming (a long prefill). A streamed
+    route sends its protocol's keep-alive so the client's read timeouts do not fire."""
+
+
+KEEPALIVE = KeepAlive()
+Event = Delta | Done | KeepAlive
 
 
 class ModelCall:
@@ -98,6 +114,7 @@ class ModelCall:
         self.prefill_ids = b""  # int32 LE: a forced tool call's opening, ending the prompt (context, not sampled)
         self._chunks: AsyncIterator[gateway_pb2.GenerateChunk] | None = None
         self._first: gateway_pb2.GenerateChunk | None = None
+        self._pending: asyncio.Future[gateway_pb2.GenerateChunk] | None = None  # the first chunk, on its way
         self.span: trace.Span = trace.INVALID_SPAN
         # What the engine sent so far (int32 / float32 LE per chunk), read by routes that
         # return logprobs; the capture commits exactly these arrays.
@@ -111,9 +128,11 @@ class ModelCall:
     def prompt_tokens(self) -> int:
         return self.plan.prompt_tokens if self.plan else 0
 
-    async def start(self) -> None:
+    async def start(self, grace: float | None = None) -> None:
         """Plans and starts generation; every error a harness should get as an HTTP
         status (overflow, engine down, bad input) is raised here, before any output.
+        ``grace``: the longest wait for the first chunk (None: no limit); past it
+        ``start`` returns with the chunk still coming, and its errors come from ``events``.
 
         The call is a span of the trial's trace (``proxy.request``): the Generate
         and AppendSegment RPCs it makes are its children; ``events`` ends it."""
@@ -126,7 +145,7 @@ class ModelCall:
             )
         try:
             with trace.use_span(self.span, end_on_exit=False):
-                await self._start()
+                await self._start(grace)
         except BaseException as e:
             self._end_span(e)
             raise
@@ -137,7 +156,7 @@ class ModelCall:
             self.span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         self.span.end()
 
-    async def _start(self) -> None:
+    async def _start(self, grace: float | None) -> None:
         trial, core = self.trial, self.core
         if trial.max_turns and trial.turns >= trial.max_turns:
             trial.max_turns_reached = True
@@ -182,19 +201,63 @@ class ModelCall:
             wide_events=not self.params.stops,  # no stop string to see soon: wider engine events
         )
         self._chunks = trial.engine.generate(request)
+        pending = self._pending = asyncio.ensure_future(self._first_chunk(self._chunks, window))
         try:
-            self._first = await anext(self._chunks)
+            await asyncio.wait([pending], timeout=grace)
+        except BaseException:
+            pending.cancel()
+            raise
+        if pending.done():
+            self._first = pending.result()  # its error: an HTTP status, as no header has gone
+
+    async def _first_chunk(
+        self, chunks: AsyncIterator[gateway_pb2.GenerateChunk], window: int
+    ) -> gateway_pb2.GenerateChunk:
+        """The first chunk of the reply, its failure counted against the trial once."""
+        assert self.plan is not None
+        try:
+            return await anext(chunks)
         except EngineContextOverflow as e:
-            trial.context_overflow = True
-            raise ContextOverflow(plan.prompt_tokens, window) from e
+            self.trial.context_overflow = True
+            raise ContextOverflow(self.plan.prompt_tokens, window) from e
         except Exception:
-            trial.engine_errors += 1
+            self.trial.engine_errors += 1
+            raise
+
+    async def _await_first(self) -> AsyncIterator[KeepAlive]:
+        """Yields KEEPALIVE every ``stream_keepalive_s`` until the first chunk has come.
+        Its error is raised (counted already, the span ended); a client that leaves
+        meanwhile aborts the call."""
+        assert self._pending is not None
+        every = self.core.settings.stream_keepalive_s
+        try:
+            while not self._pending.done():
+                await asyncio.wait([self._pending], timeout=every)
+                if not self._pending.done():
+                    yield KEEPALIVE
+            self._first = self._pending.result()
+        except BaseException as e:
+            if not self._pending.done():  # the client left (or the proxy is stopping): abandoned
+                self.trial.aborted_turns += 1
+                metrics.FAILURES.labels("proxy", "turn_aborted").inc()
+                self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
+                try:
+                    await self._stop_engine()
+                finally:
+                    self._end_span()
+            else:
+                self._end_span(e)
             raise
 
     async def events(self) -> AsyncIterator[Event]:
-        """Streams text as it is sampled, then one Done after the capture is committed."""
-        assert self.plan is not None and self._chunks is not None and self._first is not None
+        """Streams text as it is sampled, then one Done after the capture is committed;
+        KeepAlive first while the first chunk is still coming (``start``'s grace passed)."""
+        assert self.plan is not None and self._chunks is not None and self._pending is not None
         self._reading = True
+        if self._first is None:
+            async for k in self._await_first():
+                yield k
+        assert self._first is not None
         started = time.monotonic()
         tok = self.core.model.tokenizer
         decoder = tok.decoder()
@@ -205,6 +268,7 @@ class ModelCall:
         routes: list[np.ndarray] = []
         last = self._first
         committed = False
+        client_left = False
         try:
             for delta in out.feed(self.params.forcing.prefill):
                 if (sent := self._outgoing(delta)) is not None:
@@ -225,6 +289,10 @@ class ModelCall:
                     for delta in out.feed(text):
                         if (sent := self._outgoing(delta)) is not None:
                             yield sent
+                if chunk.finish_reason == "abort" and stopper.hit is None:
+                    # The engine cut the reply (stopping, or an abort of ours): not a finished
+                    # turn, and the harness gets no end of it; nothing is captured.
+                    raise EngineUnavailable("the engine aborted the generation before it finished")
                 if chunk.finish_reason or stopper.hit is not None:
                     if chunk.finish_reason and self.core.tracing:
                         await _drain(self._chunks)
@@ -308,12 +376,44 @@ class ModelCall:
             # the route's error handler never sees it).
             self.trial.note_failure(e, "turn")
             raise
+        except (GeneratorExit, asyncio.CancelledError):  # the route stopped reading: its client left
+            client_left = True
+            raise
         finally:
             if not committed:
                 self.trial.aborted_turns += 1
+                metrics.FAILURES.labels("proxy", "turn_aborted").inc()
+                if client_left:
+                    self._keep_abandoned(versions, routes)
                 self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
                 await self._stop_engine()
             self._end_span()
+
+    def _keep_abandoned(self, versions: list[bytes], routes: list[np.ndarray]) -> None:
+        """A turn whose client left mid-answer: the harness never received it, so it is
+        no part of the trajectory (invariant 1) and is not trained; what the engine had
+        sampled is kept for audit in an ``abandoned`` thread (``TrialCapture.abandoned``)
+        and counted (the trial's ``abandoned_turns``/``abandoned_tokens``,
+        ``harnessrl_tokens_total{kind="abandoned"}``)."""
+        trial = self.trial
+        if not self.received_ids or trial.closed or self.plan is None:
+            return
+        try:
+            sampled = _sampled(
+                self.received_ids, self.received_logprobs, versions, routes, "abort", self.core.model.tokenizer.stop_ids
+            )
+        except EngineFailure:
+            return  # arrays that do not line up: nothing to keep (counted by _sampled)
+        sampling = self.sampling.record() if self.sampling is not None else None
+        parts = trial.capture.abandoned(self.plan, sampled, sampling)
+        trial.abandoned_turns += 1
+        trial.abandoned_tokens += sampled.num_tokens
+        metrics.TOKENS.labels("proxy", "abandoned").inc(sampled.num_tokens)
+        usage = records_pb2.Usage(prompt_tokens=self.plan.prompt_tokens, completion_tokens=sampled.num_tokens)
+        for part in parts:
+            trial.writer.submit(
+                self.core.append_request(trial, part, "abort" if part.sampled is sampled else "", usage)
+            )
 
     def _new_call_id(self) -> str:
         return f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}"
@@ -338,7 +438,10 @@ class ModelCall:
         if self._reading or self._chunks is None:
             return
         self._reading = True
+        if self._pending is not None and self._pending.done() and not self._pending.cancelled():
+            self._pending.exception()  # a late first chunk's error (counted already) is read, not logged as lost
         self.trial.aborted_turns += 1
+        metrics.FAILURES.labels("proxy", "turn_aborted").inc()
         self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
         try:
             await self._stop_engine()
@@ -378,9 +481,15 @@ class ModelCall:
             left -= n
 
     async def _stop_engine(self) -> None:
-        if self._chunks is not None:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
-        await self.trial.engine.abort(self.request_id)
+        try:
+            if self._pending is not None and not self._pending.done():
+                # The first chunk's read is still running (in its task): cancelled, and the
+                # stream is left to end with the abort below (closing it now would race the read).
+                self._pending.cancel()
+            elif self._chunks is not None:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.trial.engine.abort(self.request_id)
 
     def _commit(
         self, sampled: Sampled, calls: list[ToolCallOut], content: str, finish: str, usage: records_pb2.Usage

@@ -246,5 +246,6 @@ def segment_dict(seg: Any) -> dict[str, Any]:
         "policy_versions": np.frombuffer(seg.response.policy_versions, I32).tolist(),
         "num_turns": runs,
         "closed": seg.closed,
+        "finish_reason": seg.finish_reason,
         "chat_template_sha256": seg.chat_template_sha256,
     }

@@ -17,7 +17,8 @@ Script format::
 
 Optional keys: ``chunk_tokens`` (stream the reply in chunks of that many
 tokens; 0 = one chunk), ``chunk_delay_s`` (sleep between chunks, to test
-streaming, pause and abort), ``log_path`` (JSONL generation log; relative to
+streaming, pause and abort), ``first_delay_s`` (sleep before the first chunk: a
+long prefill, to test what a client sees meanwhile), ``log_path`` (JSONL generation log; relative to
 the script's folder), ``model`` (served model name), ``honour_stop_strings``
 (default true: a reply ends at the token completing a ``sampling.stop`` string,
 as vLLM ends it; false plays an engine that cannot watch text, the local one,
@@ -73,6 +74,7 @@ class Script(BaseModel):
     on_exhausted: Literal["repeat_last", "cycle", "error"] = "repeat_last"
     chunk_tokens: int = Field(0, ge=0)
     chunk_delay_s: float = Field(0.0, ge=0, le=60)
+    first_delay_s: float = Field(0.0, ge=0, le=600)
     log_path: str | None = None
     model: str | None = None
     honour_stop_strings: bool = True
@@ -339,6 +341,8 @@ class ScriptedEngine(Engine):
         return ids, "stop", index
 
     async def generate(self, request: GenerateInput) -> AsyncGenerator[Chunk, None]:
+        if self.script.first_delay_s:  # a long prefill: before anything, an exhausted script's error too
+            await asyncio.sleep(self.script.first_delay_s)
         ids, finish, index = self._plan(request)
         running = _Running(request)
         self._running[request.request_id] = running

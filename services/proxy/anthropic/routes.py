@@ -19,8 +19,8 @@ from services.proxy.anthropic.models import (
 )
 from services.proxy.chat.toolchoice import forcing
 from services.proxy.errors import error_body
-from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
-from services.proxy.turn import CallParams, Done, ModelCall
+from services.proxy.protocol import FastJSON, authenticate, core_of, grace, guarded, parse_request, sse
+from services.proxy.turn import CallParams, Done, KeepAlive, ModelCall
 
 router = APIRouter()
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
@@ -44,9 +44,9 @@ async def messages(trial_id: str, request: Request) -> Response:
         whole=not body.stream,
     )
     call = ModelCall(core, trial, conv, params)
-    await call.start()
+    await call.start(grace(request, bool(body.stream)))
     if body.stream:
-        return StreamingResponse(_stream(call, body.model), media_type="text/event-stream")
+        return StreamingResponse(guarded(call, _stream(call, body.model)), media_type="text/event-stream")
     async for event in call.events():
         if isinstance(event, Done):
             return FastJSON(message(event, body.model))
@@ -132,7 +132,9 @@ async def _stream(call: ModelCall, model: str) -> AsyncIterator[bytes]:
     blocks = _Blocks()
     try:
         async for event in call.events():
-            if isinstance(event, Done):
+            if isinstance(event, KeepAlive):  # the first token is still coming: Anthropic's own ping
+                yield sse({"type": "ping"}, "ping")
+            elif isinstance(event, Done):
                 if blocks.kind == "thinking":
                     yield blocks.delta({"type": "signature_delta", "signature": SIGNATURE_PREFIX + event.turn_id})
                 for b in blocks.close():  # every tool_use block has streamed by now

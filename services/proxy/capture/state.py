@@ -81,6 +81,10 @@ log = logging.getLogger(__name__)
 
 MAIN = "main"
 SIDE = "side"
+# A call whose client left mid-answer: the harness never received it, so it is no
+# part of the trajectory the policy acted out (invariant 1). Kept for audit in a
+# thread of its own, never trainable, never extended.
+ABANDONED = "abandoned"
 # A quoted own turn shorter than this is no evidence (``ok``, ``Done.`` recur by chance).
 QUOTE_MIN_CHARS = 32
 _QUOTE_SPLIT = re.compile(r"<[^<>\n]{1,40}>|\n")
@@ -284,7 +288,7 @@ class TrialCapture:
         self._trainable = set(trainable_kinds)
         self._main_requires_tools = main_requires_tools
         self._render_check = render_check
-        self._counts = {"subagent": 0, "side": 0}
+        self._counts = {"subagent": 0, "side": 0, ABANDONED: 0}
         self._last_agent: Thread | None = None  # the agent thread of the latest committed turn
         self._by_hint: dict[str, Thread] = {}  # harness thread id -> thread
         self.render_mismatches = 0
@@ -439,6 +443,24 @@ class TrialCapture:
         if thread.kind != SIDE:
             self._last_agent = thread
         return parts
+
+    def abandoned(
+        self, plan: Plan, sampled: Sampled, sampling: records_pb2.SegmentSampling | None = None
+    ) -> list[Part]:
+        """Records a call whose client left mid-answer, for audit: a thread of its own
+        (``abandoned-N``, kind ``abandoned``, not trainable whatever the config says)
+        holding one closed segment, the call's whole prompt and what the engine sampled
+        before the call was stopped. Nothing else changes: the thread the call was planned
+        on is not extended (the harness's next request does not hold this turn), and no
+        later call is planned on this one."""
+        self._counts[ABANDONED] += 1
+        name = f"{ABANDONED}-{self._counts[ABANDONED]}"
+        root = plan.conv.messages[0] if plan.conv.messages else None
+        thread = Thread(name, ABANDONED, False, plan.conv.system, root, calls=1)
+        seg = Segment(0, plan.conv.tools, bytearray(), [], parts=1, sampling=_values(sampling))
+        thread.segments.append(seg)
+        self.threads[name] = thread
+        return [Part(thread, 0, 0, plan.prompt, b"", sampled, False, sampling), self._close(thread, seg)]
 
     @staticmethod
     def _close(thread: Thread, seg: Segment) -> Part:

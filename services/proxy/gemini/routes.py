@@ -25,9 +25,9 @@ from services.proxy.errors import ModelNotFound, error_body
 from services.proxy.gemini.honour import IGNORED, ignored, include_thoughts, refusals, tool_choice
 from services.proxy.gemini.models import CountTokensRequest, GenerateContentRequest, GenerationConfig
 from services.proxy.gemini.translate import signature, to_conversation
-from services.proxy.protocol import FastJSON, bearer, core_of, parse_request, sse
+from services.proxy.protocol import FastJSON, bearer, core_of, grace, guarded, parse_request, sse
 from services.proxy.trials import Trial
-from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
+from services.proxy.turn import CallParams, Done, KeepAlive, ModelCall, ToolCallOut
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -65,7 +65,7 @@ async def model_method(trial_id: str, version: str, target: str, request: Reques
     stream = method == "streamGenerateContent"
     params = call_params(body, forcing(tool_choice(body, conv.tools), core.model, conv.tools), stream)
     call = ModelCall(core, trial, conv, params)
-    await call.start()
+    await call.start(grace(request, stream))
     thoughts = include_thoughts(body)
     if not stream:
         async for event in call.events():
@@ -74,8 +74,8 @@ async def model_method(trial_id: str, version: str, target: str, request: Reques
         raise RuntimeError("generation ended without a result")
     chunks = _chunks(call, model, thoughts)
     if request.query_params.get("alt") == "sse":
-        return StreamingResponse(_sse(chunks), media_type="text/event-stream")
-    return StreamingResponse(_json_array(chunks), media_type="application/json")
+        return StreamingResponse(guarded(call, _sse(chunks)), media_type="text/event-stream")
+    return StreamingResponse(guarded(call, _json_array(chunks)), media_type="application/json")
 
 
 def call_params(body: GenerateContentRequest, tool_forcing: ToolForcing, stream: bool) -> CallParams:
@@ -146,16 +146,19 @@ def response(done: Done, model: str, thoughts: bool) -> dict[str, Any]:
     return _chunk(done.turn_id, model, parts or [{"text": "", "thoughtSignature": sig}], done)
 
 
-async def _chunks(call: ModelCall, model: str, thoughts: bool) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(call: ModelCall, model: str, thoughts: bool) -> AsyncIterator[dict[str, Any] | None]:
     """Response chunks as the reply is sampled: text and thoughts token by token, each
     function call whole once the next one starts (else at the end), and a last chunk
-    with the finish reason, the usage and the signature on an empty text part."""
+    with the finish reason, the usage and the signature on an empty text part; None
+    for a keep-alive while the first token is coming."""
     sig = signature(call.turn_id)
     sent_calls = 0
     pending: list[str] = []  # the open call's id, name and arguments, as streamed
     try:
         async for event in call.events():
-            if isinstance(event, Done):
+            if isinstance(event, KeepAlive):
+                yield None
+            elif isinstance(event, Done):
                 for c in event.calls[sent_calls:]:
                     yield _chunk(call.turn_id, model, [_call_part(c, sig)])
                 yield _chunk(call.turn_id, model, [{"text": "", "thoughtSignature": sig}], event)
@@ -187,15 +190,29 @@ def _is_json(text: str) -> bool:
     return True
 
 
-async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _sse(chunks: AsyncIterator[dict[str, Any] | None]) -> AsyncIterator[bytes]:
+    """``alt=sse``. A keep-alive is a blank line, not an SSE comment: Google's SDKs skip
+    blank lines, but the JS SDK's (Gemini CLI's) parser stalls on a comment line and the
+    Python SDK's reads one as a chunk. An error is Google's raw JSON error object on its
+    own line, not a ``data:`` event: what both SDKs raise from (``ApiError``/``APIError``)."""
     async for c in chunks:
-        yield sse(c)
+        if c is None:
+            yield b"\n"
+        elif "error" in c:
+            yield orjson.dumps(c) + b"\n"
+        else:
+            yield sse(c)
 
 
-async def _json_array(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Google's stream without ``alt=sse``: one JSON array, sent element by element."""
+async def _json_array(chunks: AsyncIterator[dict[str, Any] | None]) -> AsyncIterator[bytes]:
+    """Google's stream without ``alt=sse``: one JSON array, sent element by element;
+    a keep-alive is whitespace after its ``[`` (legal JSON)."""
     head = b"["
     async for c in chunks:
+        if c is None:
+            yield b"[\n" if head == b"[" else b"\n"
+            head = b"" if head == b"[" else head
+            continue
         yield head + orjson.dumps(c)
         head = b",\r\n"
     yield b"]" if head != b"[" else b"[]"

@@ -13,8 +13,8 @@ from services.proxy.chat.toolchoice import forcing
 from services.proxy.errors import error_body
 from services.proxy.openai.logprobs import TokenLogprobs, chat_request
 from services.proxy.openai.models import ChatRequest, to_conversation, tool_choice
-from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
-from services.proxy.turn import CallParams, Done, ModelCall
+from services.proxy.protocol import SSE_KEEPALIVE, FastJSON, authenticate, core_of, grace, guarded, parse_request, sse
+from services.proxy.turn import CallParams, Done, KeepAlive, ModelCall
 
 router = APIRouter()
 
@@ -39,11 +39,11 @@ async def chat_completions(trial_id: str, request: Request) -> Response:
         whole=not body.stream,
     )
     call = ModelCall(core, trial, conv, params)
-    await call.start()
+    await call.start(grace(request, body.stream))
     lp = TokenLogprobs(call, top) if top is not None else None
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream(call, body.model, usage, lp), media_type="text/event-stream")
+        return StreamingResponse(guarded(call, _stream(call, body.model, usage, lp)), media_type="text/event-stream")
     done = await _collect(call)
     return FastJSON(completion(done, body.model, lp.take() if lp else None))
 
@@ -109,7 +109,9 @@ async def _stream(call: ModelCall, model: str, include_usage: bool, lp: TokenLog
     yield chunk({"role": "assistant", "content": ""})
     try:
         async for event in call.events():
-            if isinstance(event, Done):  # every tool call has streamed by now
+            if isinstance(event, KeepAlive):  # the first token is still coming
+                yield SSE_KEEPALIVE
+            elif isinstance(event, Done):  # every tool call has streamed by now
                 yield chunk({}, event.finish_reason)
                 if include_usage:
                     yield sse({**base, "choices": [], "usage": _usage(event)})

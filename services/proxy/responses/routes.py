@@ -20,13 +20,13 @@ from services.proxy.chat.toolchoice import forcing
 from services.proxy.chat.toolstream import Delta
 from services.proxy.errors import ContextOverflow, error_body
 from services.proxy.openai.logprobs import TokenLogprobs, responses_request
-from services.proxy.protocol import FastJSON, authenticate, core_of, parse_request, sse
+from services.proxy.protocol import SSE_KEEPALIVE, FastJSON, authenticate, core_of, grace, parse_request, sse
 from services.proxy.responses.models import Item, ResponsesRequest, input_items, to_conversation, tool_choice
 from services.proxy.responses.store import ResponseStore
 from services.proxy.responses.thread_hint import thread_hint
 from services.proxy.responses.tools import ToolNames, note_dropped
 from services.proxy.trials import ProxyCore, Trial
-from services.proxy.turn import CallParams, Done, ModelCall, ToolCallOut
+from services.proxy.turn import CallParams, Done, KeepAlive, ModelCall, ToolCallOut
 
 router = APIRouter()
 
@@ -37,7 +37,9 @@ async def responses(trial_id: str, request: Request) -> Response:
     body = await parse_request(request, ResponsesRequest, "responses")
     earlier = trial.responses.chain(body.previous_response_id) if body.previous_response_id else []
     hint = thread_hint((body.model_extra or {}).get("client_metadata"))
-    call, names, lp = await begin(core_of(request), trial, body, earlier, whole=not body.stream, hint=hint)
+    call, names, lp = await begin(
+        core_of(request), trial, body, earlier, whole=not body.stream, hint=hint, grace=grace(request, body.stream)
+    )
 
     def store(done: Done) -> None:
         if body.store:
@@ -74,10 +76,12 @@ async def begin(
     *,
     whole: bool = False,
     hint: ThreadHint | None = None,
+    grace: float | None = None,
 ) -> tuple[ModelCall, ToolNames, TokenLogprobs | None]:
     """Starts one turn (HTTP and WebSocket alike): ``earlier``, the items of the chain
     ``previous_response_id`` named, then the request's own input. ``whole``: the client
-    takes the response only at its end (HTTP without ``stream``; a WebSocket streams)."""
+    takes the response only at its end (HTTP without ``stream``; a WebSocket streams).
+    ``grace``: ``ModelCall.start``'s (HTTP streaming; a WebSocket's connection is open)."""
     core.check_model(trial, body.model)
     conv, names = to_conversation(body, earlier)
     if hint is not None:  # the harness's own thread identity decides the thread (capture/state.py)
@@ -89,7 +93,7 @@ async def begin(
         body.max_output_tokens, body.temperature, body.top_p, top_logprobs=top or 0, forcing=choice, whole=whole
     )
     call = ModelCall(core, trial, conv, params)
-    await call.start()
+    await call.start(grace)
     return call, names, TokenLogprobs(call, top) if top is not None else None
 
 
@@ -341,6 +345,9 @@ class EventStream:
         yield self.ev("response.in_progress", response=self._response("in_progress", [], None))
         try:
             async for event in self.call.events():
+                if isinstance(event, KeepAlive):  # the first token is still coming
+                    yield SSE_KEEPALIVE
+                    continue
                 if isinstance(event, Done):
                     if self.held and event.calls:  # the message first, with the rest of the turn's logprobs
                         for b in self._close() + [b for held in self.held for b in self._tool(held)]:

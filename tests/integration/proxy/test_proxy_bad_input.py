@@ -190,12 +190,28 @@ def test_client_gone_mid_stream_records_no_half_turn(stack: Stack) -> None:
             break
         httpx.get(f"{stack.url}/healthz")
         summary = stack.admin("GET", "/trials/gone").json()
-    assert summary["aborted_turns"] == 1 and summary["num_turns"] == 1
-    threads = {t["name"]: t["num_segments"] for t in stack.close_trial("gone")["threads"]}
-    assert threads == {"main": 1, "subagent-1": 0}
-    assert [s["thread"] for s in stack.export("gone")] == ["main"]
+    assert summary["aborted_turns"] == 1 and summary["num_turns"] == 1 and summary["abandoned_turns"] == 1
+    closed = stack.close_trial("gone")
+    threads = {t["name"]: (t["kind"], t["trainable"], t["num_segments"]) for t in closed["threads"]}
+    assert threads == {
+        "main": ("main", True, 1),
+        "subagent-1": ("subagent", True, 0),
+        "abandoned-1": ("abandoned", False, 1),
+    }
     finishes = [(g["thread"], g["finish_reason"]) for g in stack.engine_log() if g["trial_id"] == "gone"]
     assert finishes == [("main", "stop"), ("subagent-1", "abort")]
+    # The turn the client never received is kept for audit, not trainable: what the engine
+    # had sent before it was stopped, in the prompt it was sampled in.
+    main, kept = stack.export("gone")
+    aborted = [g for g in stack.engine_log() if g["trial_id"] == "gone"][1]
+    assert main["thread"] == "main" and (kept["thread_kind"], kept["trainable"]) == ("abandoned", False)
+    assert kept["finish_reason"] == "abort" and kept["closed"] and kept["num_turns"] == 1
+    assert kept["prompt_ids"] == list(aborted["prompt_ids"]) and summary["abandoned_tokens"] == len(
+        kept["response_ids"]
+    )
+    n = len(kept["response_ids"])
+    assert 0 < n <= len(aborted["sampled_ids"]) and kept["response_ids"] == list(aborted["sampled_ids"][:n])
+    assert kept["response_logprobs"] == pytest.approx(list(aborted["logprobs"][:n]), abs=0)
 
 
 def test_unix_socket_serves_the_same_app(stack: Stack) -> None:

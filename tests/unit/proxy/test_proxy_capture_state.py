@@ -227,3 +227,24 @@ def test_a_tool_less_call_under_the_main_prompt_is_a_side_call(harness: Harness)
     _, p3 = harness.call(conv(u, a1, Message("tool", "r", tool_call_id="call_1")))
     assert p3.extends is not None and p3.thread.name == "main", "the main segment was not disturbed"
     harness.check_invariants()
+
+
+def test_an_abandoned_call_is_its_own_untrainable_thread_and_the_retry_extends_as_if_it_never_was(
+    harness: Harness,
+) -> None:
+    u = Message("user", "task")
+    a1, _ = harness.call(conv(u))
+    asked = conv(u, a1, Message("tool", "r1", tool_call_id="call_1"))
+    left = harness.capture.plan(asked)  # the client leaves mid-answer: nothing committed on main
+    half = Sampled(i32([43001, 43002]), np.full(2, -0.5, "<f4").tobytes(), i32([7, 7]), "abort", False)
+    kept = harness.capture.abandoned(left, half)
+    thread = kept[0].thread
+    assert (thread.name, thread.kind, thread.trainable) == ("abandoned-1", "abandoned", False)
+    assert [(p.part_index, p.prompt == left.prompt, p.sampled is half, p.close) for p in kept] == [
+        (0, True, True, False),
+        (1, False, False, True),
+    ]
+    _, retry = harness.call(asked)  # the harness retries the same request
+    assert retry.thread.name == "main" and retry.extends is not None and retry.prompt == left.prompt
+    assert {t.name for t in harness.capture.threads.values()} == {"main", "abandoned-1"}
+    harness.check_invariants()
