@@ -17,7 +17,6 @@ send in the stream in their protocol's error shape."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -28,7 +27,7 @@ import numpy as np
 from opentelemetry import trace
 
 from harnessrl import metrics, telemetry
-from harnessrl.arrays import I32, U8
+from harnessrl.arrays import I32
 from harnessrl.logs import kv
 from harnessrl.v1 import gateway_pb2, records_pb2
 from services.proxy.capture import stopcut
@@ -39,14 +38,12 @@ from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.chat.toolchoice import ToolForcing
 from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
 from services.proxy.gateway_client import EngineContextOverflow
+from services.proxy.replies import drain_after_finish, engine_stops, prefilled, routes_of, sampled_reply
 from services.proxy.sampling import Chosen
 from services.proxy.sampling import choose as choose_sampling
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
-# The gateway's bounds on sampling.stop (services/gateway/service.py): stops past them
-# are watched by the proxy alone, whose cut of the capture holds either way.
-ENGINE_MAX_STOPS, ENGINE_MAX_STOP_CHARS = 64, 1000
 
 
 @dataclass
@@ -164,7 +161,7 @@ class ModelCall:
         self.plan = plan = trial.capture.plan(self.conv)
         if self.params.forcing.prefill:
             self.prefill_ids = core.model.tokenizer.encode_array(self.params.forcing.prefill).tobytes()
-            self.plan = plan = _prefilled(plan, self.prefill_ids)
+            self.plan = plan = prefilled(plan, self.prefill_ids)
         try:
             window = await core.context_window(trial)
         except Exception:
@@ -189,7 +186,7 @@ class ModelCall:
             stop_token_ids=core.model.tokenizer.stop_ids,
             return_routed_experts=s.return_routed_experts,
             top_logprobs=self.params.top_logprobs,
-            stop=_engine_stops(self.params.stops),
+            stop=engine_stops(self.params.stops),
         )
         request = gateway_pb2.GenerateRequest(
             request_id=self.request_id,
@@ -238,13 +235,7 @@ class ModelCall:
             self._first = self._pending.result()
         except BaseException as e:
             if not self._pending.done():  # the client left (or the proxy is stopping): abandoned
-                self.trial.aborted_turns += 1
-                metrics.FAILURES.labels("proxy", "turn_aborted").inc()
-                self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
-                try:
-                    await self._stop_engine()
-                finally:
-                    self._end_span()
+                await self._aborted()
             else:
                 self._end_span(e)
             raise
@@ -284,7 +275,7 @@ class ModelCall:
                         self.received_top.append(chunk.top_logprobs)
                     versions.append(t.policy_versions)
                     if t.routed_experts.data:
-                        routes.append(_routes(t.routed_experts))
+                        routes.append(routes_of(t.routed_experts))
                     text = stopper.feed(decoder.steps(np.frombuffer(t.ids, I32)))
                     for delta in out.feed(text):
                         if (sent := self._outgoing(delta)) is not None:
@@ -295,7 +286,7 @@ class ModelCall:
                     raise EngineUnavailable("the engine aborted the generation before it finished")
                 if chunk.finish_reason or stopper.hit is not None:
                     if chunk.finish_reason and self.core.tracing:
-                        await _drain(self._chunks)
+                        await drain_after_finish(self._chunks)
                     break
                 chunk = await anext(self._chunks, None)
             if stopper.hit is not None:
@@ -312,7 +303,7 @@ class ModelCall:
                 if (sent := self._outgoing(delta)) is not None:
                     yield sent
             engine_finish = "stop" if stopper.hit is not None else last.finish_reason or "stop"
-            sampled = _sampled(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
+            sampled = sampled_reply(ids, logprobs, versions, routes, engine_finish, tok.stop_ids)
             if stopper.hit is not None:
                 sampled = self._cut_at_stop(sampled, stopper.seen_chars)
             # Each call keeps the id its first streamed delta carried and the arguments
@@ -399,7 +390,7 @@ class ModelCall:
         if not self.received_ids or trial.closed or self.plan is None:
             return
         try:
-            sampled = _sampled(
+            sampled = sampled_reply(
                 self.received_ids, self.received_logprobs, versions, routes, "abort", self.core.model.tokenizer.stop_ids
             )
         except EngineFailure:
@@ -440,6 +431,10 @@ class ModelCall:
         self._reading = True
         if self._pending is not None and self._pending.done() and not self._pending.cancelled():
             self._pending.exception()  # a late first chunk's error (counted already) is read, not logged as lost
+        await self._aborted()
+
+    async def _aborted(self) -> None:
+        """A turn that ends before its answer began: counted, the engine stopped, the span ended."""
         self.trial.aborted_turns += 1
         metrics.FAILURES.labels("proxy", "turn_aborted").inc()
         self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
@@ -512,32 +507,6 @@ class ModelCall:
             trial.writer.submit(self.core.append_request(trial, part, finish if part.sampled is sampled else "", usage))
 
 
-async def _drain(chunks: AsyncIterator[gateway_pb2.GenerateChunk]) -> None:
-    """Reads the end of a Generate stream after its finish chunk (the status, sent
-    with it), so the call and its client span end now, not when it is collected."""
-    try:
-        async with asyncio.timeout(5):
-            async for _ in chunks:
-                pass
-    except Exception as e:  # noqa: BLE001 - the reply is committed; a late stream error changes nothing
-        log.info("generate stream did not end cleanly after its finish chunk", extra=kv(error=str(e)))
-
-
-def _prefilled(plan: Plan, ids: bytes) -> Plan:
-    """``plan`` with ``ids`` ending its prompt: context (mask 0) the engine sees and the segment keeps."""
-    delta = plan.delta + ids if plan.extends is not None else plan.delta
-    return dataclasses.replace(plan, prompt=plan.prompt + ids, delta=delta)
-
-
-def _engine_stops(stops: list[str]) -> list[str]:
-    """The stop strings the engine is asked to end at (so it samples nothing past them),
-    or none when they exceed the gateway's bounds."""
-    stops = [s for s in stops if s]
-    if len(stops) > ENGINE_MAX_STOPS or any(len(s) > ENGINE_MAX_STOP_CHARS for s in stops):
-        return []
-    return stops
-
-
 def _tracer() -> trace.Tracer:
     return telemetry.tracer(__name__, "proxy")
 
@@ -546,32 +515,3 @@ def _json(value: object) -> str:
     import json
 
     return json.dumps(value, ensure_ascii=False)
-
-
-def _routes(msg: records_pb2.RoutedExperts) -> np.ndarray:
-    return np.frombuffer(msg.data, dtype=U8).reshape(msg.num_tokens, msg.num_layers, msg.top_k)
-
-
-def _sampled(
-    ids: list[bytes],
-    logprobs: list[bytes],
-    versions: list[bytes],
-    routes: list[np.ndarray],
-    finish: str,
-    stop_ids: list[int],
-) -> Sampled:
-    all_ids = b"".join(ids)
-    arr = np.frombuffer(all_ids, I32)
-    ended = bool(len(arr)) and int(arr[-1]) in stop_ids
-    lp = b"".join(logprobs)
-    ver = b"".join(versions)
-    if len(lp) != len(all_ids) or len(ver) != len(all_ids):
-        # A placeholder logprob or version in a training sample would break invariant 1:
-        # the turn fails as an engine error instead, and nothing of it is captured.
-        metrics.FAILURES.labels("proxy", "engine_arrays_mismatch").inc()
-        raise EngineFailure(
-            f"the engine returned {len(arr)} token ids but {len(lp) // 4} logprobs and {len(ver) // 4} "
-            "policy versions; the turn is not captured"
-        )
-    r = np.concatenate(routes) if routes and sum(len(x) for x in routes) == len(arr) else None
-    return Sampled(all_ids, lp, ver, finish, ended, r)
