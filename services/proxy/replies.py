@@ -1,13 +1,15 @@
 """What a model call makes of the gateway's reply, apart from the call itself: the
 sampled arrays joined into a ``Sampled`` (checked whole, invariant 1), the stop strings
-the engine is asked to end at, a prefilled plan, the end of a finished stream."""
+the engine is asked to end at, a prefilled plan, the end of a finished stream, a
+committed call's parts handed to the writer."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,8 +17,11 @@ from harnessrl import metrics
 from harnessrl.arrays import I32, U8
 from harnessrl.logs import kv
 from harnessrl.v1 import gateway_pb2, records_pb2
-from services.proxy.capture.state import Plan, Sampled
+from services.proxy.capture.state import Part, Plan, Sampled
 from services.proxy.errors import EngineFailure
+
+if TYPE_CHECKING:
+    from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
 # The gateway's bounds on sampling.stop (services/gateway/service.py): stops past them
@@ -77,3 +82,12 @@ def sampled_reply(
         )
     r = np.concatenate(routes) if routes and sum(len(x) for x in routes) == len(arr) else None
     return Sampled(all_ids, lp, ver, finish, ended, r)
+
+
+def submit_parts(
+    core: ProxyCore, trial: Trial, parts: Sequence[Part], sampled: Sampled, finish: str, usage: records_pb2.Usage
+) -> None:
+    """Hands a committed call's capture parts to the trial's writer; the part holding the
+    reply carries its finish reason."""
+    for part in parts:
+        trial.writer.submit(core.append_request(trial, part, finish if part.sampled is sampled else "", usage))

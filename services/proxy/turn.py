@@ -6,7 +6,7 @@ whose client goes away mid-generation (before or after the response's headers),
 or that the engine ends with "abort" is aborted (never a half turn recorded as
 whole, never a turn the harness did not receive). Of one whose client left, what
 the engine had sampled is kept for audit in an ``abandoned`` thread, never trained
-(``_keep_abandoned``).
+(``services/proxy/abandoned.py``).
 
 A streamed call whose first chunk takes longer than a grace (``[proxy]
 stream_headers_after_s``) has its headers sent before it: ``events`` then yields
@@ -30,6 +30,7 @@ from harnessrl import metrics, telemetry
 from harnessrl.arrays import I32
 from harnessrl.logs import kv
 from harnessrl.v1 import gateway_pb2, records_pb2
+from services.proxy.abandoned import keep_abandoned
 from services.proxy.capture import stopcut
 from services.proxy.capture.state import OurTurn, Plan, Sampled
 from services.proxy.chat.conversation import Conversation
@@ -38,7 +39,14 @@ from services.proxy.chat.stream import Delta, OutputStream, StopStrings
 from services.proxy.chat.toolchoice import ToolForcing
 from services.proxy.errors import ContextOverflow, EngineFailure, EngineUnavailable, MaxTurnsReached, TrialNotFound
 from services.proxy.gateway_client import EngineContextOverflow
-from services.proxy.replies import drain_after_finish, engine_stops, prefilled, routes_of, sampled_reply
+from services.proxy.replies import (
+    drain_after_finish,
+    engine_stops,
+    prefilled,
+    routes_of,
+    sampled_reply,
+    submit_parts,
+)
 from services.proxy.sampling import Chosen
 from services.proxy.sampling import choose as choose_sampling
 from services.proxy.trials import ProxyCore, Trial
@@ -375,36 +383,10 @@ class ModelCall:
                 self.trial.aborted_turns += 1
                 metrics.FAILURES.labels("proxy", "turn_aborted").inc()
                 if client_left:
-                    self._keep_abandoned(versions, routes)
+                    keep_abandoned(self, versions, routes)
                 self.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
                 await self._stop_engine()
             self._end_span()
-
-    def _keep_abandoned(self, versions: list[bytes], routes: list[np.ndarray]) -> None:
-        """A turn whose client left mid-answer: the harness never received it, so it is
-        no part of the trajectory (invariant 1) and is not trained; what the engine had
-        sampled is kept for audit in an ``abandoned`` thread (``TrialCapture.abandoned``)
-        and counted (the trial's ``abandoned_turns``/``abandoned_tokens``,
-        ``harnessrl_tokens_total{kind="abandoned"}``)."""
-        trial = self.trial
-        if not self.received_ids or trial.closed or self.plan is None:
-            return
-        try:
-            sampled = sampled_reply(
-                self.received_ids, self.received_logprobs, versions, routes, "abort", self.core.model.tokenizer.stop_ids
-            )
-        except EngineFailure:
-            return  # arrays that do not line up: nothing to keep (counted by _sampled)
-        sampling = self.sampling.record() if self.sampling is not None else None
-        parts = trial.capture.abandoned(self.plan, sampled, sampling)
-        trial.abandoned_turns += 1
-        trial.abandoned_tokens += sampled.num_tokens
-        metrics.TOKENS.labels("proxy", "abandoned").inc(sampled.num_tokens)
-        usage = records_pb2.Usage(prompt_tokens=self.plan.prompt_tokens, completion_tokens=sampled.num_tokens)
-        for part in parts:
-            trial.writer.submit(
-                self.core.append_request(trial, part, "abort" if part.sampled is sampled else "", usage)
-            )
 
     def _new_call_id(self) -> str:
         return f"{self.params.call_id_prefix}{uuid.uuid4().hex[:24]}"
@@ -503,8 +485,7 @@ class ModelCall:
         sampling = self.sampling.record() if self.sampling is not None else None
         parts = trial.capture.commit(self.plan, sampled, turn, sampling)
         trial.turns += 1
-        for part in parts:
-            trial.writer.submit(self.core.append_request(trial, part, finish if part.sampled is sampled else "", usage))
+        submit_parts(self.core, trial, parts, sampled, finish, usage)
 
 
 def _tracer() -> trace.Tracer:
