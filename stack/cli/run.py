@@ -23,6 +23,7 @@ def run(
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="Override [run] steps.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0, help="Override [run] seed.")] = None,
     name: Annotated[str | None, typer.Option("--run-id", help="Override [run] run_id (a fresh run).")] = None,
+    harness: Annotated[str | None, typer.Option("--harness", help="Override [run] harness.")] = None,
     no_preflight: Annotated[bool, typer.Option("--no-preflight", help="Skip the preflight checks.")] = False,
 ) -> None:
     """Train end to end: preflight, services, trials through the real harness, trainer steps, run directory.
@@ -36,7 +37,7 @@ def run(
 
     if name is not None and resume is not None:
         raise typer.BadParameter("--run-id names a fresh run; --resume the run to continue", param_hint="--run-id")
-    overrides: dict[str, object] = {"steps": steps, "seed": seed, "run_id": name}
+    overrides: dict[str, object] = {"steps": steps, "seed": seed, "run_id": name, "harness": harness}
     overrides["allow_overlap"] = True if allow_overlap else None
     if no_preflight:
         overrides["preflight"] = False

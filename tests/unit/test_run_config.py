@@ -190,19 +190,29 @@ def test_example_configs_validate(name: str) -> None:
         assert cfg.trainer.optim.lr == (0.0 if "control" in name else 1e-5)
 
 
-@pytest.mark.parametrize("name", ["cline", "gemini-cli", "qwen-code", "copilot-cli", "openclaw", "gemini-cli-16k"])
+@pytest.mark.parametrize("name", ["cline", "gemini-cli", "qwen-code", "copilot-cli", "openclaw", "long-prompt"])
 def test_the_runs_through_each_declared_harness_validate(name: str) -> None:
     """examples/through: one run per declared harness, every step's samples from the weights it
-    trains (a Pearson per step); the 16k capture check widens the engine's and trainer's window."""
+    trains (a Pearson per step); the long-prompt capture check widens the engine's and trainer's
+    window for the harnesses whose first prompt is past 8,192 tokens (Qwen Code's ~18.4k)."""
     path = Path(__file__).resolve().parents[2] / "examples" / "through" / f"{name}.toml"
     cfg = runconfig.load(path)
-    assert cfg.run.harness == name.removesuffix("-16k") and cfg.run.families == ["echo"]
+    wide = name == "long-prompt"
+    assert cfg.run.harness == ("gemini-cli" if wide else name) and cfg.run.families == ["echo"]
     assert cfg.run.train_tasks == [path.parents[2] / "tasks" / "builtin" / "train"]
     assert cfg.trainer.rollout.max_staleness == 0 and cfg.gateway is not None and cfg.gateway.engine == "local"
-    wide = name.endswith("-16k")
-    assert cfg.gateway.context_window == (16384 if wide else None)
-    assert cfg.trainer.optim.max_seq_len == (16384 if wide else 8192)
+    assert cfg.gateway.context_window == (24576 if wide else None)
+    assert cfg.trainer.optim.max_seq_len == (24576 if wide else 8192)
     assert (cfg.run.steps, cfg.run.group_size) == ((1, 1) if wide else (3, 2))
+
+
+def test_run_harness_override_picks_the_harness_and_refuses_an_unknown_one() -> None:
+    """``harnessrl run --harness NAME`` overrides [run] harness; an unknown name is the config
+    error a file naming it gets (exit 2), before anything starts."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "through" / "long-prompt.toml"
+    assert runconfig.load(path, overrides={"harness": "copilot-cli"}).run.harness == "copilot-cli"
+    with pytest.raises(ConfigError, match="unknown harness 'clod'"):
+        runconfig.load(path, overrides={"harness": "clod"})
 
 
 def test_overlapping_train_and_eval_tasks_are_refused_unless_allowed(tmp_path: Path, tasks: Path) -> None:
