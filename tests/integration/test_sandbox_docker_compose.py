@@ -232,6 +232,18 @@ async def test_a_service_that_never_gets_healthy_fails_setup_naming_it(backend: 
     assert [c for c in managed if c.labels.get(LABEL_TRIAL, "").startswith("bad-")] == []
 
 
+async def test_a_sidecar_on_a_missing_base_image_fails_setup_naming_it(backend: DockerBackend, tmp_path: Path) -> None:
+    """As a main build says it: a sidecar whose FROM the engine lacks (and cannot pull) names
+    that image, not only the engine's registry error (the cookbook's python:3.12-slim sidecars)."""
+    task = compose_task(tmp_path / "tasks")
+    (task / "environment" / "kv" / "Dockerfile").write_text("FROM harnessrl-absent:3.12-slim\nCOPY server.py /srv/\n")
+    with pytest.raises(
+        EnvSetupError,
+        match=r"services.kv.build: docker build failed: .*base image harnessrl-absent:3.12-slim: not present",
+    ):
+        await start(backend, task, "nobase")
+
+
 async def test_the_local_backend_refuses_a_compose_task_naming_the_file(tmp_path: Path) -> None:
     local = LocalBackend(settings_for(tmp_path))
     with pytest.raises(EnvSetupError, match=r"environment/docker-compose.yaml: the local backend runs one sandbox"):

@@ -37,7 +37,7 @@ from services.sandbox.backends.docker_exec import worker_identity
 from services.sandbox.backends.docker_specs import LABEL_MANAGED, LABEL_TRIAL, LABEL_WORKER
 from services.sandbox.common.errors import EnvSetupError
 from services.sandbox.task import compose_env, dockerfile
-from services.sandbox.task.compose import MAIN, ComposeSpec, Service
+from services.sandbox.task.compose import MAIN, Build, ComposeSpec, Service
 
 LABEL_SERVICE = "io.harnessrl.service"
 SERVICE_REPO = "harnessrl-svc"
@@ -236,12 +236,32 @@ class ComposeRunner:
             )
         except BuildError as e:
             tail = docker_images.build_log_tail(e.build_log, 1000)
-            raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.msg}\n{tail}") from e
+            hint = self._missing_bases(build)
+            raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.msg}{hint}\n{tail}") from e
         except APIError as e:
             raise EnvSetupError(f"{_field(service.name, 'build')}: docker build failed: {e.explanation or e}") from e
         except dockerfile.DockerfileError as e:
             raise EnvSetupError(f"{_field(service.name, 'build')}: {build.dockerfile}: {e}") from e
         return str(image.id)
+
+    def _missing_bases(self, build: Build) -> str:
+        """As the main build says it: the base images (FROM, COPY --from) the engine lacks."""
+        try:
+            text = (build.context / build.dockerfile).read_text()
+        except OSError:
+            return ""
+        missing = []
+        for name in docker_images.base_images_of(text, dict(build.args)) or []:
+            try:
+                self.client.images.get(name)
+            except NotFound:
+                missing.append(name)
+        if not missing:
+            return ""
+        return (
+            f" (base image {', '.join(missing)}: not present locally and not pulled; "
+            "`harnessrl sandbox base-images` imports the offline base images)"
+        )
 
     # -- readiness -----------------------------------------------------------------------
     async def wait(self, group: ServiceGroup, conditions: dict[str, str], owner: str, deadline: float) -> None:

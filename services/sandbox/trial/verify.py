@@ -129,7 +129,10 @@ async def _verifier_imports(
         return None
     imports = module_shadow.parse(result.output)
     if not imports.pythons:
-        t.events.append(f"verifier imports probe: no Python answered (exit {result.exit_code}, {result.timed_out=})")
+        why = "it timed out" if result.timed_out else f"exit {result.exit_code}"
+        t.events.append(
+            f"verifier imports probe: no Python interpreter answered in the sandbox ({why}): no module-shadow check"
+        )
     return imports
 
 
