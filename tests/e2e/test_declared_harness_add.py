@@ -100,3 +100,24 @@ def test_a_pypi_package_installs_into_a_venv_of_its_own(tmp_path: Path, monkeypa
     out = subprocess.run([str(entry(decl)), "-t", "moo"], capture_output=True, text=True, check=True)
     assert "moo" in out.stdout
     assert install(decl) is False
+
+
+def test_harness_install_runs_the_installs_at_once_and_names_each_failure(tmp_path: Path) -> None:
+    """``harnessrl harness install A B``: the installs run at once (each declared harness has a
+    prefix of its own); one that fails (a version the registry does not have) is named with its
+    installer's error and the command exits 1, and the other is still installed."""
+    harnesses = tmp_path / "harnesses"
+    harnesses.mkdir()
+    for name, version in (("cow-ok", "6.1"), ("cow-bad", "0.0.99")):
+        (harnesses / f"{name}.toml").write_text(
+            f'[harness]\nname = "{name}"\nprotocol = "openai-chat"\n'
+            f'[install]\npypi = "cowsay"\nversion = "{version}"\nbin = "cowsay"\n'
+            '[run]\nargv = ["-t", "{instruction}"]\n'
+        )
+    env = {**os.environ, "HARNESSRL_HARNESS_DIR": str(harnesses), "HARNESSRL_TOOLS_DIR": str(tmp_path / "tools")}
+    cmd = [sys.executable, "-m", "stack.cli", "harness", "install", "cow-ok", "cow-bad"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "cow-ok: installed cowsay@6.1" in proc.stderr, proc.stderr[-3000:]
+    assert "cow-bad: harness 'cow-bad'" in proc.stderr and "harness install failed: cow-bad" in proc.stderr
+    assert (tmp_path / "tools" / "declared" / "cow-ok" / "bin" / "cowsay").is_file()
