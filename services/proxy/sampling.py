@@ -12,12 +12,19 @@ a logprob only means something beside the distribution it was sampled from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from harnessrl.v1 import records_pb2
 
 FIELDS = ("temperature", "top_p", "top_k")
+
+
+class _Counts(Protocol):
+    def count_overrides(self, fields: Sequence[str]) -> None: ...
+
+
 # What the engine does when neither the run nor the harness names a value.
 ENGINE_DEFAULTS: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
@@ -72,3 +79,15 @@ def choose(mode: str, run: Mapping[str, float | int | None], asked: Mapping[str,
     return Chosen(
         values["temperature"], values["top_p"], int(values["top_k"]), mode, tuple(from_harness), tuple(overridden)
     )
+
+
+def max_tokens(asked: int | None, default: int, cap: int | None, room: int, trial: _Counts) -> int:
+    """A call's max_tokens: the harness's (``default`` where it names none), at most ``cap``
+    (lowering the harness's own value is an override, counted on the trial), then at most the
+    ``room`` its prompt leaves in the window."""
+    value = asked or default
+    if cap is not None and value > cap:
+        value = cap
+        if asked:
+            trial.count_overrides(("max_tokens",))
+    return min(value, room)

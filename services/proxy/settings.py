@@ -70,6 +70,13 @@ class Settings(ServiceSettings):
         False, description="Ask the engine for MoE routes (R3) and capture them with every sampled token."
     )
     default_max_tokens: int = Field(4096, ge=1, description="max_tokens when the request names none.")
+    max_tokens_cap: int | None = Field(
+        None,
+        ge=1,
+        description="The most new tokens one call may sample (a training run's response length): a harness "
+        "asking for more gets this, each such call counted as a max_tokens override (the trial's "
+        "sampling_overrides, harnessrl_sampling_overrides_total); None: the harness's own, up to the window.",
+    )
     context_window: int | None = Field(
         None, ge=16, description="Context window; unset asks the gateway (GatewayHealth.context_window)."
     )

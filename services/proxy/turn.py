@@ -49,6 +49,7 @@ from services.proxy.replies import (
 )
 from services.proxy.sampling import Chosen
 from services.proxy.sampling import choose as choose_sampling
+from services.proxy.sampling import max_tokens as sampling_max_tokens
 from services.proxy.trials import ProxyCore, Trial
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,8 @@ class ModelCall:
             trial.context_overflow = True
             raise ContextOverflow(plan.prompt_tokens, window)
         s = core.settings
-        max_tokens = min(self.params.max_tokens or s.default_max_tokens, window - plan.prompt_tokens)
+        room = window - plan.prompt_tokens
+        max_tokens = sampling_max_tokens(self.params.max_tokens, s.default_max_tokens, s.max_tokens_cap, room, trial)
         chosen = self.sampling = choose_sampling(
             s.sampling,
             {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k},

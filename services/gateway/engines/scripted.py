@@ -423,6 +423,7 @@ class ScriptedEngine(Engine):
                     "temperature": round(request.sampling.temperature, 6),
                     "top_p": round(request.sampling.top_p, 6),
                     "top_k": request.sampling.top_k,
+                    "max_tokens": request.sampling.max_tokens,
                 },
                 "time": time.time(),
             }

@@ -125,3 +125,26 @@ def test_pin_samples_with_the_runs_temperature_and_counts_each_override(pin: Sta
         "overridden": ["temperature", "top_p"],
     }
     assert [(c["temperature"], c["overridden"]) for c in column] == [(0.7, ["temperature", "top_p"])]  # type: ignore[index]
+
+
+def test_max_tokens_cap_lowers_what_a_harness_asks_and_counts_it(tmp_path: Path) -> None:
+    """``[proxy] max_tokens_cap`` (a run's response length): a harness asking for its model's
+    ceiling (Qwen Code's ~32k) is sampled at the cap, counted as a max_tokens override; one
+    asking less keeps its own; one naming none gets the default, capped, and nothing counted."""
+    replies = {"*": [{"content": f"Reply {i}."} for i in range(3)]}
+    stack = Stack(tmp_path, script(tmp_path, replies), max_tokens_cap=16, default_max_tokens=64)
+    try:
+        base, token = stack.new_trial("capped")
+        client = openai.OpenAI(base_url=base, api_key=token, max_retries=0)
+        messages: list[dict[str, str]] = []
+        for i, asked in enumerate([32_000, 8, None]):
+            messages.append({"role": "user", "content": f"question {i}"})
+            extra = {} if asked is None else {"max_tokens": asked}
+            reply = client.chat.completions.create(model=MODEL, messages=messages, **extra)  # type: ignore[arg-type]
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        summary = stack.close_trial("capped")
+        log = [g for g in stack.engine_log() if g["trial_id"] == "capped"]
+        assert [g["sampling"]["max_tokens"] for g in log] == [16, 8, 16]
+        assert summary["sampling_overrides_by_field"] == {"max_tokens": 1} and summary["sampling_overrides"] == 1
+    finally:
+        stack.stop()
