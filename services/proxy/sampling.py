@@ -19,14 +19,12 @@ from typing import Protocol
 from harnessrl.v1 import records_pb2
 
 FIELDS = ("temperature", "top_p", "top_k")
-
-
-class _Counts(Protocol):
-    def count_overrides(self, fields: Sequence[str]) -> None: ...
-
-
 # What the engine does when neither the run nor the harness names a value.
 ENGINE_DEFAULTS: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+class _Counts(Protocol):  # the trial a capped max_tokens is counted on
+    def count_overrides(self, fields: Sequence[str]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,17 @@ async def test_a_missing_image_is_named_as_missing(tmp_path: Path, docker_engine
         assert not isinstance(caught.value, ContainerEngineError), caught.value
 
 
+async def test_a_build_on_a_missing_base_image_names_it(tmp_path: Path, docker_engine: DockerEngine) -> None:
+    """A Dockerfile whose FROM the engine lacks (and cannot pull) fails setup naming that image,
+    not only the engine's registry error (the compose sidecar test checks the same for a sidecar)."""
+    task = load_task(make_task(tmp_path / "t", dockerfile="FROM harnessrl-absent:3.12-slim\nWORKDIR /app\n"))
+    backend = DockerBackend(settings(tmp_path, docker_engine.host))
+    with pytest.raises(
+        EnvSetupError, match=r"docker build failed: .*base image harnessrl-absent:3.12-slim: not present"
+    ):
+        await backend.images.image_for(task, squash=True)
+
+
 async def test_an_engine_that_is_down_is_named_not_taken_for_a_missing_image(tmp_path: Path) -> None:
     prebuilt = make_task(tmp_path / "a", toml='[task]\nname = "t/a"\n[environment]\ndocker_image = "x:1"\n')
     built = make_task(tmp_path / "b")

@@ -245,23 +245,12 @@ class ComposeRunner:
         return str(image.id)
 
     def _missing_bases(self, build: Build) -> str:
-        """As the main build says it: the base images (FROM, COPY --from) the engine lacks."""
+        """As the main build says it: the base images the engine lacks (``missing_bases_hint``)."""
         try:
             text = (build.context / build.dockerfile).read_text()
         except OSError:
             return ""
-        missing = []
-        for name in docker_images.base_images_of(text, dict(build.args)) or []:
-            try:
-                self.client.images.get(name)
-            except NotFound:
-                missing.append(name)
-        if not missing:
-            return ""
-        return (
-            f" (base image {', '.join(missing)}: not present locally and not pulled; "
-            "`harnessrl sandbox base-images` imports the offline base images)"
-        )
+        return docker_images.missing_bases_hint(self.client, docker_images.base_images_of(text, dict(build.args)) or [])
 
     # -- readiness -----------------------------------------------------------------------
     async def wait(self, group: ServiceGroup, conditions: dict[str, str], owner: str, deadline: float) -> None:

@@ -81,6 +81,26 @@ def build_log_tail(build_log: Any, limit: int) -> str:
     return tail[tail.index("\n") + 1 :] if "\n" in tail[:-1] else tail
 
 
+def image_present(client: Any, name: str) -> bool:
+    try:
+        client.images.get(name)
+    except NotFound:
+        return False
+    return True
+
+
+def missing_bases_hint(client: Any, bases: list[str]) -> str:
+    """What a failed build adds to its error when the images it builds on (FROM, COPY --from)
+    are not on the engine: the build pulls none, so that is the likely cause."""
+    missing = [name for name in bases if not image_present(client, name)]
+    if not missing:
+        return ""
+    return (
+        f" (base image {', '.join(missing)}: not present locally and not pulled; "
+        "`harnessrl sandbox base-images` imports the offline base images)"
+    )
+
+
 def build_tag(environment_hash: str, base_ids: list[str]) -> str:
     """The tag of a build of an environment on these base images (their resolved ids)."""
     key = json.dumps([environment_hash, base_ids])
@@ -220,13 +240,7 @@ class ImageStore:
             raise EnvSetupError(f"task {task.task_id}: {main_dockerfile(task)}: {e}") from e
         except BuildError as e:
             tail = build_log_tail(e.build_log, 1500)
-            missing = [name for name in base_images(task) or [] if not self._present(name)]
-            hint = ""
-            if missing:
-                hint = (
-                    f" (base image {', '.join(missing)}: not present locally and not pulled; "
-                    "`harnessrl sandbox base-images` imports the offline base images)"
-                )
+            hint = missing_bases_hint(self.client, base_images(task) or [])
             raise EnvSetupError(f"task {task.task_id}: docker build failed: {e.msg}{hint}\n{tail}") from e
         except APIError as e:
             if e.is_client_error():  # the engine refused the Dockerfile or its context (a parse error)
@@ -235,11 +249,7 @@ class ImageStore:
         return image
 
     def _present(self, name: str) -> bool:
-        try:
-            self.client.images.get(name)
-        except NotFound:
-            return False
-        return True
+        return image_present(self.client, name)
 
     async def _prepared(self, task: Task, image: str, workdir: str, tag: str, squash: bool) -> Prepared:
         found = await self._call(task, f"looking up image {tag}", self.client.images.get, tag, absent_ok=True)

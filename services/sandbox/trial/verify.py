@@ -131,7 +131,8 @@ async def _verifier_imports(
     if not imports.pythons:
         why = "it timed out" if result.timed_out else f"exit {result.exit_code}"
         t.events.append(
-            f"verifier imports probe: no Python interpreter answered in the sandbox ({why}): no module-shadow check"
+            f"verifier imports probe: no Python interpreter answered in the sandbox ({why}); no name is guarded "
+            "from module shadowing (a Python that test.sh installs later is not probed)"
         )
     return imports
 
